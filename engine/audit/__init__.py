@@ -1,0 +1,41 @@
+"""Membership-inference audit (PA-ALOOA statistics, baselines, LiRA, empirical ε)."""
+
+from .stats import (
+    auc,
+    bootstrap_gpr,
+    complementary_membership,
+    epsilon_lower_bound,
+    gpr_delta,
+    group_privacy_risk,
+    lira_by_group,
+    lira_scores,
+    logit_confidence,
+    null_floor,
+    pa_ga,
+    pa_gba,
+    pa_looa,
+    per_group_epsilon_lower_bound,
+    roc_curve_points,
+    sample_advantage,
+    tpr_at_fpr,
+)
+
+__all__ = [
+    "auc",
+    "bootstrap_gpr",
+    "complementary_membership",
+    "epsilon_lower_bound",
+    "gpr_delta",
+    "group_privacy_risk",
+    "lira_by_group",
+    "lira_scores",
+    "logit_confidence",
+    "null_floor",
+    "pa_ga",
+    "pa_gba",
+    "pa_looa",
+    "per_group_epsilon_lower_bound",
+    "roc_curve_points",
+    "sample_advantage",
+    "tpr_at_fpr",
+]

@@ -1,0 +1,251 @@
+"""Command line: ``python -m engine {run,plan,show,list,worker}``.
+
+Configuration errors print one line (``error: <field>: <message>``) and exit with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from engine.config import ConfigError, RunConfig, load_config
+
+EXIT_CONFIG = 2
+
+
+def _store(args):
+    from engine.store import RunStore
+
+    return RunStore(args.store)
+
+
+def _fmt(x, spec=".4f"):
+    return "—" if x is None else format(x, spec)
+
+
+def tier_table(summary: dict) -> str:
+    lines = [f"{'tier':<28} {'ε target':>8} {'ε spent':>8} {'recall':>7} {'acc':>7} {'MID onset':>9} {'MID end':>8}"]
+    for t in summary["tiers"]:
+        mid = t.get("mid") or {}
+        lines.append(f"{t['name'][:28]:<28} {t['epsilon']:>8.3g} {_fmt(t['epsilon_spent'], '.3f'):>8} "
+                     f"{t['recall']:>7.4f} {t['accuracy']:>7.4f} {str(mid.get('onset_step') or '—'):>9} "
+                     f"{str(mid.get('end_step') or '—'):>8}")
+    lines.append(f"overall accuracy {summary['accuracy']:.4f}, balanced accuracy {summary['balanced_accuracy']:.4f}, "
+                 f"{summary['steps']} steps in {summary['seconds']:.1f} s"
+                 + ("" if summary.get("formal_dp", True) or summary["algorithm"] == "nonprivate"
+                    else "  [no formal DP guarantee: non-private quantile]"))
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    from engine.train import train
+
+    config = load_config(args.config)
+    if args.algorithm:
+        config = config.replace(**{"algorithm.name": args.algorithm}).validate()
+    store = _store(args)
+    run_id = store.create_run(config, status="queued")
+    _run_in_store(store, run_id, config, progress=not args.json)
+    run = store.get_run(run_id)
+    if args.json:
+        print(json.dumps({"run_id": run_id, **run["summary"]}, sort_keys=True))
+    else:
+        print(f"run {run_id}: {config.label} on {config.data.name} — finished")
+        print(tier_table(run["summary"]))
+    return 0
+
+
+def _run_in_store(store, run_id: int, config: RunConfig, *, progress: bool) -> None:
+    """Run with status bookkeeping: finished / failed (with the error text) / cancelled."""
+    from engine.train import Cancelled, train
+
+    def on_term(signum, frame):
+        raise Cancelled("terminated by signal")
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        train(config, store=store, run_id=run_id, progress=progress)
+    except Cancelled as e:
+        store.set_status(run_id, "cancelled", error=str(e))
+        raise
+    except ConfigError as e:
+        store.set_status(run_id, "failed", error=str(e))
+        raise
+    except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
+        store.set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def cmd_worker(args) -> int:
+    """Run a queued run from the store (started by the dashboard's job manager)."""
+    import torch
+
+    from engine.train import Cancelled
+
+    store = _store(args)
+    run = store.get_run(args.run_id)
+    if run is None:
+        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+    torch.set_num_threads(args.threads)
+    try:
+        config = RunConfig.from_dict(run["config"]).validate()
+        if run["kind"] == "audit":
+            from engine.audit.run import run_audit_in_store
+
+            run_audit_in_store(store, args.run_id, run["config"])
+        else:
+            _run_in_store(store, args.run_id, config, progress=False)
+    except Cancelled:
+        return 0
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from engine import accounting
+
+    if args.config:
+        from engine.train import make_plan, total_steps
+        from engine.data import load_dataset
+        from engine.tiers import assign_tiers
+
+        config = load_config(args.config)
+        ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
+                          max_train=config.data.max_train)
+        tiers = assign_tiers(config.tiers, ds, seed=config.seed)
+        plan = make_plan(config, tiers.sizes, total_steps(config, len(ds.y_train)))
+        names = tiers.names
+        if plan is None:
+            print("non-private run: no plan")
+            return 0
+    else:
+        missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
+        if missing:
+            raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
+        try:
+            plan = accounting.plan(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
+                                   batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
+        except accounting.PlanError as e:
+            raise ConfigError("plan", str(e)) from None
+        names = [f"tier {k}" for k in range(len(plan.sample_rates))]
+    if args.json:
+        print(json.dumps(plan.to_dict(), sort_keys=True))
+        return 0
+    print(f"mode {plan.mode}: noise multiplier σ = {plan.noise_multiplier:.5f}, noise std = {plan.noise_std:.5f}, "
+          f"expected batch = {plan.expected_batch_size:.1f}, T = {plan.steps}, δ = {plan.delta:g}")
+    print(f"{'tier':<28} {'size':>7} {'q':>10} {'C':>8} {'ε target':>9} {'ε':>9}")
+    for k, name in enumerate(names):
+        print(f"{name[:28]:<28} {plan.tier_sizes[k]:>7} {plan.sample_rates[k]:>10.6f} {plan.clip_norms[k]:>8.4f} "
+              f"{plan.target_epsilons[k]:>9.4f} {plan.epsilons[k]:>9.4f}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    store = _store(args)
+    run = store.get_run(args.run_id)
+    if run is None:
+        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+    if args.json:
+        print(json.dumps(run, sort_keys=True, default=str))
+        return 0
+    print(f"run {run['id']} [{run['status']}] {run['name'] or run['algorithm']}  kind={run['kind']}")
+    if run["error"]:
+        print(f"error: {run['error']}")
+    print(f"config: {json.dumps(run['config'], sort_keys=True)}")
+    if run["summary"] and run["kind"] == "train":
+        print(tier_table(run["summary"]))
+    return 0
+
+
+def cmd_list(args) -> int:
+    store = _store(args)
+    runs = store.list_runs()
+    if args.json:
+        print(json.dumps([{k: r[k] for k in ("id", "kind", "name", "algorithm", "status", "step", "total_steps")}
+                          for r in runs]))
+        return 0
+    print(f"{'id':>5} {'kind':<6} {'algorithm':<12} {'status':<12} {'progress':>12}  name")
+    for r in runs:
+        prog = f"{r['step']}/{r['total_steps'] or '?'}"
+        print(f"{r['id']:>5} {r['kind']:<6} {r['algorithm']:<12} {r['status']:<12} {prog:>12}  {r['name']}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from engine.export import export_runs
+
+    paths = export_runs(_store(args), args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
+                        width=args.width, height=args.height, scale=args.scale, theme=args.theme)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description="Privacy Imbalance Lab engine")
+    p.add_argument("--store", default=os.environ.get("PRIVACY_LAB_STORE"),
+                   help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train one run from a JSON config")
+    r.add_argument("config")
+    r.add_argument("--algorithm", help="override algorithm.name")
+    r.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    r.set_defaults(func=cmd_run)
+
+    pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")
+    pl.add_argument("config", nargs="?", help="plan for this run config (else use the flags)")
+    pl.add_argument("--mode", default="sample", choices=("dpsgd", "sample", "scale"))
+    pl.add_argument("--epsilons", type=float, nargs="+")
+    pl.add_argument("--tier-sizes", dest="tier_sizes", type=int, nargs="+")
+    pl.add_argument("--delta", type=float, default=1e-5)
+    pl.add_argument("--batch-size", dest="batch_size", type=int)
+    pl.add_argument("--clip-norm", dest="clip_norm", type=float, default=1.0)
+    pl.add_argument("--steps", type=int)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("show", help="one run's config, status and per-tier summary")
+    s.add_argument("run_id", type=int)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_show)
+
+    ls = sub.add_parser("list", help="all runs in the store")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    ex = sub.add_parser("export", help="export figures of runs (png, svg, pdf, html, csv, json)")
+    ex.add_argument("run_ids", type=int, nargs="+")
+    ex.add_argument("--format", dest="formats", action="append", choices=("png", "svg", "pdf", "html", "csv", "json"))
+    ex.add_argument("--out", default="export")
+    ex.add_argument("--width", type=int, default=1000)
+    ex.add_argument("--height", type=int, default=600)
+    ex.add_argument("--scale", type=float, default=2.0)
+    ex.add_argument("--theme", default="light", choices=("light", "dark"))
+    ex.set_defaults(func=cmd_export)
+
+    w = sub.add_parser("worker", help="(internal) execute a queued run from the store")
+    w.add_argument("run_id", type=int)
+    w.add_argument("--threads", type=int, default=1)
+    w.set_defaults(func=cmd_worker)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception as e:  # noqa: BLE001 - data errors etc.: one clear line, no traceback
+        from engine.data import DataError
+
+        if isinstance(e, DataError):
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        raise

@@ -1,0 +1,25 @@
+"""Test-wide settings: the data directory is ../shared/data beside the repository (CI lays it
+there); runs go to a throw-away store so nothing touches a user's ~/.privacy-imbalance-lab."""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
+    os.environ["PRIVACY_LAB_DATA_DIR"] = str(SHARED_DATA)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVACY_LAB_STORE", str(tmp_path / "runs.sqlite"))
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    path = Path(os.environ.get("PRIVACY_LAB_DATA_DIR", SHARED_DATA))
+    if not (path / "mnist").is_dir():
+        pytest.skip(f"shared data not found at {path}")
+    return path

@@ -1,0 +1,148 @@
+"""The training loop: equivalences between algorithms, real learning, accounting, store streaming."""
+import numpy as np
+import pytest
+import torch
+
+from engine.config import RunConfig, TierConfig, TiersConfig
+from engine.mechanisms import Clipped, Importance
+from engine.store import RunStore
+from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, prepare, train
+from engine.importance import make_tif
+
+FAST = RunConfig().replace(**{"model.name": "lr", "epochs": 3.0})
+SINGLE = TiersConfig(assign="class", tiers=(TierConfig(epsilon=2.0, classes=tuple(range(10))),))
+
+
+def params(result):
+    return torch.cat([p.detach().flatten() for p in result.model.parameters()])
+
+
+def test_single_tier_idp_equals_dpsgd():
+    base = FAST.replace(tiers=SINGLE)
+    dp = params(train(base.replace(**{"algorithm.name": "dpsgd"})))
+    for algo in ("idp_sample", "idp_scale"):
+        other = params(train(base.replace(**{"algorithm.name": algo})))
+        assert torch.equal(dp, other), algo
+
+
+def test_ino_with_vanishing_tail_equals_idp():
+    for mode in ("sample", "scale"):
+        idp = train(FAST.replace(**{"algorithm.name": f"idp_{mode}"}))
+        ino = train(FAST.replace(**{"algorithm.name": "ino", "algorithm.idp_mode": mode,
+                                    "algorithm.tail_length": 1e-12}))
+        torch.testing.assert_close(params(ino), params(idp), rtol=0, atol=1e-6)
+        # ...while a real tail changes the trajectory
+        ino_tail = train(FAST.replace(**{"algorithm.name": "ino", "algorithm.idp_mode": mode}))
+        assert not torch.allclose(params(ino_tail), params(idp), atol=1e-3)
+
+
+@pytest.mark.parametrize("algo", ["nonprivate", "dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s"])
+def test_digits_learns_well_above_chance(algo):
+    result = train(FAST.replace(**{"algorithm.name": algo, "epochs": 10.0}))
+    assert result.summary["accuracy"] > 0.6  # chance is 0.1
+    if algo != "nonprivate":
+        # IDP algorithms spend each tier's own budget; DP-SGD(-S) hold everyone to the strictest.
+        strictest = min(t["epsilon"] for t in result.summary["tiers"])
+        for tier in result.summary["tiers"]:
+            budget = strictest if algo in ("dpsgd", "dpsgd_s") else tier["epsilon"]
+            assert 0.99 * budget <= tier["epsilon_spent"] <= budget * (1 + 1e-9)
+
+
+def test_cnn_on_digits_learns():
+    result = train(RunConfig().replace(**{"algorithm.name": "ino"}))
+    assert result.summary["accuracy"] > 0.5
+
+
+def test_real_gradients_are_clipped_and_weighted():
+    """On true per-sample gradients: each item's contribution is at most ρ_i·C_i ≤ C_i."""
+    prep = prepare(FAST)
+    model = prep.model
+    x, y = prep.dataset.x_train[:40], prep.dataset.y_train[:40]
+    grads, losses = per_sample_grad_fn(model)({k: p.detach() for k, p in model.named_parameters()}, x, y)
+    clips = np.linspace(0.05, 2.0, 40)
+    mech = Importance(sample_clip_norms=clips, noise_std=0, tail_length=5.0, tif=make_tif("beta", alpha=2, beta=1))
+    total, norms, rho = clipped_weighted_sum(grads, losses, clips, mech)
+    for i in range(40):
+        one = {k: g[i:i + 1] for k, g in grads.items()}
+        contrib, _, _ = clipped_weighted_sum(one, losses[i:i + 1], clips[i:i + 1], Clipped(sample_clip_norms=clips, noise_std=0))
+        norm = torch.sqrt(sum((v ** 2).sum() for v in contrib.values()))
+        assert norm <= clips[i] * (1 + 1e-5)
+    assert np.all((rho >= 0) & (rho <= 1)) and rho.min() < 1
+
+
+def test_empty_batches_are_noise_only_steps():
+    cfg = FAST.replace(**{"data.max_train": 60, "batch_size": 1, "epochs": 2.0, "algorithm.name": "dpsgd",
+                          "tiers": SINGLE})
+    store = RunStore()
+    run_id = store.create_run(cfg)
+    train(cfg, store=store, run_id=run_id)
+    sizes = [s["batch_size"] for s in store.step_metrics(run_id)]
+    assert len(sizes) == 120 and 0 in sizes
+    assert store.get_run(run_id)["status"] == "finished"
+
+
+def test_store_streaming_and_summary():
+    cfg = FAST.replace(**{"algorithm.name": "ino", "eval_every": 5})
+    store = RunStore()
+    run_id = store.create_run(cfg)
+    result = train(cfg, store=store, run_id=run_id)
+    run = store.get_run(run_id)
+    evals = store.eval_metrics(run_id)
+    assert run["status"] == "finished" and run["total_steps"] == result.summary["steps"]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == result.summary["steps"]
+    assert len(evals) == result.summary["steps"] // 5 + 1 + (result.summary["steps"] % 5 != 0)
+    spent = [e["tiers"][0]["epsilon_spent"] for e in evals]
+    assert spent[0] == 0 and all(a <= b for a, b in zip(spent, spent[1:]))
+    assert len(evals[-1]["classes"]) == 10 and len(evals[-1]["tiers"]) == 3
+    assert run["plan"]["tail_length"] > 0 and run["plan"]["mode"] == "sample"
+    assert len(store.step_metrics(run_id)) == result.summary["steps"]
+
+
+def test_cancel_keeps_metrics():
+    store = RunStore()
+    cfg = FAST.replace(**{"eval_every": 2})
+    run_id = store.create_run(cfg)
+    calls = {"n": 0}
+
+    def stop():
+        calls["n"] += 1
+        return calls["n"] > 10
+
+    with pytest.raises(Cancelled):
+        train(cfg, store=store, run_id=run_id, should_stop=stop)
+    assert len(store.eval_metrics(run_id)) >= 5
+
+
+def test_dpsgd_s_private_and_nonprivate_quantile():
+    private = train(FAST.replace(**{"algorithm.name": "dpsgd_s"}))
+    assert private.plan["formal_dp"] is True
+    assert private.plan["gradient_noise_multiplier"] > private.plan["noise_multiplier"]
+    clips = [e["group_clip_norms"] for e in private.evals]
+    assert clips[0] != clips[-1]  # the clip norms adapt
+    loose = train(FAST.replace(**{"algorithm.name": "dpsgd_s", "algorithm.private_quantile": False}))
+    assert loose.plan["formal_dp"] is False and loose.summary["formal_dp"] is False
+
+
+def test_random_tiers_measured_on_train_subsample():
+    from engine.tiers import preset
+    from engine.data import load_dataset
+
+    cfg = FAST.replace(tiers=preset("random_54_37_9", load_dataset("digits")))
+    result = train(cfg)
+    assert result.evals[-1]["tier_split"] == "train"
+    assert [t["epsilon"] for t in result.summary["tiers"]] == [3.0, 2.0, 1.0]
+
+
+def test_tabular_fairness_metrics(shared_data):
+    from engine.tiers import preset
+    from engine.data import load_dataset
+
+    ds = load_dataset("adult")
+    cfg = RunConfig().replace(**{"data.name": "adult", "model.name": "lr", "epochs": 0.5, "batch_size": 512,
+                                 "optimizer.lr": 0.5, "algorithm.name": "idp_sample"},
+                              tiers=preset("two_tier_attribute", ds))
+    result = train(cfg)
+    fair = result.evals[-1]["fairness"]
+    assert 0 <= fair["demographic_parity_difference"] <= 1
+    assert 0 <= fair["equalized_odds_difference"] <= 1
+    assert result.summary["accuracy"] > 0.76  # the majority class is ~0.75

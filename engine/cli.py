@@ -92,12 +92,16 @@ def cmd_worker(args) -> int:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
     torch.set_num_threads(args.threads)
     try:
-        config = RunConfig.from_dict(run["config"]).validate()
         if run["kind"] == "audit":
             from engine.audit.run import run_audit_in_store
 
             run_audit_in_store(store, args.run_id, run["config"])
         else:
+            try:
+                config = RunConfig.from_dict(run["config"]).validate()
+            except ConfigError as e:
+                store.set_status(args.run_id, "failed", error=str(e))
+                raise
             _run_in_store(store, args.run_id, config, progress=False)
     except Cancelled:
         return 0
@@ -174,6 +178,12 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    from engine.audit.run import cli_audit
+
+    return cli_audit(args, _store(args))
+
+
 def cmd_export(args) -> int:
     from engine.export import export_runs
 
@@ -216,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="all runs in the store")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
+
+    au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config")
+    au.add_argument("config")
+    au.add_argument("--json", action="store_true", help="print the result summary as one JSON line")
+    au.set_defaults(func=cmd_audit)
 
     ex = sub.add_parser("export", help="export figures of runs (png, svg, pdf, html, csv, json)")
     ex.add_argument("run_ids", type=int, nargs="+")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 
 @torch.no_grad()
-def predict(model, x: torch.Tensor, *, batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def predict(model, x: torch.Tensor, *, batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample log-probabilities (n, K) as numpy."""
     model.eval()
     out = [F.log_softmax(model(x[i:i + batch]), dim=1) for i in range(0, len(x), batch)]

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 from engine import accounting
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig
 from engine.data import load_dataset
+from engine.grad_sample import per_sample_grad_fn
 from engine.mechanisms import (Clipped, GroupAdaptive, Importance, NonPrivate, build_tif,
                                default_count_noise_std, resolve_tail_length)
 from engine.metrics import fairness_metrics, group_metrics, mid_markers, predict
@@ -149,28 +149,37 @@ def _groups(group_by: str, dataset, tiers):
 
 # --- per-sample gradients ---------------------------------------------------------------------
 
-def per_sample_grad_fn(model: torch.nn.Module):
-    """vmap(grad) over the batch: returns ({name: (b, *shape)} grads, (b,) losses)."""
-    buffers = {k: v.detach() for k, v in model.named_buffers()}
-
-    def loss_one(params, x, y):
-        out = functional_call(model, (params, buffers), (x.unsqueeze(0),))
-        loss = F.cross_entropy(out, y.unsqueeze(0))
-        return loss, loss.detach()
-
-    return vmap(grad(loss_one, has_aux=True), in_dims=(None, 0, 0))
-
-
-def clipped_weighted_sum(grads: dict, losses: torch.Tensor, clip_norms: np.ndarray, mechanism):
-    """Σ ρ_i · g_i · min(1, C_i/‖g_i‖) and the unclipped per-sample norms."""
-    flat = [g.reshape(len(losses), -1) for g in grads.values()]
-    norms = torch.sqrt(sum((f * f).sum(1) for f in flat))
-    norms_np = norms.detach().cpu().numpy().astype(np.float64)
+def clipped_weighted_sum(grads, losses: torch.Tensor, clip_norms: np.ndarray, mechanism):
+    """Σ ρ_i · g_i · min(1, C_i/‖g_i‖) from PerSampleGrads, and the unclipped per-sample norms."""
+    norms_np = torch.sqrt(grads.sq_norms()).detach().cpu().numpy().astype(np.float64)
     rho = mechanism.weights(losses.detach().cpu().numpy(), clip_norms)
     scale = np.minimum(1.0, clip_norms / np.maximum(norms_np, 1e-12))
-    coef = torch.as_tensor(rho * scale, dtype=grads[next(iter(grads))].dtype, device=losses.device)
-    summed = {k: torch.tensordot(coef, g, dims=1) for k, g in grads.items()}
-    return summed, norms_np, rho
+    coef = torch.as_tensor(rho * scale, dtype=losses.dtype, device=losses.device)
+    return grads.weighted_sum(coef), norms_np, rho
+
+
+def set_gradients(model, params, ps_grad, mech, x, y, batch_idx, *, expected_batch, noise_gen, rng) -> float:
+    """Fill p.grad with this step's (private) gradient; returns the batch's mean train loss."""
+    if len(batch_idx) and not mech.private:
+        # Reference run: plain mean-loss backward, no per-sample work.
+        loss = F.cross_entropy(model(x[batch_idx]), y[batch_idx], reduction="sum")
+        (loss / expected_batch).backward()
+        return float(loss.detach()) / len(batch_idx)
+    summed = {k: torch.zeros_like(p) for k, p in params.items()}
+    train_loss = float("nan")
+    if len(batch_idx):
+        idx_t = torch.as_tensor(batch_idx, device=x.device)
+        grads, losses = ps_grad({k: p.detach() for k, p in params.items()}, x[idx_t], y[idx_t])
+        summed, norms, _ = clipped_weighted_sum(grads, losses, mech.clip_norms(batch_idx), mech)
+        train_loss = float(losses.mean())
+        del grads  # per-sample gradients live for one batch only
+    std = mech.noise_std()  # before observe(): this step's clip norms set the sensitivity
+    for k, p in params.items():
+        noise = torch.normal(0.0, std, size=p.shape, generator=noise_gen, device=p.device) if std > 0 else 0.0
+        p.grad = (summed[k] + noise) / expected_batch
+    if len(batch_idx):
+        mech.observe(batch_idx, norms, rng)
+    return train_loss
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -227,27 +236,8 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
             raise Cancelled(f"stopped at step {step - 1}")
         batch_idx = np.flatnonzero(rng.random(n) < prep.sample_rates)
         optimizer.zero_grad(set_to_none=True)
-        if len(batch_idx) and not mech.private:
-            # Reference run: plain mean-loss backward, no per-sample work.
-            loss = F.cross_entropy(model(x_train[batch_idx]), y_train[batch_idx], reduction="sum")
-            (loss / prep.expected_batch).backward()
-            train_loss = float(loss.detach()) / len(batch_idx)
-        else:
-            summed = {k: torch.zeros_like(p) for k, p in params.items()}
-            train_loss = float("nan")
-            if len(batch_idx):
-                idx_t = torch.as_tensor(batch_idx, device=device)
-                grads, losses = ps_grad({k: p.detach() for k, p in params.items()}, x_train[idx_t], y_train[idx_t])
-                clip = mech.clip_norms(batch_idx)
-                summed, norms, _ = clipped_weighted_sum(grads, losses, clip, mech)
-                train_loss = float(losses.mean())
-                del grads  # per-sample gradients live for one batch only
-            std = mech.noise_std()  # before observe(): this step's clip norms set the sensitivity
-            for k, p in params.items():
-                noise = torch.normal(0.0, std, size=p.shape, generator=noise_gen, device=device) if std > 0 else 0.0
-                p.grad = (summed[k] + noise) / prep.expected_batch
-            if len(batch_idx):
-                mech.observe(batch_idx, norms, rng)
+        train_loss = set_gradients(model, params, ps_grad, mech, x_train, y_train, batch_idx,
+                                   expected_batch=prep.expected_batch, noise_gen=noise_gen, rng=rng)
         optimizer.step()
         if accountant is not None:
             accountant.step()

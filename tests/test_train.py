@@ -6,7 +6,8 @@ import torch
 from engine.config import RunConfig, TierConfig, TiersConfig
 from engine.mechanisms import Clipped, Importance
 from engine.store import RunStore
-from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, prepare, train
+from engine.grad_sample import per_sample_grad_fn
+from engine.train import Cancelled, clipped_weighted_sum, prepare, train
 from engine.importance import make_tif
 
 FAST = RunConfig().replace(**{"model.name": "lr", "epochs": 3.0})
@@ -56,18 +57,45 @@ def test_cnn_on_digits_learns():
 def test_real_gradients_are_clipped_and_weighted():
     """On true per-sample gradients: each item's contribution is at most ρ_i·C_i ≤ C_i."""
     prep = prepare(FAST)
-    model = prep.model
     x, y = prep.dataset.x_train[:40], prep.dataset.y_train[:40]
-    grads, losses = per_sample_grad_fn(model)({k: p.detach() for k, p in model.named_parameters()}, x, y)
+    grads, losses = per_sample_grad_fn(prep.model)(None, x, y)
     clips = np.linspace(0.05, 2.0, 40)
     mech = Importance(sample_clip_norms=clips, noise_std=0, tail_length=5.0, tif=make_tif("beta", alpha=2, beta=1))
     total, norms, rho = clipped_weighted_sum(grads, losses, clips, mech)
+    expected = {k: 0 for k in total}
     for i in range(40):
-        one = {k: g[i:i + 1] for k, g in grads.items()}
-        contrib, _, _ = clipped_weighted_sum(one, losses[i:i + 1], clips[i:i + 1], Clipped(sample_clip_norms=clips, noise_std=0))
-        norm = torch.sqrt(sum((v ** 2).sum() for v in contrib.values()))
-        assert norm <= clips[i] * (1 + 1e-5)
+        g = grads.sample(i)
+        norm = torch.sqrt(sum((v.double() ** 2).sum() for v in g.values()))
+        assert float(norm) == pytest.approx(norms[i], rel=1e-5)
+        coef = rho[i] * min(1.0, clips[i] / float(norm))
+        assert coef * float(norm) <= rho[i] * clips[i] * (1 + 1e-6)
+        for k in expected:
+            expected[k] = expected[k] + coef * g[k]
+    for k in total:
+        torch.testing.assert_close(total[k], expected[k].float(), rtol=1e-4, atol=1e-6)
     assert np.all((rho >= 0) & (rho <= 1)) and rho.min() < 1
+
+
+@pytest.mark.parametrize("model,data,channels", [("lr", "digits", 1), ("mlp", "digits", 1), ("cnn", "digits", 1),
+                                                 ("cnn", "digits", 3), ("resnet18", "digits", 1)])
+def test_per_sample_gradients_match_one_by_one_backward(model, data, channels):
+    from engine.grad_sample import LayerwisePerSampleGrads, vmap_per_sample_grads
+    from engine.models import build_model
+    from engine.config import ModelConfig
+
+    torch.manual_seed(0)
+    net = build_model(ModelConfig(name=model), (channels, 8, 8), 10)
+    x, y = torch.randn(6, channels, 8, 8), torch.arange(6)
+    layerwise, _ = LayerwisePerSampleGrads(net)(None, x, y)
+    vm, _ = vmap_per_sample_grads(net)({k: p.detach() for k, p in net.named_parameters()}, x, y)
+    for i in range(6):
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
+        ours = layerwise.sample(i)
+        for k, p in net.named_parameters():
+            torch.testing.assert_close(ours[k], p.grad, rtol=1e-4, atol=1e-5)
+            if model != "resnet18":
+                torch.testing.assert_close(vm.sample(i)[k], p.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_empty_batches_are_noise_only_steps():

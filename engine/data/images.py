@@ -13,8 +13,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from .base import DataError, RawData
 from .files import KNOWN_FILES, locate_files, read_verified
@@ -40,6 +38,8 @@ def channel_normalizer(mean, std, scale: float):
 def split_stratified(n: int, y: np.ndarray, test_size: float = 0.2, seed: int = SPLIT_SEED):
     """Stratified train/test index split via sklearn (falls back to unstratified when a class is
     too small to stratify)."""
+    from sklearn.model_selection import train_test_split
+
     idx = np.arange(n)
     try:
         tr, te = train_test_split(idx, test_size=test_size, stratify=y, random_state=seed)
@@ -50,6 +50,8 @@ def split_stratified(n: int, y: np.ndarray, test_size: float = 0.2, seed: int = 
 
 # --------------------------------------------------------------------------- digits
 def load_digits_raw(root: Path) -> RawData:
+    from sklearn.datasets import load_digits  # lazy: sklearn costs ~80 MB resident in an MNIST worker
+
     d = load_digits()
     x = d.data.astype(np.float32).reshape(-1, 1, 8, 8)
     y = d.target.astype(np.int64)

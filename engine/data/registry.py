@@ -7,14 +7,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
-from . import cifar, images, tabular
+from . import cifar, images
 from .base import DataError, Dataset, DatasetInfo, RawData
 from .files import data_dir as _resolve_data_dir
 from .files import fingerprint
 
 _UCI_LICENSE = "CC BY 4.0 (UCI)"
+
+
+def _tabular(loader_name: str):
+    """A tabular loader imported on first use: pandas + scikit-learn cost ~190 MB resident,
+    which an image-only training worker should not pay."""
+
+    def load(root):
+        from . import tabular
+
+        return getattr(tabular, loader_name)(root)
+
+    load.__name__ = loader_name
+    return load
 
 DATASETS: dict[str, DatasetInfo] = {
     info.name: info
@@ -50,30 +62,30 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo(
             "adult", "tabular", "UCI Adult census income (>50K = 1), official split, rows with '?' dropped: "
             "30162/15060.",
-            tabular.load_adult_raw, ("sex", "race"), "sex", "adult", ("adult.data.gz", "adult.test.gz"), True,
+            _tabular("load_adult_raw"), ("sex", "race"), "sex", "adult", ("adult.data.gz", "adult.test.gz"), True,
             "Becker & Kohavi 1996, https://doi.org/10.24432/C5XW20 (copy shipped in assets/adult/)",
             _UCI_LICENSE, 2,
         ),
         DatasetInfo(
             "bank", "tabular", "UCI Bank Marketing (bank-full, 45211 rows; term deposit y=yes = 1).",
-            tabular.load_bank_raw, ("age_group",), "age_group", "bank_marketing", ("bank-full.csv.gz",), False,
+            _tabular("load_bank_raw"), ("age_group",), "age_group", "bank_marketing", ("bank-full.csv.gz",), False,
             "Moro, Rita & Cortez 2014, https://doi.org/10.24432/C5K306", _UCI_LICENSE, 2,
         ),
         DatasetInfo(
             "credit_default", "tabular", "UCI Default of Credit Card Clients (30000 rows; default next month = 1).",
-            tabular.load_credit_default_raw, ("sex",), "sex", "credit_default",
+            _tabular("load_credit_default_raw"), ("sex",), "sex", "credit_default",
             ("default_of_credit_card_clients.csv.gz",), False,
             "Yeh & Lien 2009, https://doi.org/10.24432/C55S3H", _UCI_LICENSE, 2,
         ),
         DatasetInfo(
             "german_credit", "tabular", "UCI Statlog German Credit (1000 rows; bad credit = 1).",
-            tabular.load_german_credit_raw, ("sex", "age_group"), "sex", "german_credit", ("german.data.gz",),
+            _tabular("load_german_credit_raw"), ("sex", "age_group"), "sex", "german_credit", ("german.data.gz",),
             False, "Hofmann 1994, https://doi.org/10.24432/C5NC77", _UCI_LICENSE, 2,
         ),
         DatasetInfo(
             "law_school", "tabular", "LSAC law school (Kusner et al. 2017 law_data.csv, 21791 rows; passed "
             "the bar on the first try = 1).",
-            tabular.load_law_school_raw, ("race", "sex"), "race", "law_school", ("law_data.csv.gz",), False,
+            _tabular("load_law_school_raw"), ("race", "sex"), "race", "law_school", ("law_data.csv.gz",), False,
             "Wightman 1998 (LSAC); Kusner et al. 2017, https://github.com/mkusner/counterfactual-fairness",
             "none stated", 2,
         ),
@@ -101,6 +113,8 @@ def _info(name: str) -> DatasetInfo:
 
 def subsample_indices(y: np.ndarray, max_train: int, seed: int) -> np.ndarray | None:
     """Sorted indices of a deterministic stratified subsample of size ``max_train`` (None = keep all)."""
+    from sklearn.model_selection import train_test_split
+
     n = len(y)
     if max_train >= n:
         return None

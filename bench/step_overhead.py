@@ -1,0 +1,115 @@
+"""Per-step cost of the private algorithms against non-private SGD and Opacus' DP-SGD.
+
+Papernot MNIST CNN, batch 256, the same 256 samples every step; the methods are timed
+interleaved (round-robin) so machine noise hits them alike. Prints median ms/step and ratios;
+with --json one line {"ratios": {...}, "ms_per_step": {...}, ...}.
+Targets: INO-SGD ≤ 1.5× non-private and ≤ 1.05× IDP-SGD.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.config import RunConfig  # noqa: E402
+from engine.grad_sample import per_sample_grad_fn  # noqa: E402
+from engine.train import prepare, set_gradients  # noqa: E402
+
+ENGINE = {"dpsgd": "DP-SGD", "idp_sample": "IDP-SGD", "ino": "INO-SGD", "dpsgd_s": "DP-SGD-S"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if "PRIVACY_LAB_DATA_DIR" not in os.environ:
+        shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+        if shared.is_dir():
+            os.environ["PRIVACY_LAB_DATA_DIR"] = str(shared)
+    warnings.filterwarnings("ignore")
+    base = RunConfig().replace(**{"data.name": "mnist", "model.name": "cnn", "batch_size": args.batch,
+                                  "epochs": 1.0, "optimizer.lr": 0.1})
+    steps = {}
+    batch_idx = np.random.default_rng(0).choice(60000, size=args.batch, replace=False)
+    for algo in ["nonprivate", *ENGINE]:
+        prep = prepare(base.replace(**{"algorithm.name": algo}))
+        steps[algo] = engine_step(prep, batch_idx)
+    steps["opacus"] = opacus_step(prep, batch_idx, args.batch)
+    times = {k: [] for k in steps}
+    for k, fn in steps.items():  # warm-up
+        for _ in range(3):
+            fn()
+    for _ in range(args.rounds):
+        for k, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    ratios = {f"{k}_vs_nonprivate": ms[k] / ms["nonprivate"] for k in ("opacus", *ENGINE)}
+    ratios["ino_vs_idp"] = ms["ino"] / ms["idp_sample"]
+    out = {"ratios": ratios, "ms_per_step": ms, "batch": args.batch, "rounds": args.rounds,
+           "threads": torch.get_num_threads(), "device": "cpu"}
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return
+    print(f"Papernot CNN, MNIST, batch {args.batch}, {args.rounds} interleaved rounds, {torch.get_num_threads()} threads")
+    for k, v in ms.items():
+        print(f"  {k:<12} {v:8.2f} ms/step  ({v / ms['nonprivate']:.2f}× non-private)")
+    print(f"  INO-SGD / IDP-SGD = {ratios['ino_vs_idp']:.3f}  (target ≤ 1.05)")
+    print(f"  INO-SGD / non-private = {ratios['ino_vs_nonprivate']:.3f}  (target ≤ 1.5; Opacus "
+          f"{ratios['opacus_vs_nonprivate']:.2f})")
+
+
+def engine_step(prep, batch_idx):
+    """One full optimizer step of the engine's loop on a fixed batch."""
+    model, mech = prep.model, prep.mechanism
+    x, y = prep.dataset.x_train, prep.dataset.y_train
+    params = dict(model.named_parameters())
+    ps_grad = per_sample_grad_fn(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        set_gradients(model, params, ps_grad, mech, x, y, batch_idx, expected_batch=len(batch_idx),
+                      noise_gen=gen, rng=rng)
+        opt.step()
+
+    return step
+
+
+def opacus_step(prep, batch_idx, batch):
+    from opacus import PrivacyEngine
+    from engine.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(prep.config.model, prep.dataset.input_shape, prep.dataset.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = prep.dataset.x_train[batch_idx], prep.dataset.y_train[batch_idx]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
+    model, opt, _ = PrivacyEngine().make_private(module=model, optimizer=opt, data_loader=loader,
+                                                 noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)
+    crit = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        crit(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+if __name__ == "__main__":
+    main()

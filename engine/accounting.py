@@ -1,0 +1,823 @@
+"""Privacy accounting and the individualized-DP planner.
+
+Ground truth is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanism
+(``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over
+Opacus' default RDP orders (``RDPAccountant.DEFAULT_ALPHAS``).  No other bound is used.
+
+Speed comes from a vectorized re-implementation of the very same formulas
+(``_rdp_fast``): integer orders are the binomial sum of Opacus'
+``_compute_log_a_for_int_alpha`` evaluated with a log-sum-exp over a
+(rates x orders x terms) array; fractional orders evaluate Opacus' series
+(``_compute_log_a_for_frac_alpha``) in growing chunks of terms with the same
+stopping rule.  The fast ε is inflated by a relative ``_FAST_SAFETY`` (1e-9) so it
+is never below Opacus' value; it is used only to *search* for noise multipliers
+and sampling rates.  Every ε that is reported (``epsilon()``, ``Plan.epsilons``,
+``TierAccountant.epsilons()``) is computed with Opacus' own functions, and each
+plan is re-verified against its targets with them.
+
+Modes of :func:`plan` (tiers are given and returned in the caller's order):
+
+* ``"dpsgd"``  — everybody gets q = B/N and clip C; σ is the smallest noise
+  multiplier meeting the strictest ε.  Looser tiers are over-protected.
+* ``"scale"``  — IDP-SGD SCALE (Boenisch et al. 2023): q = B/N for all,
+  σ* = σ(ε_min, q, T), per-tier clip C_n = C·σ*/σ(ε_n, q, T) (≥ C); noise std
+  σ*·C, i.e. tier n sees the effective multiplier σ*·C/C_n = σ(ε_n, q, T).
+* ``"sample"`` — IDP-SGD SAMPLE: shared clip C and σ*; per-tier rates q_n, the
+  largest with ε(q_n, σ*, T) ≤ ε_n, with q_min chosen so Σ q_n N_n = B.
+  If some q_n would exceed 1 it is capped at 1; that tier is then *not* tight
+  (ε < target) and the fact is reported in ``Plan.notes``.
+
+A plan with a single tier, or with all targets equal, is the dpsgd plan in every mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+from opacus.accountants.analysis import rdp as _opacus_rdp
+from opacus.accountants.rdp import RDPAccountant
+from scipy import special
+
+__all__ = [
+    "Plan",
+    "PlanError",
+    "MODES",
+    "ORDERS",
+    "plan",
+    "epsilon",
+    "noise_multiplier_for",
+    "TierAccountant",
+    "adaptive_clipping_noise_multiplier",
+    "epsilon_floor",
+    "clear_caches",
+]
+
+MODES = ("dpsgd", "scale", "sample")
+
+#: Opacus' default RDP orders; all accounting here uses exactly these.
+ORDERS: tuple[float, ...] = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
+
+_ALPHAS = np.asarray(RDPAccountant.DEFAULT_ALPHAS, dtype=float)
+_INT_MASK = np.array([float(a).is_integer() for a in RDPAccountant.DEFAULT_ALPHAS])
+_INT_ORDERS = _ALPHAS[_INT_MASK]
+_FRAC_ORDERS = _ALPHAS[~_INT_MASK]
+
+#: relative inflation of the fast ε so that it never undercuts Opacus' ε.
+_FAST_SAFETY = 1e-9
+#: searches stop once ε is within this relative distance below the target.
+_TIGHT_RTOL = 1e-6
+#: SAMPLE: expected batch matched to this relative tolerance (spec: 0.1%).
+_BATCH_RTOL = 1e-5
+_SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
+_Q_MIN = 1e-12
+# fractional-order series: chunked, up to this many terms before falling back to Opacus
+_FRAC_MAX_TERMS = 1 << 15
+
+
+class PlanError(ValueError):
+    """Infeasible or invalid planning/accounting arguments."""
+
+
+# --------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    noise_multiplier: float  # σ* (noise std / base clip norm)
+    sample_rates: tuple[float, ...]  # per tier
+    clip_norms: tuple[float, ...]  # per tier
+    noise_std: float  # absolute std of the Gaussian noise added to the weighted clipped gradient SUM
+    epsilons: tuple[float, ...]  # achieved ε per tier after `steps` (Opacus)
+    target_epsilons: tuple[float, ...]
+    delta: float
+    steps: int
+    tier_sizes: tuple[int, ...]
+    expected_batch_size: float  # Σ q_n N_n
+    notes: tuple[str, ...] = field(default=())  # e.g. sample rates capped at 1
+
+    @property
+    def noise_multipliers(self) -> tuple[float, ...]:
+        """Effective per-tier noise multiplier σ*·C/C_n (σ* unless SCALE); feed to TierAccountant."""
+        return _effective_multipliers(self.noise_multiplier, self.noise_std, self.clip_norms)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+
+def _effective_multipliers(sigma: float, noise_std: float, clips) -> tuple[float, ...]:
+    base = min(clips)  # the strictest tier keeps the base clip C, so σ*·C/C = σ* exactly
+    return tuple(float(sigma) if c == base else float(noise_std / c) for c in clips)
+
+
+# --------------------------------------------------------------------------------------
+# Exact (Opacus) accounting
+# --------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _opacus_rdp_one_step(q: float, sigma: float) -> np.ndarray:
+    """Per-order RDP of ONE step, computed by Opacus itself (read-only array)."""
+    r = np.asarray(
+        _opacus_rdp.compute_rdp(
+            q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
+        ),
+        dtype=float,
+    )
+    r.setflags(write=False)
+    return r
+
+
+def _opacus_eps_from_rdp(rdp: np.ndarray, delta: float) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "optimal order is the largest alpha" etc.
+        eps, _ = _opacus_rdp.get_privacy_spent(
+            orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta
+        )
+    return float(eps)
+
+
+def _opacus_eps(q: float, sigma: float, steps: int, delta: float) -> float:
+    # Opacus' compute_rdp(steps=T) is `rdp_one_step * T`; identical floating point.
+    return _opacus_eps_from_rdp(_opacus_rdp_one_step(float(q), float(sigma)) * steps, delta)
+
+
+def epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    """ε after `steps` steps of the subsampled Gaussian mechanism (Opacus RDP, default orders)."""
+    _check_rate(sample_rate, "sample_rate")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise PlanError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}")
+    _check_steps(steps, allow_zero=True)
+    _check_delta(delta)
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    return _opacus_eps(float(sample_rate), float(noise_multiplier), int(steps), float(delta))
+
+
+def epsilon_floor(delta: float) -> float:
+    """Smallest ε the RDP→(ε,δ) conversion over Opacus' orders can certify (σ → ∞)."""
+    _check_delta(delta)
+    return _opacus_eps_from_rdp(np.zeros(len(_ALPHAS)), float(delta))
+
+
+# --------------------------------------------------------------------------------------
+# Vectorized RDP (same formulas as Opacus, many rates / noise levels at once)
+# --------------------------------------------------------------------------------------
+
+_I_INT = np.arange(int(_INT_ORDERS.max()) + 1, dtype=float)  # 0..63
+
+
+def _int_tables():
+    a = _INT_ORDERS[:, None]
+    i = _I_INT[None, :]
+    valid = i <= a
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lb = np.where(valid, np.log(special.binom(a, i)), -np.inf)
+    return lb, np.where(valid, a - i, 0.0), (_I_INT * _I_INT - _I_INT)
+
+
+_INT_LOGBINOM, _INT_AMI, _INT_I2I = _int_tables()
+
+
+@functools.lru_cache(maxsize=64)
+def _frac_binom_chunk(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """log|binom(α, i)| and its sign for fractional orders, i in [start, stop)."""
+    i = np.arange(start, stop, dtype=float)
+    c = special.binom(_FRAC_ORDERS[:, None], i[None, :])
+    with np.errstate(divide="ignore"):
+        return np.log(np.abs(c)), np.sign(c)
+
+
+def _log_a_int(q: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """log A_α for integer orders, shape (K, n_int) — Opacus' binomial sum, vectorized."""
+    lq = np.log(q)[:, None, None]
+    l1q = np.log1p(-q)[:, None, None]
+    inv = (1.0 / (2.0 * sigma**2))[:, None, None]
+    s = _INT_LOGBINOM[None] + _I_INT[None, None, :] * lq + _INT_AMI[None] * l1q + _INT_I2I[None, None, :] * inv
+    return special.logsumexp(s, axis=-1)
+
+
+def _log_a_frac(q: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """log A_α for fractional orders, shape (K, n_frac) — Opacus' series, vectorized.
+
+    Terms are evaluated in chunks; a row stops at the first term whose two parts are
+    both < -30 (that term included), exactly like Opacus' do-until loop.
+    """
+    K, m = len(q), len(_FRAC_ORDERS)
+    out = np.full((K, m), np.nan)
+    rq = np.repeat(np.arange(K), m)
+    ra = np.tile(np.arange(m), K)
+    alpha = _FRAC_ORDERS[ra]
+    lq, l1q = np.log(q)[rq], np.log1p(-q)[rq]
+    sig = sigma[rq]
+    two_s2 = 2.0 * sig**2
+    z0 = sig**2 * np.log(1.0 / q[rq] - 1.0) + 0.5
+    sq2s = math.sqrt(2.0) * sig
+    n = K * m
+    M0 = np.full(n, -np.inf)
+    S0 = np.zeros(n)
+    M1 = np.full(n, -np.inf)
+    S1 = np.zeros(n)
+    active = np.ones(n, dtype=bool)
+    start, chunk = 0, 32
+    log_half = math.log(0.5) + math.log(2.0)  # log(0.5) + _log_erfc's log(2)
+    while active.any() and start < _FRAC_MAX_TERMS:
+        idx = np.nonzero(active)[0]
+        lbin_t, sgn_t = _frac_binom_chunk(start, start + chunk)
+        lbin, sgn = lbin_t[ra[idx]], sgn_t[ra[idx]]
+        i = np.arange(start, start + chunk, dtype=float)[None, :]
+        a = alpha[idx, None]
+        j = a - i
+        lqi, l1qi = lq[idx, None], l1q[idx, None]
+        t2s = two_s2[idx, None]
+        zz, ss = z0[idx, None], sq2s[idx, None]
+        log_t0 = lbin + i * lqi + j * l1qi
+        log_t1 = lbin + j * lqi + i * l1qi
+        log_e0 = log_half + special.log_ndtr(-((i - zz) / ss) * 2**0.5)
+        log_e1 = log_half + special.log_ndtr(-((zz - j) / ss) * 2**0.5)
+        s0 = log_t0 + (i * i - i) / t2s + log_e0
+        s1 = log_t1 + (j * j - j) / t2s + log_e1
+        stop = np.maximum(s0, s1) < -30
+        has = stop.any(axis=1)
+        first = np.where(has, stop.argmax(axis=1), chunk - 1)
+        keep = np.arange(chunk)[None, :] <= first[:, None]
+        for M, S, s in ((M0, S0, s0), (M1, S1, s1)):
+            s = np.where(keep, s, -np.inf)
+            Mi = M[idx]
+            newM = np.maximum(Mi, s.max(axis=1))
+            safeM = np.where(np.isfinite(newM), newM, 0.0)
+            with np.errstate(over="ignore", invalid="ignore"):
+                old = np.where(np.isfinite(Mi), S[idx] * np.exp(np.where(np.isfinite(Mi), Mi, 0.0) - safeM), 0.0)
+            S[idx] = old + (sgn * np.exp(s - safeM[:, None])).sum(axis=1)
+            M[idx] = newM
+        active[idx[has]] = False
+        start += chunk
+        chunk = min(chunk * 2, 4096)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        la0 = M0 + np.log(S0)
+        la1 = M1 + np.log(S1)
+    res = np.logaddexp(la0, la1)
+    bad = active | ~np.isfinite(res) | (S0 < 0) | (S1 < 0)
+    if bad.any():  # pathological: let Opacus do it (it is the reference anyway)
+        for r in np.nonzero(bad)[0]:
+            res[r] = _opacus_rdp._compute_log_a(float(q[rq[r]]), float(sigma[rq[r]]), float(alpha[r]))
+    out[:] = res.reshape(K, m)
+    return out
+
+
+def _rdp_fast(q, sigma) -> np.ndarray:
+    """One-step RDP at Opacus' default orders, shape (K, n_orders); q, σ broadcast."""
+    q, sigma = np.broadcast_arrays(np.atleast_1d(np.asarray(q, float)), np.atleast_1d(np.asarray(sigma, float)))
+    q, sigma = q.ravel(), sigma.ravel()
+    K = len(q)
+    out = np.zeros((K, len(_ALPHAS)))
+    full = q >= 1.0
+    part = (q > 0) & ~full
+    if full.any():
+        out[full] = _ALPHAS[None, :] / (2.0 * sigma[full, None] ** 2)
+    if part.any():
+        qp, sp = q[part], sigma[part]
+        r = np.empty((len(qp), len(_ALPHAS)))
+        r[:, _INT_MASK] = _log_a_int(qp, sp) / (_INT_ORDERS - 1.0)
+        r[:, ~_INT_MASK] = _log_a_frac(qp, sp) / (_FRAC_ORDERS - 1.0)
+        out[part] = r
+    return out
+
+
+def _eps_from_rdp_vec(rdp: np.ndarray, delta: float) -> np.ndarray:
+    """Opacus' get_privacy_spent formula, row-wise (no safety margin)."""
+    a = _ALPHAS[None, :]
+    eps = rdp - (np.log(delta) + np.log(a)) / (a - 1) + np.log((a - 1) / a)
+    allnan = np.isnan(eps).all(axis=1)
+    eps = np.where(np.isnan(eps), np.inf, eps)
+    e = eps.min(axis=1)
+    e[allnan] = np.inf
+    return e
+
+
+def _eps_fast(q, sigma, steps: int, delta: float) -> np.ndarray:
+    """Vectorized ε (never below Opacus' value: inflated by _FAST_SAFETY)."""
+    return _eps_from_rdp_vec(_rdp_fast(q, sigma) * steps, delta) * (1.0 + _FAST_SAFETY)
+
+
+# --------------------------------------------------------------------------------------
+# Monotone root finding (vectorized Illinois with bracketing)
+# --------------------------------------------------------------------------------------
+
+
+def _solve_increasing(
+    G: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    x0: np.ndarray,
+    slope0: float,
+    x_lo: float,
+    x_hi: float,
+    *,
+    mode: str,
+    tol: float,
+    xtol: float = 1e-12,
+    max_iter: int = 200,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Solve G(x) = 0 for each row, G increasing in x, x within [x_lo, x_hi].
+
+    mode "le": return the largest evaluated x with G ≤ 0 once -tol ≤ G ≤ 0 (feasible side).
+    mode "abs": return an x with |G| ≤ tol.
+    Returns (x, g(x), status) with status 0 = ok, -1 = G > 0 even at x_lo,
+    +1 = G ≤ 0 even at x_hi (x = x_hi is returned for "le").
+    """
+    x0 = np.clip(np.asarray(x0, float).copy(), x_lo, x_hi)
+    K = len(x0)
+    xl = np.full(K, np.nan)
+    gl = np.full(K, np.nan)  # G ≤ 0 side
+    xh = np.full(K, np.nan)
+    gh = np.full(K, np.nan)  # G > 0 side
+    xp = np.full(K, np.nan)
+    gp = np.full(K, np.nan)  # previous point (for secant extrapolation)
+    last_side = np.zeros(K, dtype=int)
+    fl = np.ones(K)
+    fh = np.ones(K)  # Illinois weights
+    res_x = np.full(K, np.nan)
+    res_g = np.full(K, np.nan)
+    status = np.zeros(K, dtype=int)
+    active = np.ones(K, dtype=bool)
+    x = x0
+    for _ in range(max_iter):
+        idx = np.nonzero(active)[0]
+        if len(idx) == 0:
+            break
+        xs = x[idx]
+        g = np.asarray(G(xs, idx), float)
+        for k, r in enumerate(idx):
+            xr, gr = xs[k], g[k]
+            if gr <= 0:
+                if last_side[r] == -1:
+                    fh[r] *= 0.5
+                else:
+                    fh[r] = 1.0
+                fl[r] = 1.0
+                xl[r], gl[r] = xr, gr
+                last_side[r] = -1
+            else:
+                if last_side[r] == 1:
+                    fl[r] *= 0.5
+                else:
+                    fl[r] = 1.0
+                fh[r] = 1.0
+                xh[r], gh[r] = xr, gr
+                last_side[r] = 1
+            done = False
+            if mode == "le":
+                if gr <= 0 and gr >= -tol:
+                    done = True
+            elif abs(gr) <= tol:
+                done = True
+            if not done and not np.isnan(xl[r]) and not np.isnan(xh[r]) and xh[r] - xl[r] <= xtol:
+                done = True
+                if mode == "abs" and abs(gh[r]) < abs(gl[r]):
+                    xr, gr = xh[r], gh[r]
+                else:
+                    xr, gr = xl[r], gl[r]
+            if done:
+                if mode == "le" and gr > 0:
+                    xr, gr = xl[r], gl[r]
+                res_x[r], res_g[r] = xr, gr
+                active[r] = False
+                continue
+            # next candidate
+            if not np.isnan(xl[r]) and not np.isnan(xh[r]):
+                a, b = xl[r], xh[r]
+                ga, gb = gl[r] * fl[r], gh[r] * fh[r]
+                w = b - a
+                nx = a - ga * w / (gb - ga)
+                nx = min(max(nx, a + 0.01 * w), b - 0.01 * w)
+            else:
+                if gr > 0 and xr <= x_lo:
+                    status[r] = -1
+                    res_x[r], res_g[r] = xr, gr
+                    active[r] = False
+                    continue
+                if gr <= 0 and xr >= x_hi:
+                    status[r] = 1
+                    res_x[r], res_g[r] = xr, gr
+                    active[r] = False
+                    continue
+                s = slope0
+                if not np.isnan(xp[r]) and xp[r] != xr:
+                    sec = (gr - gp[r]) / (xr - xp[r])
+                    if sec > 0 and np.isfinite(sec):
+                        s = sec
+                step = -gr / s
+                # overshoot a little so the next point brackets; grow steps geometrically
+                step *= 1.3
+                if not np.isnan(xp[r]):
+                    prev = abs(xr - xp[r])
+                    if abs(step) < prev and np.sign(step) == np.sign(xr - xp[r]):
+                        step = np.sign(step) * max(abs(step), 2.0 * prev)
+                if abs(step) < 1e-6:
+                    step = np.sign(step) * 1e-6 if step != 0 else 1e-6
+                nx = min(max(xr + step, x_lo), x_hi)
+            xp[r], gp[r] = xr, gr
+            x[r] = nx
+    else:  # pragma: no cover - guarded by tolerances
+        for r in np.nonzero(active)[0]:
+            if np.isnan(xl[r]):
+                status[r] = -1
+                res_x[r], res_g[r] = xh[r], gh[r]
+            else:
+                res_x[r], res_g[r] = xl[r], gl[r]
+    return res_x, res_g, status
+
+
+# --------------------------------------------------------------------------------------
+# σ(ε, q, T, δ) and q(ε, σ, T, δ) searches
+# --------------------------------------------------------------------------------------
+
+
+def _sigma_guess(eps: float, q: float, steps: int, delta: float) -> float:
+    # Gaussian approximation of the subsampled mechanism: ε ≈ q·sqrt(2 T log(1/δ)) / σ
+    g = q * math.sqrt(2.0 * steps * math.log(1.0 / delta)) / eps
+    return min(max(g, 0.3), 1e4)
+
+
+def _sigmas_fast(eps: np.ndarray, q: np.ndarray, steps: int, delta: float) -> np.ndarray:
+    """Smallest σ (per row) with fast ε(q, σ) ≤ eps, tight to _TIGHT_RTOL."""
+    eps = np.asarray(eps, float)
+    q = np.asarray(q, float)
+    x0 = np.array([-math.log(_sigma_guess(e, qq, steps, delta)) for e, qq in zip(eps, q)])
+    log_t = np.log(eps)
+
+    def G(x, idx):
+        return np.log(_eps_fast(q[idx], np.exp(-x), steps, delta)) - log_t[idx]
+
+    x, _, st = _solve_increasing(
+        G, x0, 1.0, -math.log(_SIGMA_MAX), -math.log(_SIGMA_MIN), mode="le", tol=_TIGHT_RTOL
+    )
+    if (st == -1).any():
+        r = int(np.nonzero(st == -1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} is not reachable with sample_rate={q[r]:g}, steps={steps}, "
+            f"delta={delta:g} even with noise_multiplier={_SIGMA_MAX:g}; "
+            f"raise epsilon (the RDP bound cannot go below {epsilon_floor(delta):.4g} at this delta)"
+        )
+    if (st == 1).any():
+        r = int(np.nonzero(st == 1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} is met even with noise_multiplier={_SIGMA_MIN:g} "
+            f"(sample_rate={q[r]:g}, steps={steps}); the target is too loose to plan noise for"
+        )
+    return np.exp(-x)
+
+
+@functools.lru_cache(maxsize=8192)
+def _sigma_cached(eps: float, q: float, steps: int, delta: float) -> float:
+    return float(_sigmas_fast(np.array([eps]), np.array([q]), steps, delta)[0])
+
+
+def _rates_fast(eps: np.ndarray, sigma: float, steps: int, delta: float, q0=None):
+    """Largest q (per row) with fast ε(q, σ) ≤ eps, capped at 1. Returns (q, capped)."""
+    eps = np.asarray(eps, float)
+    if q0 is None:
+        q0 = np.array([min(e * sigma / math.sqrt(2.0 * steps * math.log(1.0 / delta)), 0.5) for e in eps])
+    log_t = np.log(eps)
+
+    def G(x, idx):
+        return np.log(_eps_fast(np.exp(x), sigma, steps, delta)) - log_t[idx]
+
+    x, _, st = _solve_increasing(
+        G, np.log(q0), 1.0, math.log(_Q_MIN), 0.0, mode="le", tol=_TIGHT_RTOL
+    )
+    if (st == -1).any():
+        r = int(np.nonzero(st == -1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} cannot be met at noise_multiplier={sigma:g}, steps={steps}, "
+            f"delta={delta:g} for any sample rate ≥ {_Q_MIN:g}; raise epsilon"
+        )
+    q = np.exp(x)
+    capped = st == 1
+    q[capped] = 1.0
+    return q, capped
+
+
+def noise_multiplier_for(*, epsilon: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Smallest σ with Opacus ε(sample_rate, σ, steps, δ) ≤ epsilon (ε ≥ (1-1e-6)·target)."""
+    _check_eps(epsilon, "epsilon")
+    _check_rate(sample_rate, "sample_rate")
+    _check_steps(steps)
+    _check_delta(delta)
+    s = _sigma_cached(float(epsilon), float(sample_rate), int(steps), float(delta))
+    return _verify_sigma(s, float(epsilon), float(sample_rate), int(steps), float(delta))
+
+
+def _verify_sigma(s: float, eps: float, q: float, steps: int, delta: float) -> float:
+    # Opacus check (the fast ε is conservative, so this loop virtually never iterates)
+    for _ in range(100):
+        if _opacus_eps(q, s, steps, delta) <= eps:
+            return s
+        s = s * (1.0 + 1e-9)
+    raise RuntimeError("internal error: could not verify noise multiplier with Opacus")
+
+
+# --------------------------------------------------------------------------------------
+# Planner
+# --------------------------------------------------------------------------------------
+
+
+def _check_eps(e, name):
+    try:
+        ok = math.isfinite(e) and e > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"{name} must be finite and > 0 (allowed: 0 < ε < inf), got {e!r}")
+
+
+def _check_delta(d):
+    try:
+        ok = 0 < d < 1
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"delta must satisfy 0 < delta < 1, got {d!r}")
+
+
+def _check_rate(q, name):
+    try:
+        ok = 0 < q <= 1
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"{name} must satisfy 0 < {name} <= 1, got {q!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_steps(s, allow_zero: bool = False):
+    lo = 0 if allow_zero else 1
+    if not _is_int(s) or s < lo:
+        raise PlanError(f"steps must be an integer >= {lo}, got {s!r}")
+
+
+def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps):
+    if mode not in MODES:
+        raise PlanError(f"mode must be one of {MODES}, got {mode!r}")
+    try:
+        eps = tuple(float(e) for e in epsilons)
+        sizes_in = tuple(tier_sizes)
+    except TypeError as exc:
+        raise PlanError("epsilons and tier_sizes must be sequences (one entry per tier)") from exc
+    if len(eps) == 0:
+        raise PlanError("epsilons must contain at least one tier")
+    if len(sizes_in) != len(eps):
+        raise PlanError(
+            f"tier_sizes must have one entry per tier: got {len(sizes_in)} sizes for {len(eps)} epsilons"
+        )
+    for k, e in enumerate(eps):
+        _check_eps(e, f"epsilons[{k}]")
+    for k, n in enumerate(sizes_in):
+        if not (_is_int(n) or (isinstance(n, float) and n.is_integer())) or n < 1:
+            raise PlanError(f"tier_sizes[{k}] must be an integer >= 1, got {n!r}")
+    sizes = tuple(int(n) for n in sizes_in)
+    _check_delta(delta)
+    N = sum(sizes)
+    try:
+        ok = math.isfinite(batch_size) and 1 <= batch_size <= N
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"batch_size must satisfy 1 <= batch_size <= N = {N} (total tier size), got {batch_size!r}")
+    try:
+        ok = math.isfinite(clip_norm) and clip_norm > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
+    _check_steps(steps)
+    floor = epsilon_floor(float(delta))
+    for k, e in enumerate(eps):
+        if e <= floor * (1 + 1e-6):
+            raise PlanError(
+                f"epsilons[{k}]={e:g} is infeasible at delta={delta:g}: the Opacus RDP bound cannot "
+                f"certify ε <= {floor:.4g}; allowed: epsilon > {floor:.4g} (or raise delta)"
+            )
+    return eps, sizes, float(delta), float(batch_size), float(clip_norm), int(steps)
+
+
+def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps) -> Plan:
+    """Plan noise, per-tier sample rates and clip norms for individualized DP-SGD.
+
+    Arguments are per tier, results are in the same tier order.  Raises PlanError.
+    """
+    eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps)
+    N = sum(sizes)
+    e_min = min(eps)
+    q_base = B / N
+    notes: list[str] = []
+    if mode == "dpsgd" or len(set(eps)) == 1:
+        sigma = _verify_sigma(_sigma_cached(e_min, q_base, T, delta), e_min, q_base, T, delta)
+        rates = (q_base,) * len(eps)
+        clips = (C,) * len(eps)
+    elif mode == "scale":
+        distinct = sorted(set(eps))
+        sig = _sigmas_fast(np.array(distinct), np.full(len(distinct), q_base), T, delta)
+        sig_of = {}
+        prev = math.inf
+        for e, s in zip(distinct, sig):  # ascending ε: σ non-increasing, so C_n non-decreasing
+            prev = min(prev, _verify_sigma(float(s), e, q_base, T, delta))
+            sig_of[e] = prev
+        sigma = sig_of[e_min]
+        rates = (q_base,) * len(eps)
+        clips = tuple(C if sig_of[e] == sigma else C * sigma / sig_of[e] for e in eps)
+    else:  # sample
+        sigma, rate_of, capped = _plan_sample(eps, sizes, B, T, delta)
+        rates = tuple(rate_of[e] for e in eps)
+        clips = (C,) * len(eps)
+        for k, e in enumerate(eps):
+            if capped.get(e, False):
+                notes.append(
+                    f"tier {k}: sample rate capped at 1 (epsilon={e:g} would allow more); "
+                    f"achieved ε is below its target"
+                )
+    noise_std = sigma * C
+    achieved = []
+    mults = _effective_multipliers(sigma, noise_std, clips)
+    for k, (q, z, e) in enumerate(zip(rates, mults, eps)):
+        a = _opacus_eps(q, z, T, delta)
+        if a > e:  # cannot happen: the search uses a conservative ε; keep the guarantee explicit
+            raise RuntimeError(f"internal error: tier {k} ε={a} exceeds target {e}")
+        achieved.append(a)
+    return Plan(
+        mode=mode,
+        noise_multiplier=float(sigma),
+        sample_rates=tuple(float(q) for q in rates),
+        clip_norms=tuple(float(c) for c in clips),
+        noise_std=float(noise_std),
+        epsilons=tuple(achieved),
+        target_epsilons=eps,
+        delta=delta,
+        steps=T,
+        tier_sizes=sizes,
+        expected_batch_size=float(sum(q * n for q, n in zip(rates, sizes))),
+        notes=tuple(notes),
+    )
+
+
+def _plan_sample(eps, sizes, B, T, delta):
+    N = sum(sizes)
+    e_min = min(eps)
+    others = sorted(set(eps) - {e_min})
+    n_min = sum(n for n, e in zip(sizes, eps) if e == e_min)
+    n_oth = np.array([sum(n for n, e in zip(sizes, eps) if e == v) for v in others], float)
+    e_oth = np.array(others)
+    memo: dict[float, tuple] = {}
+    last_q = [None]
+
+    def evaluate(q_min: float):
+        if q_min in memo:
+            return memo[q_min]
+        sigma = _sigma_cached(e_min, q_min, T, delta)
+        q0 = None
+        if last_q[0] is not None:  # rates scale roughly with q_min: warm start
+            prev_qmin, prev_q = last_q[0]
+            q0 = np.clip(prev_q * (q_min / prev_qmin), _Q_MIN, 1.0)
+        q, capped = _rates_fast(e_oth, sigma, T, delta, q0=q0)
+        last_q[0] = (q_min, q)
+        batch = q_min * n_min + float((q * n_oth).sum())
+        memo[q_min] = (sigma, q, capped, batch)
+        return memo[q_min]
+
+    logB = math.log(B)
+
+    def G(x, idx):
+        return np.array([math.log(evaluate(math.exp(float(v)))[3]) - logB for v in x])
+
+    # the largest admissible q_min is B/N (all other rates are ≥ q_min)
+    x_hi = math.log(B / N)
+    x, _, st = _solve_increasing(
+        G, np.array([x_hi]), 1.0, math.log(_Q_MIN), x_hi, mode="abs", tol=_BATCH_RTOL
+    )
+    if st[0] == -1:
+        raise PlanError(
+            f"SAMPLE mode cannot reach batch_size={B:g}: even with a vanishing rate "
+            f"({_Q_MIN:g}) for the strictest tier the looser tiers alone give an expected batch of "
+            f"{evaluate(_Q_MIN)[3]:.4g}; raise batch_size, lower the looser epsilons or raise steps"
+        )
+    q_min = math.exp(float(x[0]))
+    sigma, q, capped, _ = evaluate(q_min)
+    # Opacus verification of the shared σ and of each rate
+    sigma = _verify_sigma(sigma, e_min, q_min, T, delta)
+    rate_of = {e_min: q_min}
+    cap_of = {e_min: False}
+    prev = q_min
+    for e, qq, cp in zip(others, q, capped):  # ascending ε: rates non-decreasing, ≥ q_min
+        qq = max(float(qq), prev)
+        for _ in range(100):
+            if _opacus_eps(qq, sigma, T, delta) <= e:
+                break
+            qq *= 1.0 - 1e-9
+        rate_of[e] = prev = qq
+        cap_of[e] = bool(cp)
+    return sigma, rate_of, cap_of
+
+
+# --------------------------------------------------------------------------------------
+# Live accountant
+# --------------------------------------------------------------------------------------
+
+
+class TierAccountant:
+    """Per-tier RDP accountant (Opacus formulas). ε per tier after `steps` steps.
+
+    noise_multipliers (optional, per tier) overrides the shared noise_multiplier, e.g. the
+    SCALE effective multipliers σ*·C/C_n (``Plan.noise_multipliers``).
+    Before any step, epsilons() returns 0.0 for every tier.
+    """
+
+    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None):
+        rates = tuple(float(q) for q in sample_rates)
+        if not rates:
+            raise PlanError("sample_rates must contain at least one tier")
+        for k, q in enumerate(rates):
+            _check_rate(q, f"sample_rates[{k}]")
+        _check_delta(delta)
+        if noise_multipliers is None:
+            if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+                raise PlanError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+            sig = (float(noise_multiplier),) * len(rates)
+        else:
+            sig = tuple(float(s) for s in noise_multipliers)
+            if len(sig) != len(rates):
+                raise PlanError(
+                    f"noise_multipliers must have one entry per tier ({len(rates)}), got {len(sig)}"
+                )
+            for k, s in enumerate(sig):
+                if not (math.isfinite(s) and s > 0):
+                    raise PlanError(f"noise_multipliers[{k}] must be finite and > 0, got {s!r}")
+        self.sample_rates = rates
+        self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else None
+        self.noise_multipliers = sig
+        self.delta = float(delta)
+        self.steps = 0
+        self._rdp1 = [_opacus_rdp_one_step(q, s) for q, s in zip(rates, sig)]
+
+    def step(self, n: int = 1) -> None:
+        if not _is_int(n) or n < 0:
+            raise PlanError(f"n must be an integer >= 0, got {n!r}")
+        self.steps += int(n)
+
+    def epsilons(self) -> list[float]:
+        if self.steps == 0:
+            return [0.0] * len(self._rdp1)
+        return [_opacus_eps_from_rdp(r * self.steps, self.delta) for r in self._rdp1]
+
+
+# --------------------------------------------------------------------------------------
+# Adaptive clipping
+# --------------------------------------------------------------------------------------
+
+
+def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_std: float) -> float:
+    """Gradient noise multiplier z_Δ = (z^-2 − (2σ_b)^-2)^(-1/2) (Andrew et al. 2021, Thm 1).
+
+    With z_Δ on the clipped-gradient sum and std σ_b on the clipped-count query, the pair has
+    the privacy of a single Gaussian mechanism with noise multiplier z.
+    """
+    z, sb = noise_multiplier, count_noise_std
+    try:
+        ok = math.isfinite(z) and z > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"noise_multiplier must be finite and > 0, got {z!r}")
+    try:
+        ok = sb > 0 and not math.isnan(sb)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"count_noise_std must be > 0, got {sb!r}")
+    if 2.0 * sb <= z:
+        raise PlanError(
+            f"adaptive clipping infeasible: need 2*count_noise_std > noise_multiplier "
+            f"(got 2*{sb:g} <= {z:g}); raise count_noise_std above {z / 2:g}"
+        )
+    return float((z**-2 - (2.0 * sb) ** -2) ** -0.5)
+
+
+def clear_caches() -> None:
+    """Drop all memoized accounting results (used by the benchmark for cold timings)."""
+    _opacus_rdp_one_step.cache_clear()
+    _sigma_cached.cache_clear()
+    _frac_binom_chunk.cache_clear()

@@ -1,0 +1,90 @@
+"""Tier assignment rules and presets; MID markers and group metrics on hand-made inputs."""
+import numpy as np
+import pytest
+
+from engine.config import ConfigError, TierConfig, TiersConfig
+from engine.data import load_dataset
+from engine.metrics import group_metrics, mid_markers
+from engine.tiers import assign_tiers, preset, preset_names
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+def test_paper_preset_by_class(digits):
+    a = assign_tiers(preset("paper", digits), digits)
+    y = digits.y_train.numpy()
+    assert set(y[a.train == 0]) == {2, 5, 9} and set(y[a.train == 1]) == {3, 7, 8}
+    assert set(y[a.train == 2]) == {0, 1, 4, 6}
+    assert a.epsilons == (1.0, 2.0, 3.0) and a.test is not None and len(a.test) == len(digits.y_test)
+
+
+def test_random_ratios(digits):
+    a = assign_tiers(preset("random_54_37_9", digits), digits, seed=3)
+    n = len(digits.y_train)
+    assert sum(a.sizes) == n
+    np.testing.assert_allclose(np.array(a.sizes) / n, [0.54, 0.37, 0.09], atol=2 / n)
+    b = assign_tiers(preset("random_54_37_9", digits), digits, seed=4)
+    assert not np.array_equal(a.train, b.train) and a.test is None
+
+
+def test_explicit(digits):
+    n = len(digits.y_train)
+    assignment = tuple(i % 2 for i in range(n))
+    a = assign_tiers(TiersConfig(assign="explicit", tiers=(TierConfig(1.0), TierConfig(5.0)), assignment=assignment),
+                     digits)
+    assert a.train.tolist() == list(assignment)
+    with pytest.raises(ConfigError, match="training samples"):
+        assign_tiers(TiersConfig(assign="explicit", tiers=(TierConfig(1.0),), assignment=(0, 0)), digits)
+
+
+def test_attribute_two_tier_preset(shared_data):
+    adult = load_dataset("adult")
+    assert "two_tier_attribute" in preset_names(adult) and "paper" not in preset_names(adult)
+    cfg = preset("two_tier_attribute", adult)
+    a = assign_tiers(cfg, adult)
+    sex = np.asarray(adult.sensitive_train["sex"]).astype(str)
+    assert cfg.tiers[0].values == ("Female",)  # the smaller group gets the stricter budget
+    assert np.all((a.train == 0) == (sex == "Female")) and a.sizes[0] < a.sizes[1]
+    bad = TiersConfig(assign="attribute", attribute="sex", tiers=(TierConfig(1.0, values=("Female",)),))
+    with pytest.raises(ConfigError, match="Male"):
+        assign_tiers(bad, adult)
+
+
+def test_class_out_of_range(digits):
+    cfg = TiersConfig(tiers=(TierConfig(1.0, classes=tuple(range(11))),))
+    with pytest.raises(ConfigError) as e:
+        assign_tiers(cfg, digits)
+    assert e.value.field == "tiers.tiers[0].classes"
+
+
+def test_mid_markers_hand_computed():
+    steps = [0, 10, 20, 30, 40, 50]
+    losses = [[1.0, 2.0, 0.5],   # initial
+              [1.2, 1.9, 0.6],   # tier 0 rises (onset 10); tier 2 rises (onset 10)
+              [1.5, 1.8, 0.4],   # tier 0 peak +0.5 at 20; tier 2 back (end 20)
+              [1.1, 1.7, 0.45],
+              [0.9, 1.6, 0.3],   # tier 0 back at/below 1.0 (end 40)
+              [0.8, 1.5, 0.2]]
+    m = mid_markers(losses, steps)
+    assert m[0] == {"onset_step": 10, "end_step": 40, "peak_step": 20, "peak_increase": pytest.approx(0.5)}
+    assert m[1] == {"onset_step": None, "end_step": None, "peak_step": None, "peak_increase": 0.0}
+    assert m[2]["onset_step"] == 10 and m[2]["end_step"] == 20
+    assert mid_markers([[1.0], [1.1], [1.2]], [0, 1, 2])[0]["end_step"] is None  # never recovers
+
+
+def test_group_metrics_hand_computed():
+    y = np.array([0, 0, 1, 1, 2, 2])
+    pred = np.array([0, 1, 1, 1, 2, 0])
+    logp = np.log(np.full((6, 3), 1e-3))
+    logp[np.arange(6), pred] = np.log(0.998)
+    groups = np.array([0, 0, 0, 0, 1, 1])  # tier 0 = classes {0,1}, tier 1 = class {2}
+    overall, tiers, classes, _ = group_metrics(y, logp, groups, 2, 3)
+    assert overall["accuracy"] == pytest.approx(4 / 6)
+    assert overall["balanced_accuracy"] == pytest.approx((0.5 + 1 + 0.5) / 3)
+    assert [c["recall"] for c in classes] == [0.5, 1.0, 0.5]
+    assert classes[0]["accuracy"] == pytest.approx(4 / 6)  # one-vs-rest for class 0
+    assert tiers[0]["recall"] == pytest.approx(0.75) and tiers[0]["accuracy"] == pytest.approx(0.75)
+    assert tiers[1]["recall"] == pytest.approx(0.5) and tiers[1]["n"] == 2

@@ -40,7 +40,6 @@ def tier_table(summary: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from engine.train import train
 
     config = load_config(args.config)
     if args.algorithm:

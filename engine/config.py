@@ -108,24 +108,16 @@ class TiersConfig:
                     raise ConfigError(f"tiers.tiers[{k}].ratio", f"must be in (0, 1], got {r!r}")
             if abs(sum(ratios) - 1.0) > 1e-6:
                 raise ConfigError("tiers.tiers", f"random ratios must sum to 1, got {sum(ratios):.6g}")
-        if self.assign == "class":
-            seen: dict[int, int] = {}
+        if self.assign in ("class", "attribute"):
+            # each class (or attribute value) belongs to exactly one tier
+            member, what = ("classes", "class") if self.assign == "class" else ("values", "value")
+            seen: dict = {}
             for k, tier in enumerate(self.tiers):
-                for c in tier.classes:
-                    if c in seen:
-                        raise ConfigError(
-                            f"tiers.tiers[{k}].classes", f"class {c} is already assigned to tier {seen[c]}"
-                        )
-                    seen[c] = k
-        if self.assign == "attribute":
-            seen_v: dict[str, int] = {}
-            for k, tier in enumerate(self.tiers):
-                for v in tier.values:
-                    if v in seen_v:
-                        raise ConfigError(
-                            f"tiers.tiers[{k}].values", f"value {v!r} is already assigned to tier {seen_v[v]}"
-                        )
-                    seen_v[v] = k
+                for item in getattr(tier, member):
+                    if item in seen:
+                        raise ConfigError(f"tiers.tiers[{k}].{member}",
+                                          f"{what} {item!r} is already assigned to tier {seen[item]}")
+                    seen[item] = k
         if self.assign == "explicit":
             if not self.assignment:
                 raise ConfigError("tiers.assignment", "explicit assignment needs one tier index per training sample")

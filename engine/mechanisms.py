@@ -13,8 +13,6 @@ by at most C_z, and the noise std is noise_multiplier × (the largest C any samp
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from engine.importance import make_tif, weights_from_order
@@ -144,7 +142,3 @@ def resolve_tail_length(algo, expected_clip_mass: float) -> float:
 def default_count_noise_std(expected_batch: float) -> float:
     # Andrew et al. (2021) use σ_b = expected batch / 20.
     return max(expected_batch / 20.0, 1.0)
-
-
-def is_finite(x) -> bool:
-    return x is not None and math.isfinite(x)

@@ -91,10 +91,7 @@ def resnet18(in_channels: int, num_classes: int) -> nn.Module:
     """A CIFAR-style ResNet-18 made DP-compatible: BatchNorm → GroupNorm by Opacus' ModuleValidator."""
     from opacus.validators import ModuleValidator
 
-    def block(cin, cout, stride):
-        return _BasicBlock(cin, cout, stride)
-
-    net = _ResNet18(in_channels, num_classes, block)
+    net = _ResNet18(in_channels, num_classes)
     net = ModuleValidator.fix(net)
     errors = ModuleValidator.validate(net, strict=False)
     if errors:  # pragma: no cover - ModuleValidator.fix handles BatchNorm
@@ -120,13 +117,13 @@ class _BasicBlock(nn.Module):
 
 
 class _ResNet18(nn.Module):
-    def __init__(self, in_channels, num_classes, block):
+    def __init__(self, in_channels, num_classes):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         layers, c = [], 64
         for cout, stride in ((64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)):
-            layers.append(block(c, cout, stride))
+            layers.append(_BasicBlock(c, cout, stride))
             c = cout
         self.layers = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)

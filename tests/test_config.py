@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from engine.config import AlgorithmConfig, ConfigError, RunConfig, TierConfig, TiersConfig
+from engine.config import ConfigError, RunConfig, TierConfig, TiersConfig
 from engine.train import prepare
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.config import RunConfig, TierConfig, TiersConfig
-from engine.mechanisms import Clipped, Importance
+from engine.mechanisms import Importance
 from engine.store import RunStore
 from engine.grad_sample import per_sample_grad_fn
 from engine.train import Cancelled, clipped_weighted_sum, prepare, train

@@ -160,6 +160,10 @@ def cmd_show(args) -> int:
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
     if run["summary"] and run["kind"] == "train":
         print(tier_table(run["summary"]))
+    elif run["summary"] and run["kind"] == "audit" and run["summary"].get("algorithms"):
+        from engine.audit.run import summary_table
+
+        print(summary_table(run["summary"]))
     return 0
 
 

@@ -1,0 +1,374 @@
+"""Figures of a privacy audit: tidy frames from the results dict, pure Plotly builders.
+
+The input is the results dict of :func:`engine.audit.run.run_audit` (also the audit run's
+``summary`` in the store; a running audit's partial summary works too). Nothing here reads the
+store or calls Streamlit. :func:`build_audit_figures` returns ``engine.plots.FigureSpec`` s, so the
+dashboard's export menu (PNG/SVG/PDF/HTML + CSV of the data) and presentation packs work alike.
+
+Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, null-floor line); the
+Δ table (pp, with CI) and accuracy per algorithm; per-tier empirical ε lower bound next to the
+claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
+(PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.plots import ALGORITHM_COLORS, EXTRA_COLORS, FigureSpec, fig_table, template
+
+AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines")
+GROUP_COLORS = ("#3a86ff", "#e4572e", "#06a77d", "#8338ec", "#f0a202", "#ff006e", "#6c757d", "#2b2d42",
+                "#17becf", "#bcbd22")
+
+
+def _algos(results: dict) -> list[dict]:
+    return list(results.get("algorithms") or [])
+
+
+def algo_color(algo: dict, k: int = 0) -> str:
+    return ALGORITHM_COLORS.get(algo.get("name", ""), EXTRA_COLORS[k % len(EXTRA_COLORS)])
+
+
+def _colors(results: dict) -> dict:
+    return {a["label"]: algo_color(a, k) for k, a in enumerate(_algos(results))}
+
+
+def _group_color(k: int) -> str:
+    return GROUP_COLORS[k % len(GROUP_COLORS)]
+
+
+def _nan(x):
+    return float("nan") if x is None else float(x)
+
+
+def _fig(title: str, theme: str, fig: go.Figure | None = None) -> go.Figure:
+    fig = fig if fig is not None else go.Figure()
+    fig.update_layout(template=template(theme), title=dict(text=title, x=0.01, xanchor="left", y=0.98, yanchor="top"),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+    return fig
+
+
+def _empty(title: str, theme: str, message: str = "No audit results yet") -> go.Figure:
+    fig = _fig(title, theme)
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+# --- data ------------------------------------------------------------------------------------------------
+
+def gpr_frame(results: dict) -> pd.DataFrame:
+    rows = []
+    for a in _algos(results):
+        for g in results.get("group_names", []):
+            r = a["gpr"]["groups"].get(g, {})
+            rows.append({"algorithm": a["key"], "label": a["label"], "group": g,
+                         "n": (results.get("group_sizes") or {}).get(g), "gpr": _nan(r.get("mean")),
+                         "low": _nan(r.get("low")), "high": _nan(r.get("high")),
+                         "null_floor": _nan(a.get("null_floor")), "threshold": results.get("threshold")})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "n", "gpr", "low", "high", "null_floor",
+                                       "threshold"])
+
+
+def delta_frame(results: dict) -> pd.DataFrame:
+    """One row per algorithm: Δ (pp) with its CI, accuracy, floor and the GPR of each group."""
+    rows = []
+    for a in _algos(results):
+        d = a["gpr"]["delta"]
+        row = {"algorithm": a["label"], "Δ (pp)": _r(d.get("value"), 2), "Δ CI low": _r(d.get("low"), 2),
+               "Δ CI high": _r(d.get("high"), 2), "accuracy": _r(a["accuracy"]["mean"], 4),
+               "null floor": _r(a.get("null_floor"), 4), "formal DP": "yes" if a.get("formal_dp") else "no"}
+        for g in results.get("group_names", []):
+            row[f"GPR {g}"] = _r(a["gpr"]["groups"].get(g, {}).get("mean"), 4)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _r(x, nd):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), nd)
+
+
+def accuracy_frame(results: dict) -> pd.DataFrame:
+    rows = []
+    for a in _algos(results):
+        acc = a["accuracy"]
+        rows.append({"algorithm": a["key"], "label": a["label"], "group": "all", "accuracy": _nan(acc["mean"]),
+                     "std": _nan(acc.get("std")), "min": _nan(acc.get("min")), "max": _nan(acc.get("max"))})
+        for g, v in (acc.get("groups") or {}).items():
+            rows.append({"algorithm": a["key"], "label": a["label"], "group": g, "accuracy": _nan(v),
+                         "std": float("nan"), "min": float("nan"), "max": float("nan")})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "accuracy", "std", "min", "max"])
+
+
+def epsilon_frame(results: dict) -> pd.DataFrame:
+    rows = []
+    for a in _algos(results):
+        for t in a["epsilon"]["tiers"]:
+            rows.append({"algorithm": a["key"], "label": a["label"], "tier": t["name"], "claimed": _nan(t["claimed"]),
+                         "target": _nan(t.get("target")), "lower_bound": _nan(t["lower_bound"]),
+                         "tpr": _nan(t.get("tpr")), "fpr": _nan(t.get("fpr")), "formal_dp": a.get("formal_dp"),
+                         "confidence": a["epsilon"].get("confidence")})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "tier", "claimed", "target", "lower_bound", "tpr", "fpr",
+                                       "formal_dp", "confidence"])
+
+
+def roc_frame(results: dict) -> pd.DataFrame:
+    rows = []
+    for a in _algos(results):
+        lira = a.get("lira") or {}
+        for g, roc in (lira.get("roc") or {}).items():
+            summ = (lira.get("groups") or {}).get(g, {})
+            for f, t in zip(roc["fpr"], roc["tpr"]):
+                rows.append({"algorithm": a["key"], "label": a["label"], "group": g, "fpr": f, "tpr": t,
+                             "auc": _nan(summ.get("auc")), "tpr_at_0.1%": _nan(summ.get("tpr_at_0.1%")),
+                             "tpr_at_1%": _nan(summ.get("tpr_at_1%"))})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "fpr", "tpr", "auc", "tpr_at_0.1%", "tpr_at_1%"])
+
+
+def histogram_frame(results: dict) -> pd.DataFrame:
+    rows = []
+    sizes = results.get("group_sizes") or {}
+    for a in _algos(results):
+        h = a.get("histogram") or {}
+        edges = h.get("edges") or []
+        for g, counts in (h.get("counts") or {}).items():
+            total = max(1, sum(counts))
+            for k, c in enumerate(counts):
+                rows.append({"algorithm": a["key"], "label": a["label"], "group": g, "bin_low": edges[k],
+                             "bin_high": edges[k + 1], "count": int(c), "fraction": c / total,
+                             "group_size": sizes.get(g)})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "bin_low", "bin_high", "count", "fraction",
+                                       "group_size"])
+
+
+def baselines_frame(results: dict) -> pd.DataFrame:
+    """PA-ALOOA's per-group GPR next to PA-GA, PA-GBA (per group) and PA-LOOA (per audited record)."""
+    rows = []
+    n_models = results.get("n_models")
+    n = results.get("n_train")
+    for a in _algos(results):
+        b = a.get("baselines") or {}
+        for g in results.get("group_names", []):
+            rows.append({"algorithm": a["label"], "attack": "PA-ALOOA (per sample)", "target": f"group {g}",
+                         "advantage": _r(a["gpr"]["groups"].get(g, {}).get("mean"), 4),
+                         "models": n_models, "records covered": (results.get("group_sizes") or {}).get(g)})
+        rows.append({"algorithm": a["label"], "attack": "PA-GA (one threshold per model)", "target": "all",
+                     "advantage": _r(b.get("pa_ga"), 4), "models": n_models, "records covered": n})
+        for g, v in (b.get("pa_gba") or {}).items():
+            rows.append({"algorithm": a["label"], "attack": "PA-GBA (per model and group)", "target": f"group {g}",
+                         "advantage": _r(v, 4), "models": n_models,
+                         "records covered": (results.get("group_sizes") or {}).get(g)})
+        for rec in b.get("pa_looa") or []:
+            rows.append({"algorithm": a["label"], "attack": "PA-LOOA (one record)",
+                         "target": f"record {rec['index']} ({rec['group']}); ALOOA {_r(rec['aloo_advantage'], 3)}",
+                         "advantage": _r(rec["looa_advantage"], 4), "models": b.get("looa_models_per_record"),
+                         "records covered": 1})
+    return pd.DataFrame(rows, columns=["algorithm", "attack", "target", "advantage", "models", "records covered"])
+
+
+# --- figures ------------------------------------------------------------------------------------------------
+
+def fig_gpr_bars(results: dict, *, theme: str = "light", title: str | None = None) -> go.Figure:
+    title = title or (f"Group privacy risk (PA-ALOOA, {results.get('threshold', 'in_sample').replace('_', '-')} "
+                      f"thresholds, 2R = {results.get('n_models', '?')})")
+    df = gpr_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    fig = _fig(title, theme)
+    colors = _colors(results)
+    for label, d in df.groupby("label", sort=False):
+        fig.add_trace(go.Bar(x=d["group"], y=d["gpr"], name=label, marker_color=colors.get(label),
+                             error_y=dict(type="data", symmetric=False, array=(d["high"] - d["gpr"]).clip(lower=0),
+                                          arrayminus=(d["gpr"] - d["low"]).clip(lower=0), thickness=1.5, width=4),
+                             customdata=np.stack([d["low"], d["high"], d["n"].fillna(0)], axis=1),
+                             hovertemplate="%{x}: GPR %{y:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
+                                           "<br>n = %{customdata[2]}<extra>" + label + "</extra>"))
+    floor = float(np.nanmax(df["null_floor"])) if df["null_floor"].notna().any() else None
+    if floor is not None:
+        fig.add_hline(y=floor, line=dict(dash="dash", color="#888", width=2),
+                      annotation_text=f"null floor (permuted labels) ≈ {floor:.3f}", annotation_position="top left")
+    fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(results))
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def _group_title(results: dict) -> str:
+    by = results.get("group_by", "group")
+    attr = (results.get("config") or {}).get("group_attribute")
+    return {"attribute": f"sensitive attribute{(' ' + attr) if attr else ''}", "class": "class",
+            "tier": "privacy tier"}.get(by, by)
+
+
+def fig_delta_table(results: dict, *, theme: str = "light",
+                    title: str = "Δ = (max − min GPR) × 100, in pp") -> go.Figure:
+    df = delta_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    return fig_table(df, theme=theme, title=title)
+
+
+def fig_accuracy(results: dict, *, theme: str = "light",
+                 title: str = "Test accuracy per algorithm (mean ± sd over models)") -> go.Figure:
+    df = accuracy_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    fig = _fig(title, theme)
+    overall = df[df["group"] == "all"]
+    colors = _colors(results)
+    fig.add_trace(go.Bar(x=overall["label"], y=overall["accuracy"], name="all", showlegend=False,
+                         marker_color=[colors.get(l) for l in overall["label"]],
+                         error_y=dict(type="data", array=overall["std"].fillna(0)),
+                         hovertemplate="%{x}: %{y:.4f}<extra>all test samples</extra>"))
+    per = df[df["group"] != "all"]
+    for k, (g, d) in enumerate(per.groupby("group", sort=False)):
+        fig.add_trace(go.Scatter(x=d["label"], y=d["accuracy"], mode="markers", name=f"group {g}",
+                                 marker=dict(symbol="diamond", size=11, color=_group_color(k),
+                                             line=dict(width=1, color="#333")),
+                                 hovertemplate="%{x}, group " + str(g) + ": %{y:.4f}<extra></extra>"))
+    lo = float(np.nanmin(df["accuracy"])) if df["accuracy"].notna().any() else 0.0
+    fig.update_layout(yaxis_title="accuracy", yaxis_range=[max(0.0, lo - 0.1), 1.0])
+    return fig
+
+
+def fig_epsilon_bounds(results: dict, *, theme: str = "light",
+                       title: str = "Per-tier empirical ε lower bound vs claimed ε") -> go.Figure:
+    df = epsilon_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    conf = df["confidence"].dropna()
+    title += f" ({int(round(100 * conf.iloc[0]))}% Clopper–Pearson)" if len(conf) else ""
+    fig = _fig(title, theme)
+    colors = _colors(results)
+    for label, d in df.groupby("label", sort=False):
+        fig.add_trace(go.Bar(x=d["tier"], y=d["lower_bound"], name=f"{label}: lower bound", offsetgroup=label,
+                             marker_color=colors.get(label), legendgroup=label, texttemplate="%{y:.2f}",
+                             textposition="outside", cliponaxis=False,
+                             customdata=np.stack([d["tpr"], d["fpr"]], axis=1),
+                             hovertemplate="%{x}: ε ≥ %{y:.3f} (TPR %{customdata[0]:.4f}, FPR %{customdata[1]:.4f})"
+                                           "<extra>" + label + "</extra>"))
+        claimed = d["claimed"]
+        if claimed.notna().any():
+            fig.add_trace(go.Scatter(x=d["tier"], y=claimed, mode="markers", name=f"{label}: claimed ε",
+                                     offsetgroup=label, legendgroup=label, showlegend=True,
+                                     marker=dict(symbol="line-ew-open", size=28, color=colors.get(label),
+                                                 line=dict(width=4, color=colors.get(label))),
+                                     hovertemplate="%{x}: claimed ε = %{y:.3f}<extra>" + label + "</extra>"))
+    fig.update_layout(barmode="group", scattermode="group", yaxis_title="ε", xaxis_title="privacy tier",
+                      yaxis_rangemode="tozero")
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def fig_lira_roc(results: dict, *, theme: str = "light", title: str = "LiRA ROC per group (log-log)") -> go.Figure:
+    df = roc_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    labels = list(dict.fromkeys(df["label"]))
+    cols = min(3, len(labels))
+    rows = math.ceil(len(labels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, shared_yaxes=True,
+                        horizontal_spacing=0.05, vertical_spacing=0.16)
+    _fig(title, theme, fig)
+    groups = list(dict.fromkeys(df["group"]))
+    for i, label in enumerate(labels):
+        r, c = i // cols + 1, i % cols + 1
+        fig.add_trace(go.Scatter(x=[1e-5, 1], y=[1e-5, 1], mode="lines", line=dict(dash="dot", color="#999"),
+                                 name="chance", showlegend=i == 0, legendgroup="chance", hoverinfo="skip"),
+                      row=r, col=c)
+        d = df[df["label"] == label]
+        for k, g in enumerate(groups):
+            dg = d[(d["group"] == g) & (d["tpr"] > 0)]  # TPR = 0 has no place on a log axis
+            if dg.empty:
+                continue
+            auc_ = dg["auc"].iloc[0]
+            fig.add_trace(go.Scatter(x=dg["fpr"], y=dg["tpr"], mode="lines", line=dict(color=_group_color(k), width=2),
+                                     name=f"group {g}", legendgroup=f"g{g}", showlegend=i == 0,
+                                     hovertemplate=f"group {g} (AUC {auc_:.3f})<br>FPR %{{x:.2e}}, TPR %{{y:.2e}}"
+                                                   "<extra>" + label + "</extra>"), row=r, col=c)
+        fig.update_xaxes(type="log", range=[-5, 0], title_text="FPR" if r == rows else None, row=r, col=c)
+        fig.update_yaxes(type="log", range=[-5, 0], row=r, col=c)
+    fig.update_yaxes(title_text="TPR", col=1)
+    _facet_layout(fig, rows)
+    return fig
+
+
+def _facet_layout(fig: go.Figure, rows: int) -> None:
+    fig.update_layout(height=max(400, 120 + 300 * rows), margin=dict(t=110),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0 + 0.1 / rows, x=1, xanchor="right"))
+
+
+def fig_advantage_hist(results: dict, *, theme: str = "light",
+                       title: str = "Per-sample membership advantage (fraction of each group)") -> go.Figure:
+    df = histogram_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    labels = list(dict.fromkeys(df["label"]))
+    cols = min(3, len(labels))
+    rows = math.ceil(len(labels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, shared_yaxes=True,
+                        horizontal_spacing=0.05, vertical_spacing=0.16)
+    _fig(title, theme, fig)
+    groups = list(dict.fromkeys(df["group"]))
+    floor = {a["label"]: a.get("null_floor") for a in _algos(results)}
+    for i, label in enumerate(labels):
+        r, c = i // cols + 1, i % cols + 1
+        d = df[df["label"] == label]
+        for k, g in enumerate(groups):
+            dg = d[d["group"] == g]
+            fig.add_trace(go.Bar(x=(dg["bin_low"] + dg["bin_high"]) / 2, y=dg["fraction"],
+                                 width=(dg["bin_high"] - dg["bin_low"]), name=f"group {g}", legendgroup=f"g{g}",
+                                 showlegend=i == 0, marker_color=_group_color(k), opacity=0.55,
+                                 hovertemplate=f"group {g}: %{{y:.3f}} at advantage %{{x:.3f}}<extra>{label}</extra>"),
+                          row=r, col=c)
+        if floor.get(label) is not None:
+            fig.add_vline(x=floor[label], line=dict(dash="dash", color="#888"), row=r, col=c)
+        fig.update_xaxes(title_text="advantage (TPR − FPR)" if r == rows else None, row=r, col=c)
+    fig.update_yaxes(title_text="fraction of group", col=1)
+    fig.update_layout(barmode="overlay")
+    _facet_layout(fig, rows)
+    return fig
+
+
+def fig_baselines(results: dict, *, theme: str = "light",
+                  title: str = "Baselines: PA-GA, PA-GBA and PA-LOOA next to PA-ALOOA") -> go.Figure:
+    df = baselines_frame(results)
+    if df.empty:
+        return _empty(title, theme)
+    return fig_table(df, theme=theme, title=title)
+
+
+def build_audit_figures(results: dict, *, theme: str = "light", names=None) -> list[FigureSpec]:
+    """Every audit figure with the data it shows (for the UI, CSV/PNG export and presentation packs)."""
+    names = list(names) if names is not None else list(AUDIT_FIGURES)
+    out = []
+    for name in names:
+        if name == "gpr_bars":
+            out.append(FigureSpec(name, "Group privacy risk", fig_gpr_bars(results, theme=theme), gpr_frame(results)))
+        elif name == "delta_table":
+            out.append(FigureSpec(name, "Δ table", fig_delta_table(results, theme=theme), delta_frame(results)))
+        elif name == "accuracy":
+            out.append(FigureSpec(name, "Accuracy", fig_accuracy(results, theme=theme), accuracy_frame(results)))
+        elif name == "epsilon_bounds":
+            out.append(FigureSpec(name, "ε lower bounds", fig_epsilon_bounds(results, theme=theme),
+                                  epsilon_frame(results)))
+        elif name == "lira_roc":
+            out.append(FigureSpec(name, "LiRA ROC", fig_lira_roc(results, theme=theme), roc_frame(results)))
+        elif name == "advantage_hist":
+            out.append(FigureSpec(name, "Advantage histogram", fig_advantage_hist(results, theme=theme),
+                                  histogram_frame(results)))
+        elif name == "baselines":
+            out.append(FigureSpec(name, "Baselines", fig_baselines(results, theme=theme), baselines_frame(results)))
+        else:
+            raise ValueError(f"unknown audit figure {name!r}; allowed: {', '.join(AUDIT_FIGURES)}")
+    return out
+
+
+__all__ = ["AUDIT_FIGURES", "build_audit_figures", "gpr_frame", "delta_frame", "accuracy_frame", "epsilon_frame",
+           "roc_frame", "histogram_frame", "baselines_frame", "fig_gpr_bars", "fig_delta_table", "fig_accuracy",
+           "fig_epsilon_bounds", "fig_lira_roc", "fig_advantage_hist", "fig_baselines"]

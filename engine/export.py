@@ -1,0 +1,242 @@
+"""Figure export: PNG / SVG / PDF (Kaleido + Chromium), self-contained HTML, CSV data, JSON configs,
+and a zipped "presentation pack". Shared by the dashboard and ``python -m engine export``.
+
+Static images need a Chromium-family browser (Kaleido ≥ 1 drives one; Debian's ``/usr/bin/chromium``
+is found automatically). Without one, PNG/SVG/PDF raise :class:`ExportUnavailable` with a message
+the UI shows as is, while HTML, CSV and JSON keep working.
+"""
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+from engine import plots
+
+STATIC_FORMATS = ("png", "svg", "pdf")
+FORMATS = STATIC_FORMATS + ("html", "csv", "json")
+MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf", "html": "text/html",
+        "csv": "text/csv", "json": "application/json", "zip": "application/zip"}
+
+_CHROME_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+_lock = threading.RLock()
+_server_started = False
+
+
+class ExportUnavailable(RuntimeError):
+    """Static image export is not possible here (no Chromium); HTML/CSV/JSON still work."""
+
+
+def chromium_path() -> str | None:
+    """The browser Kaleido will use, or None. ``BROWSER_PATH`` wins (Kaleido honours it too)."""
+    env = os.environ.get("BROWSER_PATH")
+    if env and os.path.exists(env):
+        return env
+    for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if os.path.exists(p):
+            return p
+    for name in _CHROME_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def static_export_available() -> tuple[bool, str]:
+    """(available, reason): the reason says what to install when it is not."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return False, "PNG/SVG/PDF export needs the kaleido package (pip install kaleido); HTML export still works."
+    if chromium_path() is None:
+        return False, ("PNG/SVG/PDF export needs Chromium (Debian/Ubuntu: apt-get install chromium), which was not "
+                       "found; HTML, CSV and JSON export still work.")
+    return True, ""
+
+
+def _stop_server() -> None:
+    global _server_started
+    if _server_started:
+        try:
+            import kaleido
+
+            kaleido.stop_sync_server(silence_warnings=True)
+        except Exception:  # noqa: BLE001
+            pass
+        _server_started = False
+
+
+def _ensure_server() -> None:
+    """Keep one headless browser for all exports of this process (first image ~2 s, then ~0.2 s)."""
+    global _server_started
+    if _server_started:
+        return
+    import kaleido
+
+    kaleido.start_sync_server(silence_warnings=True)
+    _server_started = True
+    atexit.register(_stop_server)
+
+
+def figure_bytes(fig, fmt: str, *, width: int = 1000, height: int = 600, scale: float = 2.0) -> bytes:
+    """Render one figure: png/svg/pdf (Kaleido), html (self-contained, plotly.js inlined)."""
+    fmt = fmt.lower()
+    if fmt == "html":
+        return html_bytes(fig)
+    if fmt not in STATIC_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; allowed: {', '.join(STATIC_FORMATS + ('html',))}")
+    ok, reason = static_export_available()
+    if not ok:
+        raise ExportUnavailable(reason)
+    import kaleido
+    from kaleido.errors import ChromeNotFoundError
+
+    fig_dict = fig.to_dict() if hasattr(fig, "to_dict") else dict(fig)
+    opts = {"format": fmt, "width": int(width), "height": int(height), "scale": float(scale)}
+    with _lock:
+        try:
+            _ensure_server()
+            return kaleido.calc_fig_sync(fig_dict, opts=opts)
+        except ChromeNotFoundError as e:
+            raise ExportUnavailable(f"Kaleido could not start Chromium: {e}") from None
+        except Exception:  # noqa: BLE001 - a dead browser: restart it once
+            _stop_server()
+            try:
+                _ensure_server()
+                return kaleido.calc_fig_sync(fig_dict, opts=opts)
+            except ChromeNotFoundError as e:
+                raise ExportUnavailable(f"Kaleido could not start Chromium: {e}") from None
+
+
+def html_bytes(fig) -> bytes:
+    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False}).encode("utf-8")
+
+
+def csv_bytes(df) -> bytes:
+    return df.to_csv(index=False).encode("utf-8")
+
+
+def configs_json(runs: list[dict]) -> bytes:
+    """The run configs (validated engine JSON) with ids, status, plan and summary."""
+    out = [{"id": r["id"], "name": r.get("name") or "", "algorithm": r.get("algorithm"), "status": r.get("status"),
+            "group_id": r.get("group_id"), "config": r.get("config"), "plan": r.get("plan"),
+            "summary": r.get("summary"), "versions": r.get("versions")} for r in runs]
+    return json.dumps(out, indent=2, sort_keys=True, default=str).encode("utf-8")
+
+
+def metrics_csv(run: dict) -> bytes:
+    """All evaluations of one run as a tidy CSV: step, epoch, scope (overall/tier/class), group, metric, value."""
+    import pandas as pd
+
+    rows = []
+    for e in run.get("evals") or []:
+        base = {"run_id": run["id"], "step": e["step"], "epoch": e.get("epoch"), "elapsed": e.get("elapsed")}
+        for k, v in (e.get("overall") or {}).items():
+            rows.append({**base, "scope": "overall", "group": "", "metric": k, "value": v})
+        for t in e.get("tiers") or []:
+            for k in ("loss", "recall", "accuracy", "epsilon", "epsilon_spent", "n"):
+                if k in t:
+                    rows.append({**base, "scope": "tier", "group": t["name"], "metric": k, "value": t[k]})
+        for c, m in enumerate(e.get("classes") or []):
+            for k in ("loss", "recall", "accuracy"):
+                rows.append({**base, "scope": "class", "group": m.get("name", str(c)), "metric": k, "value": m.get(k)})
+        for k, v in (e.get("fairness") or {}).items():
+            rows.append({**base, "scope": "fairness", "group": "", "metric": k, "value": v})
+        for k, v in enumerate(e.get("group_clip_norms") or []):
+            rows.append({**base, "scope": "group_clip", "group": str(k), "metric": "clip_norm", "value": v})
+    cols = ["run_id", "step", "epoch", "elapsed", "scope", "group", "metric", "value"]
+    return pd.DataFrame(rows, columns=cols).to_csv(index=False).encode("utf-8")
+
+
+def load_runs(store, run_ids) -> list[dict]:
+    """Run records (run dict + evals) for the ids that exist, in the given order."""
+    from engine.config import ConfigError
+
+    out = []
+    for rid in run_ids:
+        rec = plots.run_record(store, int(rid))
+        if rec is None:
+            raise ConfigError("run_ids", f"no run {rid} in {store.path}")
+        out.append(rec)
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "figure"
+
+
+def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: int = 1000, height: int = 600,
+                scale: float = 2.0, theme: str = "light") -> list[Path]:
+    """Write every figure of the selected runs in each format into ``out_dir``; returns the paths.
+
+    png/svg/pdf/html: one file per figure; csv: the data behind each figure; json: ``configs.json``.
+    Raises ConfigError for unknown run ids and ExportUnavailable for static formats without Chromium.
+    """
+    formats = [f.lower() for f in (formats or ["png"])]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"unknown export format {bad[0]!r}; allowed: {', '.join(FORMATS)}")
+    if any(f in STATIC_FORMATS for f in formats):
+        ok, reason = static_export_available()
+        if not ok:
+            raise ExportUnavailable(reason)
+    runs = load_runs(store, run_ids)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = "runs-" + "-".join(str(r["id"]) for r in runs)
+    paths: list[Path] = []
+    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    for spec in specs:
+        for fmt in formats:
+            if fmt == "json":
+                continue
+            path = out / f"{prefix}_{_safe(spec.name)}.{fmt}"
+            if fmt == "csv":
+                path.write_bytes(csv_bytes(spec.data))
+            else:
+                path.write_bytes(figure_bytes(spec.figure, fmt, width=width, height=height, scale=scale))
+            paths.append(path)
+    if "json" in formats:
+        path = out / f"{prefix}_configs.json"
+        path.write_bytes(configs_json(runs))
+        paths.append(path)
+    return paths
+
+
+def presentation_pack(runs: list[dict], *, width: int = 1600, height: int = 900, scale: float = 2.0,
+                      theme: str = "presentation", formats=("png", "svg", "pdf", "html", "csv")) -> bytes:
+    """A zip with every figure of a comparison for slides (light, large fonts), its data and configs.
+
+    Without Chromium the static formats are left out and README.txt says why.
+    """
+    ok, reason = static_export_available()
+    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    buf = io.BytesIO()
+    notes = [f"Privacy Imbalance Lab presentation pack — runs {', '.join(str(r['id']) for r in runs)}",
+             f"created {time.strftime('%Y-%m-%d %H:%M:%S')}, {width}×{height} px at scale {scale}, theme {theme}", ""]
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for i, spec in enumerate(specs, 1):
+            stem = f"{i:02d}_{_safe(spec.name)}"
+            for fmt in formats:
+                if fmt in STATIC_FORMATS:
+                    if not ok:
+                        continue
+                    z.writestr(f"{fmt}/{stem}.{fmt}",
+                               figure_bytes(spec.figure, fmt, width=width, height=height, scale=scale))
+                elif fmt == "html":
+                    z.writestr(f"html/{stem}.html", html_bytes(spec.figure))
+                elif fmt == "csv":
+                    z.writestr(f"data/{stem}.csv", csv_bytes(spec.data))
+            notes.append(f"{stem}: {spec.title}")
+        z.writestr("configs.json", configs_json(runs))
+        if not ok:
+            notes += ["", reason]
+        z.writestr("README.txt", "\n".join(notes) + "\n")
+    return buf.getvalue()

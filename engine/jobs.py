@@ -1,0 +1,542 @@
+"""Background job manager: every run is a separate worker process; the run store is the truth.
+
+The dashboard (and anything else) submits runs with :meth:`JobManager.submit`; they go into the
+store as ``queued`` with a ``group_id`` (one comparison = one group). A scheduler thread then
+
+* starts queued runs while fewer than ``max_workers`` runs are ``running`` in the store
+  (default ``max(1, cores - 1)``), oldest first;
+* reaps its own worker processes: a worker that exits while its run is still active is marked
+  ``interrupted`` (killed by a signal, e.g. ``kill -9`` or the OOM killer) or ``failed`` (non-zero
+  exit) with the reason, and the last lines of its log;
+* calls :meth:`RunStore.mark_dead_runs` at start-up and every few seconds, so runs left
+  ``running`` by a process that no longer exists (a crash of a previous app) become ``interrupted``.
+
+A worker is ``python -m engine --store STORE worker RUN_ID --threads 1`` (``engine.cli``), started
+with :class:`subprocess.Popen` — never a multiprocessing child, which would re-import the
+Streamlit script. To keep the click → first live point latency low (a cold worker spends ~3 s
+importing torch and ~1 s planning), the manager keeps one *standby* process
+(``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns it off) that has already
+imported the engine and waits on its stdin. :meth:`JobManager.hint` lets the UI tell it the config
+the user is looking at; it prepares that run ahead of time (data, tiers, privacy plan, model — what
+``engine.train.prepare`` returns, which is deterministic). On launch it receives the run id and runs
+exactly the ``engine.cli`` worker code, using the prepared state if the run's config is the hinted
+one. If no standby is ready the cold command above is used. A standby exits when its stdin closes,
+i.e. when the manager's process goes away; a fresh one is started a few seconds after each launch.
+
+Cancel (:meth:`JobManager.cancel`) sends SIGTERM to the worker (the CLI turns it into status
+``cancelled``, metrics so far kept), escalates to SIGKILL after a grace period, and marks a queued
+run ``cancelled`` directly. Nothing here calls Streamlit: the UI polls the store.
+
+Only queued runs that carry a ``group_id`` are picked up: ``python -m engine run`` creates its own
+run (no group) and trains it in-process, so the scheduler must not start it a second time.
+"""
+from __future__ import annotations
+
+import atexit
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+from engine.store import ACTIVE, RunStore, pid_alive
+
+DEAD_CHECK_SECONDS = 3.0
+TICK_SECONDS = 0.2
+STANDBY_DELAY_SECONDS = 6.0  # after a launch, let the new worker have the CPU before warming the next standby
+CANCEL_GRACE_SECONDS = 3.0
+
+_MANAGERS: "weakref.WeakSet[JobManager]" = weakref.WeakSet()
+
+
+def default_max_workers() -> int:
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def new_group_id(prefix: str = "cmp") -> str:
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def worker_command(store_path: str | os.PathLike, run_id: int, threads: int = 1) -> list[str]:
+    """The cold worker command line (also what "copy as CLI command" shows for a queued run)."""
+    return [sys.executable, "-m", "engine", "--store", str(store_path), "worker", str(run_id), "--threads", str(threads)]
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    root = _repo_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _exit_reason(pid: int, rc: int, log_tail: str) -> tuple[str, str]:
+    """(status, error) for a worker that exited while its run was still active."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return "interrupted", f"worker process {pid} was killed by {name}"
+    msg = f"worker process {pid} exited with code {rc} without finishing the run"
+    if log_tail:
+        msg += f": {log_tail}"
+    return ("failed" if rc else "interrupted"), msg
+
+
+def _tail(path: Path, lines: int = 1, limit: int = 400) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    rows = [r.strip() for r in text.splitlines() if r.strip()]
+    return " | ".join(rows[-lines:])[-limit:]
+
+
+class JobManager:
+    """Queue, start, watch and cancel worker processes for one run store."""
+
+    def __init__(self, store_path: str | os.PathLike | None = None, *, max_workers: int | None = None,
+                 prewarm: bool | None = None, threads: int = 1, autostart: bool = True):
+        self.store = RunStore(store_path)
+        self.store_path = str(self.store.path)
+        self.max_workers = int(max_workers) if max_workers else default_max_workers()
+        if prewarm is None:
+            prewarm = os.environ.get("PRIVACY_LAB_PREWARM", "1") not in ("0", "false", "no")
+        self.prewarm = bool(prewarm)
+        self.threads = int(threads)
+        self.log_dir = Path(self.store_path).parent / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_path = Path(self.store_path + ".jobs.lock")
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._cancelling: set[int] = set()
+        self._standby: subprocess.Popen | None = None
+        self._hints: tuple[str, ...] = ()
+        self._hinted: tuple[str, ...] = ()  # what the current standby has been told
+        self._mutex = threading.RLock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_dead_check = 0.0
+        self._last_launch = 0.0
+        self._thread: threading.Thread | None = None
+        self.recovered = self.store.mark_dead_runs()  # start-up: runs left 'running' by a dead process
+        self._last_dead_check = time.time()
+        _MANAGERS.add(self)
+        if autostart:
+            self.start()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="privacy-lab-jobs", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, *, cancel_running: bool = False, timeout: float = 5.0) -> None:
+        """Stop the scheduler and the standby. Running workers keep running unless cancel_running."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        with self._mutex:
+            if cancel_running:
+                for run_id in list(self._procs):
+                    self.cancel(run_id, wait=True)
+            self._kill_standby()
+            self._reap()  # record the exit of workers that already ended (no zombies left behind)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown(cancel_running=True)
+
+    def kick(self) -> None:
+        """Schedule now instead of at the next tick."""
+        self._wake.set()
+
+    # --- submitting -------------------------------------------------------------------------
+    def submit(self, configs, *, group_id: str | None = None, kind: str = "train", names=None) -> list[int]:
+        """Queue one run per config (RunConfig or dict) under one group; returns the run ids."""
+        group_id = group_id or new_group_id("audit" if kind == "audit" else "cmp")
+        ids = []
+        for k, cfg in enumerate(configs):
+            name = names[k] if names else None
+            ids.append(self.store.create_run(cfg, kind=kind, group_id=group_id, status="queued", name=name))
+        self.kick()
+        return ids
+
+    # --- cancel / delete -----------------------------------------------------------------------
+    def cancel(self, run_id: int, *, wait: bool = True, grace: float = CANCEL_GRACE_SECONDS) -> str:
+        """Stop a run: a queued one is marked cancelled; a running worker gets SIGTERM (then SIGKILL).
+
+        Returns the run's status afterwards. Metrics logged so far are kept.
+        """
+        with self._mutex:
+            run = self.store.get_run(run_id)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            if run["status"] not in ACTIVE:
+                return run["status"]
+            proc = self._procs.get(run_id)
+            pid = proc.pid if proc is not None else run["pid"]
+            if run["status"] == "queued" and not pid:
+                self.store.set_status(run_id, "cancelled", error="cancelled before it started")
+                return "cancelled"
+            self._cancelling.add(run_id)
+        if pid:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if wait:
+            deadline = time.time() + grace
+            while time.time() < deadline and self._alive(run_id, pid):
+                time.sleep(0.05)
+            if self._alive(run_id, pid):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                deadline = time.time() + 2.0
+                while time.time() < deadline and self._alive(run_id, pid):
+                    time.sleep(0.05)
+            self._finish_cancel(run_id)
+        else:
+            self.kick()
+        return self.store.get_run(run_id)["status"]
+
+    def _alive(self, run_id: int, pid) -> bool:
+        proc = self._procs.get(run_id)
+        if proc is not None:
+            return proc.poll() is None
+        return bool(pid) and pid_alive(int(pid))
+
+    def _finish_cancel(self, run_id: int) -> None:
+        with self._mutex:
+            run = self.store.get_run(run_id)
+            if run is not None and run["status"] in ACTIVE:
+                self.store.set_status(run_id, "cancelled", error=f"cancelled by the user at step {run['step']}")
+            proc = self._procs.pop(run_id, None)
+            if proc is not None:
+                proc.poll()
+            self._cancelling.discard(run_id)
+
+    def resume(self, run_id: int) -> None:
+        """Queue an ended run again (e.g. a cancelled audit that resumes from its checkpoints)."""
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise KeyError(f"no run {run_id}")
+        if run["status"] in ACTIVE:
+            return
+        if not run["group_id"]:
+            raise ValueError(f"run {run_id} has no group: it belongs to the process that created it")
+        self.store.set_pid(run_id, None)
+        self.store.set_status(run_id, "queued")
+        self.kick()
+
+    def delete(self, run_id: int) -> None:
+        """Delete a run (cancelling it first if it is active)."""
+        run = self.store.get_run(run_id)
+        if run is not None and run["status"] in ACTIVE:
+            self.cancel(run_id, wait=True)
+        self.store.delete_run(run_id)
+        try:
+            (self.log_dir / f"run-{run_id}.log").unlink()
+        except OSError:
+            pass
+
+    def log_path(self, run_id: int) -> Path:
+        return self.log_dir / f"run-{run_id}.log"
+
+    # --- scheduling -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the scheduler must survive a locked/broken store
+                pass
+            self._wake.wait(TICK_SECONDS)
+            self._wake.clear()
+
+    def tick(self) -> None:
+        """One scheduling round (also callable directly, e.g. from tests)."""
+        with self._mutex, self._file_lock() as locked:
+            self._reap()
+            if time.time() - self._last_dead_check > DEAD_CHECK_SECONDS:
+                self._last_dead_check = time.time()
+                own = {p.pid for p in self._procs.values()}  # our own children: _reap() knows the exact reason
+                self.store.mark_dead_runs(is_alive=lambda pid: int(pid) in own or pid_alive(int(pid)))
+            if not locked:
+                return
+            running = len(self.store.list_runs(status="running"))
+            queued = [r for r in reversed(self.store.list_runs(status="queued")) if r["group_id"] and not r["pid"]]
+            while queued and running < self.max_workers and not self._stop.is_set():
+                self._launch(queued.pop(0)["id"])
+                running += 1
+            if self.prewarm and not self._stop.is_set() and time.time() - self._last_launch > STANDBY_DELAY_SECONDS:
+                self._ensure_standby()
+
+    class _Lock:
+        def __init__(self, path: Path):
+            self.path, self.fd = path, None
+
+        def __enter__(self):
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                if self.fd is not None:
+                    os.close(self.fd)
+                    self.fd = None
+                return False
+
+        def __exit__(self, *exc):
+            if self.fd is not None:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+
+    def _file_lock(self):
+        """Cross-process lock so two apps on one store never start the same queued run twice."""
+        return self._Lock(self._lock_path)
+
+    def _reap(self) -> None:
+        for run_id, proc in list(self._procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self._procs[run_id]
+            if run_id in self._cancelling:
+                self._finish_cancel(run_id)
+                continue
+            run = self.store.get_run(run_id)
+            if run is not None and run["status"] in ACTIVE:
+                status, error = _exit_reason(proc.pid, rc, _tail(self.log_path(run_id)))
+                self.store.set_status(run_id, status, error=error)
+
+    def _launch(self, run_id: int) -> None:
+        # The run is claimed (pid first, then status, so mark_dead_runs never sees 'running' without a
+        # pid) before the worker can touch it: a worker that fails at once then has the last word.
+        proc = self._take_standby()
+        if proc is not None:
+            self._claim(run_id, proc.pid)
+            try:
+                proc.stdin.write(f"run {run_id} {self.log_path(run_id)}\n".encode())
+                proc.stdin.flush()
+                proc.stdin.close()
+            except (BrokenPipeError, OSError, ValueError):  # the standby died: fall back to a cold start
+                proc.kill()
+                proc = None
+        if proc is None:
+            with open(self.log_path(run_id), "ab") as log:
+                proc = subprocess.Popen(worker_command(self.store_path, run_id, self.threads), cwd=_repo_root(),
+                                        env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            self._claim(run_id, proc.pid)
+        self._procs[run_id] = proc
+        self._last_launch = time.time()
+
+    def _claim(self, run_id: int, pid: int) -> None:
+        self.store.set_pid(run_id, pid)
+        self.store.set_status(run_id, "running")
+
+    # --- standby (pre-imported worker) ------------------------------------------------------------
+    def _take_standby(self):
+        proc, self._standby = self._standby, None
+        if proc is not None and proc.poll() is None:
+            return proc
+        return None
+
+    def _ensure_standby(self) -> None:
+        if self._standby is None or self._standby.poll() is not None:
+            with open(self.log_dir / "standby.log", "ab") as err:
+                self._standby = subprocess.Popen(
+                    [sys.executable, "-m", "engine.jobs", "--store", self.store_path, "standby",
+                     "--threads", str(self.threads)],
+                    cwd=_repo_root(), env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                    stderr=err, start_new_session=True)
+            self._hinted = ()
+        if self._hints != self._hinted:
+            try:
+                for text in self._hints:
+                    self._standby.stdin.write(b"hint " + text.encode("utf-8") + b"\n")
+                self._standby.stdin.flush()
+                self._hinted = self._hints
+            except (BrokenPipeError, OSError, ValueError):
+                self._kill_standby()
+
+    def hint(self, configs) -> None:
+        """Tell the standby which run configs are likely next (e.g. the form on the Train page).
+
+        It prepares the first of them ahead of time (data, tiers, privacy plan, model), so a launch of
+        exactly that config skips the preparation. Purely a speed-up: nothing is queued or stored.
+        """
+        texts = []
+        for cfg in list(configs)[:1]:
+            texts.append(cfg.to_json() if hasattr(cfg, "to_json") else json.dumps(cfg, sort_keys=True,
+                                                                                 separators=(",", ":")))
+        with self._mutex:
+            self._hints = tuple(texts)
+        self.kick()
+
+    def _kill_standby(self) -> None:
+        proc, self._standby = self._standby, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # EOF: the standby exits by itself
+        except OSError:
+            pass
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(2.0)
+
+    # --- queries for the UI ----------------------------------------------------------------------------
+    def active_runs(self) -> list[dict]:
+        return [r for r in self.store.list_runs() if r["status"] in ACTIVE]
+
+    def queue_position(self, run_id: int) -> int | None:
+        queued = [r["id"] for r in reversed(self.store.list_runs(status="queued"))]
+        return queued.index(run_id) + 1 if run_id in queued else None
+
+    def owns(self, run_id: int) -> bool:
+        return run_id in self._procs
+
+
+def shutdown_all(*, cancel_running: bool = False) -> None:
+    for m in list(_MANAGERS):
+        try:
+            m.shutdown(cancel_running=cancel_running)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+atexit.register(shutdown_all)
+
+
+# --- run previews (what the UI shows before launching) ----------------------------------------------
+
+def preview(config) -> dict:
+    """Validate a run config with the data (exactly like the worker will) and return its plan.
+
+    Raises ``ConfigError`` (or ``DataError``) with the engine's message. Returns a JSON-able dict:
+    {"steps", "n_train", "tier_names", "tier_sizes", "target_epsilons", "formal_dp", "tail_length",
+    "plan": Plan.to_dict() or None, "expected_batch_size"}.
+    """
+    from engine.train import prepare
+
+    prep = prepare(config)
+    plan = prep.plan.to_dict() if prep.plan is not None else None
+    return {"steps": prep.steps, "n_train": int(len(prep.dataset.y_train)), "tier_names": list(prep.tiers.names),
+            "tier_sizes": list(prep.tiers.sizes), "target_epsilons": list(prep.tiers.epsilons),
+            "formal_dp": bool(prep.mechanism.formal_dp), "tail_length": prep.tail_length,
+            "expected_batch_size": float(prep.expected_batch), "plan": plan,
+            "algorithm": config.algorithm.name, "info": dict(prep.info)}
+
+
+def eta_seconds(run: dict, now: float | None = None) -> float | None:
+    """Remaining seconds from the run's progress so far (None until it has made progress)."""
+    if run.get("status") != "running" or not run.get("started_at") or not run.get("total_steps"):
+        return None
+    step = run.get("step") or 0
+    if step <= 0:
+        return None
+    elapsed = (now or time.time()) - run["started_at"]
+    return max(0.0, elapsed / step * (run["total_steps"] - step))
+
+
+# --- the standby process ----------------------------------------------------------------------------
+
+def _warm_up() -> None:
+    """Pay the one-off costs of a worker before a run is assigned: imports, torch.optim's lazy
+    torch._dynamo import, the first vmap(grad) trace. Touches no run and no store."""
+    import engine.cli  # noqa: F401
+    import engine.data  # noqa: F401
+    import engine.train as train
+
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        params = {k: p.detach() for k, p in model.named_parameters()}
+        train.per_sample_grad_fn(model)(params, torch.zeros(3, 4), torch.zeros(3, dtype=torch.long))
+        from engine.metrics import predict
+
+        predict(model, torch.zeros(2, 4))
+    except Exception:  # noqa: BLE001 - warming is best effort; the real run reports real errors
+        pass
+
+
+def _standby_main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m engine.jobs")
+    p.add_argument("--store", required=True)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("standby", help="(internal) pre-import the engine, then run the worker for a run id read from stdin")
+    s.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    _warm_up()
+    import engine.train
+    from engine.config import RunConfig
+
+    prepared: dict[str, object] = {}  # config JSON -> Prepared, from "hint" lines; each used at most once
+    original_prepare = engine.train.prepare
+
+    def prepare(config):
+        hit = prepared.pop(config.to_json(), None)
+        return hit if hit is not None else original_prepare(config)
+
+    engine.train.prepare = prepare  # train() looks prepare up in its module: the worker uses the hint
+    run_line = None
+    for line in sys.stdin:
+        if line.startswith("hint "):
+            try:
+                cfg = RunConfig.from_json(line[5:]).validate()
+                prepared.clear()
+                prepared[cfg.to_json()] = original_prepare(cfg)
+            except Exception:  # noqa: BLE001 - a bad hint only costs the speed-up; the worker reports errors
+                prepared.clear()
+        elif line.startswith("run "):
+            run_line = line[4:]
+            break
+    if run_line is None:
+        return 0  # stdin closed: the manager went away
+    parts = run_line.split(maxsplit=1)
+    run_id = int(parts[0])
+    if len(parts) > 1:  # from now on, write to this run's log
+        fd = os.open(parts[1].strip(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    from engine.cli import main
+
+    return main(["--store", args.store, "worker", str(run_id), "--threads", str(args.threads)])
+
+
+if __name__ == "__main__":
+    sys.exit(_standby_main())

@@ -1,0 +1,136 @@
+"""Figure export: PNG/SVG/PDF through Kaleido + Chromium, self-contained HTML, CSV, JSON, the
+presentation pack, the CLI ``python -m engine export``, and the no-Chromium fallback."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from engine import export, plots
+from engine.store import RunStore
+from test_plots import make_run
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_chromium = pytest.mark.skipif(not export.static_export_available()[0],
+                                    reason="PNG/SVG/PDF export needs Chromium (apt-get install chromium)")
+
+
+def _store_with_runs(path: Path) -> tuple[RunStore, list[int]]:
+    """A run store holding two synthetic finished runs (IDP-SGD and INO-SGD), no training."""
+    store = RunStore(path / "runs.sqlite")
+    ids = []
+    for rec in (make_run(0, "idp_sample"), make_run(0, "ino", gain=0.2)):
+        rid = store.create_run(rec["config"], group_id="g-export")
+        store.start_run(rid, pid=os.getpid(), total_steps=rec["total_steps"], plan=rec["plan"])
+        for e in rec["evals"]:
+            store.log_eval(rid, e["step"], e)
+        store.finish_run(rid, {"algorithm": rec["algorithm"], "accuracy": 0.9})
+        ids.append(rid)
+    return store, ids
+
+
+@pytest.fixture()
+def figure():
+    return plots.build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
+
+
+@needs_chromium
+def test_static_formats_are_valid_files(figure):
+    png = export.figure_bytes(figure.figure, "png", width=640, height=400, scale=1)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(io.BytesIO(png)) as im:
+        im.load()
+        assert im.size == (640, 400)
+    svg = export.figure_bytes(figure.figure, "svg", width=640, height=400)
+    assert b"<svg" in svg[:2000]
+    pdf = export.figure_bytes(figure.figure, "pdf", width=640, height=400)
+    assert pdf[:5] == b"%PDF-"
+    big = export.figure_bytes(figure.figure, "png", width=640, height=400, scale=2)
+    with Image.open(io.BytesIO(big)) as im:
+        assert im.size == (1280, 800)
+
+
+def test_html_is_self_contained(figure):
+    html = export.figure_bytes(figure.figure, "html").decode()
+    assert html.lstrip().lower().startswith("<html") or "<!doctype html>" in html[:200].lower()
+    assert len(html) > 1_000_000  # plotly.js is inlined
+    assert "<script src=" not in html  # nothing is fetched from a CDN
+    assert "MID curves" in html
+
+
+def test_csv_and_json_round_trip(figure):
+    df = pd.read_csv(io.BytesIO(export.csv_bytes(figure.data)))
+    assert {"run", "step", "tier", "loss", "state"} <= set(df.columns) and len(df) == len(figure.data)
+    runs = [make_run(1, "idp_sample")]
+    configs = json.loads(export.configs_json(runs))
+    assert configs[0]["id"] == 1 and configs[0]["config"]["algorithm"]["name"] == "idp_sample"
+    metrics = pd.read_csv(io.BytesIO(export.metrics_csv(runs[0])))
+    assert set(metrics["scope"]) == {"overall", "tier", "class"}
+    assert len(metrics[(metrics.scope == "tier") & (metrics.metric == "recall")]) == 11 * 3
+
+
+def test_without_chromium_static_export_explains_and_html_still_works(monkeypatch, figure, tmp_path):
+    monkeypatch.setattr(export, "chromium_path", lambda: None)
+    ok, reason = export.static_export_available()
+    assert not ok and "Chromium" in reason and "HTML" in reason
+    for fmt in ("png", "svg", "pdf"):
+        with pytest.raises(export.ExportUnavailable, match="Chromium"):
+            export.figure_bytes(figure.figure, fmt)
+    assert b"<html" in export.figure_bytes(figure.figure, "html")[:300].lower()
+    pack = zipfile.ZipFile(io.BytesIO(export.presentation_pack([make_run(1, "idp_sample")], formats=("png", "html"))))
+    names = pack.namelist()
+    assert not [n for n in names if n.endswith(".png")] and [n for n in names if n.endswith(".html")]
+    assert "Chromium" in pack.read("README.txt").decode()
+    store, ids = _store_with_runs(tmp_path)
+    with pytest.raises(export.ExportUnavailable):
+        export.export_runs(store, ids, formats=["png"], out_dir=tmp_path / "out")
+    paths = export.export_runs(store, ids, formats=["html", "csv", "json"], out_dir=tmp_path / "out")
+    assert {p.suffix for p in paths} == {".html", ".csv", ".json"}
+
+
+@needs_chromium
+def test_presentation_pack_has_every_figure_in_every_format():
+    runs = [make_run(1, "idp_sample"), make_run(2, "ino", gain=0.1)]
+    data = export.presentation_pack(runs, width=800, height=450, scale=1.0)
+    z = zipfile.ZipFile(io.BytesIO(data))
+    names = z.namelist()
+    specs = plots.build_figures(runs, theme="presentation", skip_empty=True)
+    for fmt, folder in (("png", "png"), ("svg", "svg"), ("pdf", "pdf"), ("html", "html"), ("csv", "data")):
+        assert len([n for n in names if n.startswith(folder + "/") and n.endswith("." + fmt)]) == len(specs)
+    assert "configs.json" in names and "README.txt" in names
+    png = z.read(next(n for n in names if n.endswith(".png")))
+    with Image.open(io.BytesIO(png)) as im:
+        assert im.size == (800, 450)
+
+
+@needs_chromium
+def test_cli_export_writes_pngs(tmp_path):
+    store, ids = _store_with_runs(tmp_path)
+    out = tmp_path / "figs"
+    proc = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "export", *map(str, ids),
+                           "--format", "png", "--format", "json", "--out", str(out), "--width", "500",
+                           "--height", "300", "--scale", "1"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) >= 10 and (out / f"runs-{ids[0]}-{ids[1]}_configs.json").exists()
+    for p in pngs:
+        with Image.open(p) as im:
+            im.verify()
+    assert {p.name for p in pngs} >= {f"runs-{ids[0]}-{ids[1]}_mid_curves.png",
+                                      f"runs-{ids[0]}-{ids[1]}_recall_vs_budget.png"}
+
+
+def test_export_unknown_run_is_a_config_error(tmp_path):
+    store, _ = _store_with_runs(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "export", "999",
+                           "--format", "html", "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no run 999" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,146 @@
+"""The job manager: separate worker processes, a concurrency limit with a queue, cancel, dead-worker
+detection (kill -9, start-up recovery), reattaching from a second manager, the warm standby."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.config import RunConfig
+from engine.jobs import JobManager, default_max_workers, eta_seconds, worker_command
+from engine.store import RunStore
+
+TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
+LONG = RunConfig().replace(**{"epochs": 200.0, "eval_every": 5})  # minutes of work: always cancelled or killed
+
+
+def wait_for(pred, timeout=90.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status(store, rid):
+    return store.get_run(rid)["status"]
+
+
+@pytest.fixture()
+def managers(tmp_path):
+    made = []
+
+    def make(**kw):
+        kw.setdefault("prewarm", False)
+        m = JobManager(tmp_path / "runs.sqlite", **kw)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.shutdown(cancel_running=True)
+
+
+def test_defaults_and_worker_command(tmp_path):
+    assert default_max_workers() == max(1, (os.cpu_count() or 1) - 1)
+    cmd = worker_command(tmp_path / "s.sqlite", 7)
+    assert cmd[:3] == [sys.executable, "-m", "engine"] and cmd[-4:] == ["worker", "7", "--threads", "1"]
+
+
+def test_queue_cancel_kill_and_reattach(managers):
+    mgr = managers(max_workers=1)
+    store = mgr.store
+    a, b, c = mgr.submit([LONG, LONG.replace(**{"algorithm.name": "idp_sample"}), TINY], group_id="g-queue")
+    wait_for(lambda: store.get_run(a)["status"] == "running" and store.get_run(a)["step"] > 0, what="run a to train")
+    # at most one worker: the others wait in the queue, shown as queued
+    assert status(store, b) == "queued" and status(store, c) == "queued" and mgr.queue_position(c) == 2
+    assert eta_seconds(store.get_run(a)) is not None
+    # a queued run is cancelled without ever starting
+    assert mgr.cancel(c) == "cancelled" and store.get_run(c)["pid"] is None
+    # a second manager on the same store (a new app process / a refreshed page) sees the running run
+    # without starting it again, and can cancel it: the worker really stops, metrics are kept
+    other = managers(max_workers=1)
+    other.tick()
+    assert status(store, a) == "running" and status(store, b) == "queued"
+    pid_a = store.get_run(a)["pid"]
+    assert other.cancel(a) == "cancelled"
+    assert wait_for(lambda: not _alive(pid_a), 10, "worker a to exit")
+    assert store.eval_metrics(a), "metrics logged before the cancel are kept"
+    # the queue moves on; kill -9 of that worker marks its run interrupted, with the reason
+    wait_for(lambda: store.get_run(b)["status"] == "running" and store.get_run(b)["step"] > 0, what="run b to train")
+    os.kill(store.get_run(b)["pid"], signal.SIGKILL)
+    run_b = wait_for(lambda: (r := store.get_run(b))["status"] == "interrupted" and r, 15, "run b interrupted")
+    assert "SIGKILL" in run_b["error"] or "ended without finishing" in run_b["error"]
+    assert [r["status"] for r in store.list_runs(group_id="g-queue")] == ["cancelled", "interrupted", "cancelled"]
+
+
+def _alive(pid: int) -> bool:
+    from engine.store import pid_alive
+
+    return pid_alive(pid)
+
+
+def test_dead_running_runs_are_marked_interrupted_at_startup(tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    rid = store.create_run(TINY, group_id="g-dead")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.start_run(rid, pid=dead.pid, total_steps=10)
+    mgr = JobManager(store.path, autostart=False, prewarm=False)
+    assert mgr.recovered == [rid]
+    run = store.get_run(rid)
+    assert run["status"] == "interrupted" and str(dead.pid) in run["error"]
+    mgr.shutdown()
+
+
+def test_runs_without_a_group_are_left_to_their_owner(tmp_path):
+    # `python -m engine run` creates its own queued run (no group) and trains it in-process
+    store = RunStore(tmp_path / "runs.sqlite")
+    rid = store.create_run(TINY)
+    mgr = JobManager(store.path, autostart=False, prewarm=False)
+    mgr.tick()
+    assert status(store, rid) == "queued" and not mgr.owns(rid)
+    mgr.shutdown()
+
+
+def test_standby_and_cold_workers_finish_identically_and_errors_fail_cleanly(managers):
+    mgr = managers(max_workers=2, prewarm=True)
+    store = mgr.store
+    mgr.hint([TINY])  # what the Train page does while the user looks at the form
+    wait_for(lambda: mgr._standby is not None and mgr._standby.poll() is None, 30, "a standby worker")
+    time.sleep(4)  # let the standby import the engine and prepare the hinted run
+    standby_pid = mgr._standby.pid
+    bad = TINY.replace(**{"batch_size": 5000})  # larger than the data: the worker's prepare() refuses it
+    warm, cold, failed = mgr.submit([TINY, TINY, bad], group_id="g-warm")
+    runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, cold, failed)])
+                    and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "all runs to end")
+    assert [r["status"] for r in runs] == ["finished", "finished", "failed"]
+    assert runs[0]["pid"] == standby_pid and runs[1]["pid"] != standby_pid  # warm vs cold start
+    assert "batch_size" in runs[2]["error"]
+    s1, s2 = runs[0]["summary"], runs[1]["summary"]
+    assert s1["steps"] == s2["steps"] and s1["accuracy"] == s2["accuracy"]
+    assert [t["recall"] for t in s1["tiers"]] == [t["recall"] for t in s2["tiers"]]
+    assert [e["overall"] for e in store.eval_metrics(warm)] == [e["overall"] for e in store.eval_metrics(cold)]
+    assert mgr.log_path(warm).exists()
+
+
+def test_resume_requeues_an_ended_grouped_run(tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    rid = store.create_run(TINY, group_id="g-resume")
+    store.start_run(rid, pid=999_999, total_steps=10)
+    store.set_status(rid, "cancelled", error="cancelled by the user")
+    mgr = JobManager(store.path, autostart=False, prewarm=False)
+    mgr.resume(rid)
+    run = store.get_run(rid)
+    assert run["status"] == "queued" and run["pid"] is None
+    lone = store.create_run(TINY)
+    store.set_status(lone, "failed", error="x")
+    with pytest.raises(ValueError, match="no group"):
+        mgr.resume(lone)
+    mgr.shutdown()

@@ -16,22 +16,18 @@ PAGES = HERE / "pages"
 st.set_page_config(page_title="Privacy Imbalance Lab", page_icon=":material/shield_person:", layout="wide")
 
 
-def audit_placeholder() -> None:
-    st.title("Audit")
-    st.info("The privacy audit (PA-ALOOA group privacy risk, LiRA, per-tier ε lower bounds) lands here with the "
-            "audit issue: it will add `pages/audit.py`, which replaces this placeholder automatically.")
-
-
+# The page files are named *_view.py, never after their URL paths: Streamlit 1.67 treats a folder
+# named pages/ as a legacy multipage app until app.py has called st.navigation once, so on a fresh
+# server a deep link such as /results would otherwise run pages/results.py alone, without this
+# navigation (tests/test_browser.py::test_deep_link_on_fresh_server).
 lab = [
-    st.Page(PAGES / "train.py", title="Train / compare", icon=":material/model_training:", url_path="train",
+    st.Page(PAGES / "train_view.py", title="Train / compare", icon=":material/model_training:", url_path="train",
             default=True),
-    st.Page(PAGES / "results.py", title="Results", icon=":material/insights:", url_path="results"),
-    st.Page(PAGES / "runs.py", title="Runs", icon=":material/history:", url_path="runs"),
+    st.Page(PAGES / "results_view.py", title="Results", icon=":material/insights:", url_path="results"),
+    st.Page(PAGES / "runs_view.py", title="Runs", icon=":material/history:", url_path="runs"),
     st.Page(PAGES / "tif_explorer.py", title="TIF explorer", icon=":material/tune:", url_path="tif"),
 ]
-audit_file = PAGES / "audit.py"
-audit = (st.Page(audit_file, title="Audit", icon=":material/policy:", url_path="audit") if audit_file.exists()
-         else st.Page(audit_placeholder, title="Audit", icon=":material/policy:", url_path="audit"))
+audit = st.Page(PAGES / "audit_view.py", title="Audit", icon=":material/policy:", url_path="audit")
 
 page = st.navigation({"Lab": lab, "Privacy audit": [audit]})
 

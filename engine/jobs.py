@@ -234,6 +234,12 @@ class JobManager:
             run = self.store.get_run(run_id)
             if run is not None and run["status"] in ACTIVE:
                 self.store.set_status(run_id, "cancelled", error=f"cancelled by the user at step {run['step']}")
+            elif run is not None and run["status"] in ("failed", "interrupted"):
+                # the worker raised while it was being stopped (e.g. the signal landed inside a store
+                # write), or died of the signal before its handler was set (and another manager reaped
+                # it): the user asked for a cancel, so that is what the run is
+                self.store.set_status(run_id, "cancelled", error=f"cancelled by the user at step {run['step']} "
+                                                                f"(the worker reported: {run['error']})")
             proc = self._procs.pop(run_id, None)
             if proc is not None:
                 proc.poll()

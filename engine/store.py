@@ -109,7 +109,10 @@ class RunStore:
                 cur = db.execute(sql, args)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # A signal (e.g. SIGTERM → Cancelled) can land right after COMMIT: only roll back an
+                # open transaction, so the original exception is the one that propagates.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
             return cur
 

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.store import RunStore
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "audit.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "audit_view.py")
 
 
 @pytest.fixture(autouse=True)

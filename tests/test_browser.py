@@ -108,6 +108,19 @@ def shot(page, name: str, locator=None) -> None:
     page.screenshot(path=str(SHOTS / name))
 
 
+def test_deep_link_on_fresh_server(server, browser):
+    """Runs first, before anything opened app.py: /results must come with the app's navigation."""
+    url, _, _ = server
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.set_default_timeout(60_000)
+    page.goto(url + "results")
+    page.get_by_role("heading", name="Results").first.wait_for()
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    nav.get_by_text("Train / compare").wait_for()
+    assert nav.get_by_text("Audit", exact=True).count() == 1 and nav.get_by_text("common", exact=True).count() == 0
+    page.close()
+
+
 def test_live_comparison_cancel_kill_and_export(server, browser):
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1300}, accept_downloads=True)

@@ -69,7 +69,7 @@ def test_queue_cancel_kill_and_reattach(managers):
     other.tick()
     assert status(store, a) == "running" and status(store, b) == "queued"
     pid_a = store.get_run(a)["pid"]
-    assert other.cancel(a) == "cancelled"
+    assert other.cancel(a) == "cancelled", store.get_run(a)["error"]
     assert wait_for(lambda: not _alive(pid_a), 10, "worker a to exit")
     assert store.eval_metrics(a), "metrics logged before the cancel are kept"
     # the queue moves on; kill -9 of that worker marks its run interrupted, with the reason

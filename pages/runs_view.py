@@ -27,6 +27,11 @@ if status_filter:
 any_active = any(r["status"] in ACTIVE for r in runs)
 
 
+def _dataset_name(config: dict) -> str | None:
+    # training configs nest the dataset under data.name; audit configs keep it at the top level
+    return (config.get("data") or {}).get("name") or config.get("dataset")
+
+
 def _duration(r: dict) -> float | None:
     if not r["started_at"]:
         return None
@@ -47,7 +52,7 @@ if not runs:
     st.stop()
 df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
-    "algorithm": plots.algorithm_label(r["algorithm"]), "dataset": ((r["config"] or {}).get("data") or {}).get("name"),
+    "algorithm": plots.algorithm_label(r["algorithm"]), "dataset": _dataset_name(r["config"] or {}),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": ui.fmt_seconds(_duration(r)),
     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
     "comparison": r["group_id"] or "", "DP": plots.dp_note(r) or "formal DP", "error": r["error"] or "",
@@ -64,7 +69,7 @@ if not selected:
 ids = [r["id"] for r in selected]
 c1, c2, c3 = st.columns(3)
 if c1.button("Open in Results", icon=":material/insights:", key="to-results"):
-    st.switch_page("pages/results.py", query_params={"runs": [plots.run_label(r) for r in selected], "all": "true"})
+    st.switch_page("pages/results_view.py", query_params={"runs": [plots.run_label(r) for r in selected], "all": "true"})
 if any(r["status"] in ACTIVE for r in selected) and c2.button("Cancel selected", icon=":material/stop_circle:",
                                                                  key="cancel-selected"):
     for r in selected:

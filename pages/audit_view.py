@@ -248,12 +248,10 @@ def view(run_id: int) -> None:
         elif run["status"] in ("cancelled", "interrupted", "failed"):
             if c3.button("Resume", key=f"a-resume-{run_id}", icon=":material/play_arrow:",
                          help="Continue from the last completed chunk of models"):
-                store.set_pid(run_id, None)
-                store.set_status(run_id, "queued")
-                mgr.kick()
+                mgr.resume(run_id)
                 st.rerun()
         if run.get("error") and run["status"] in ("failed", "interrupted", "cancelled"):
-            c1.caption(f"{run['status']}: {run['error']}")
+            c1.caption(f"{run['status']}: {ui.md(run['error'])}")
     results = run.get("summary") or {}
     if not results.get("algorithms"):
         if ui.is_active(run):

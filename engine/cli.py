@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 from engine.config import ConfigError, RunConfig, load_config
@@ -58,14 +57,11 @@ def cmd_run(args) -> int:
 
 def _run_in_store(store, run_id: int, config: RunConfig, *, progress: bool) -> None:
     """Run with status bookkeeping: finished / failed (with the error text) / cancelled."""
-    from engine.train import Cancelled, train
+    from engine.train import Cancelled, sigterm_cancels, train
 
-    def on_term(signum, frame):
-        raise Cancelled("terminated by signal")
-
-    old = signal.signal(signal.SIGTERM, on_term)
     try:
-        train(config, store=store, run_id=run_id, progress=progress)
+        with sigterm_cancels():
+            train(config, store=store, run_id=run_id, progress=progress)
     except Cancelled as e:
         store.set_status(run_id, "cancelled", error=str(e))
         raise
@@ -75,8 +71,6 @@ def _run_in_store(store, run_id: int, config: RunConfig, *, progress: bool) -> N
     except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
         store.set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
         raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def cmd_worker(args) -> int:

@@ -333,11 +333,15 @@ def _from_dict(cls, d: dict, prefix: str):
         raise ConfigError(prefix.rstrip(".") or "config", str(e)) from None
 
 
-def load_config(path: str) -> RunConfig:
-    """Read and validate a run configuration file (JSON only: configs are never unpickled)."""
+def read_config_text(path: str) -> str:
+    """A configuration file's text (JSON only: configs are never unpickled)."""
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except OSError as e:
         raise ConfigError("config", f"cannot read {path}: {e.strerror}") from None
-    return RunConfig.from_json(text).validate()
+
+
+def load_config(path: str) -> RunConfig:
+    """Read and validate a run configuration file."""
+    return RunConfig.from_json(read_config_text(path)).validate()

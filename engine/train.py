@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +37,21 @@ PLAN_MODES = {"dpsgd": "dpsgd", "idp_sample": "sample", "idp_scale": "scale", "d
 
 class Cancelled(Exception):
     """Raised inside the loop when the caller asks the run to stop."""
+
+
+@contextmanager
+def sigterm_cancels():
+    """Inside the block SIGTERM (the job manager's Cancel) raises Cancelled, so the run ends as
+    'cancelled' with its metrics kept instead of dying mid-write."""
+
+    def on_term(signum, frame):
+        raise Cancelled("terminated by signal")
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @dataclass

@@ -32,7 +32,6 @@ import io
 import json
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,13 +41,13 @@ import torch
 
 from engine import accounting
 from engine.config import (ALGORITHM_LABELS, ALGORITHMS, DEVICES, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig,
-                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig)
+                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig, read_config_text)
 from engine.audit import stats
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
                                    per_model_step_bytes, train_ensemble)
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
-from engine.train import Cancelled, make_plan
+from engine.train import Cancelled, make_plan, sigterm_cancels
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
 THRESHOLDS = ("in_sample", "held_out")
@@ -235,12 +234,7 @@ def _jsonable(x):
 
 def load_audit_config(path: str) -> AuditConfig:
     """Read and validate an audit configuration file (JSON only)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from None
-    return AuditConfig.from_json(text).validate()
+    return AuditConfig.from_json(read_config_text(path)).validate()
 
 
 def algorithm_keys(config: AuditConfig) -> list[str]:
@@ -886,14 +880,8 @@ def run_audit_in_store(store, run_id: int, config_dict: dict) -> dict:
         store.set_status(run_id, "failed", error=str(e))
         raise
 
-    def on_term(signum, frame):
-        raise Cancelled("terminated by signal")
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    try:
+    with sigterm_cancels():
         return run_audit(config, store=store, run_id=run_id, progress=False)
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def cli_audit(args, store) -> int:
@@ -915,11 +903,5 @@ def cli_audit(args, store) -> int:
 
 
 def _with_progress(store, run_id, config):
-    def on_term(signum, frame):
-        raise Cancelled("terminated by signal")
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    try:
+    with sigterm_cancels():
         return run_audit(config, store=store, run_id=run_id, progress=True)
-    finally:
-        signal.signal(signal.SIGTERM, old)

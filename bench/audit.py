@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import sys
 import time
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from datadir import use_shared_data  # noqa: E402
 from engine.audit import stats  # noqa: E402
 from engine.audit.run import AuditConfig, prepare_audit, run_audit, summary_table  # noqa: E402
 from engine.config import AlgorithmConfig, ModelConfig  # noqa: E402
@@ -87,10 +87,7 @@ def main() -> int:
     ap.add_argument("--sequential-models", type=int, default=3)
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
-    if "PRIVACY_LAB_DATA_DIR" not in os.environ:
-        shared = Path(__file__).resolve().parents[2] / "shared" / "data"
-        if shared.is_dir():
-            os.environ["PRIVACY_LAB_DATA_DIR"] = str(shared)
+    use_shared_data()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from datadir import use_shared_data  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
 from engine.grad_sample import per_sample_grad_fn  # noqa: E402
 from engine.train import prepare, set_gradients  # noqa: E402
@@ -33,10 +33,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if "PRIVACY_LAB_DATA_DIR" not in os.environ:
-        shared = Path(__file__).resolve().parents[2] / "shared" / "data"
-        if shared.is_dir():
-            os.environ["PRIVACY_LAB_DATA_DIR"] = str(shared)
+    use_shared_data()
     warnings.filterwarnings("ignore")
     base = RunConfig().replace(**{"data.name": "mnist", "model.name": "cnn", "batch_size": args.batch,
                                   "epochs": 1.0, "optimizer.lr": 0.1})

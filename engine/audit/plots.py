@@ -270,11 +270,7 @@ def fig_lira_roc(results: dict, *, theme: str = "light", title: str = "LiRA ROC 
     if df.empty:
         return _empty(title, theme)
     labels = list(dict.fromkeys(df["label"]))
-    cols = min(3, len(labels))
-    rows = math.ceil(len(labels) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, shared_yaxes=True,
-                        horizontal_spacing=0.05, vertical_spacing=0.16)
-    _fig(title, theme, fig)
+    fig, rows, cols = _facet_grid(labels, title, theme)
     groups = list(dict.fromkeys(df["group"]))
     for i, label in enumerate(labels):
         r, c = i // cols + 1, i % cols + 1
@@ -298,6 +294,16 @@ def fig_lira_roc(results: dict, *, theme: str = "light", title: str = "LiRA ROC 
     return fig
 
 
+def _facet_grid(labels: list, title: str, theme: str):
+    """One panel per algorithm, at most three a row."""
+    cols = min(3, len(labels))
+    rows = math.ceil(len(labels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, shared_yaxes=True,
+                        horizontal_spacing=0.05, vertical_spacing=0.16)
+    _fig(title, theme, fig)
+    return fig, rows, cols
+
+
 def _facet_layout(fig: go.Figure, rows: int) -> None:
     fig.update_layout(height=max(400, 120 + 300 * rows), margin=dict(t=110),
                       legend=dict(orientation="h", yanchor="bottom", y=1.0 + 0.1 / rows, x=1, xanchor="right"))
@@ -309,11 +315,7 @@ def fig_advantage_hist(results: dict, *, theme: str = "light",
     if df.empty:
         return _empty(title, theme)
     labels = list(dict.fromkeys(df["label"]))
-    cols = min(3, len(labels))
-    rows = math.ceil(len(labels) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=labels, shared_yaxes=True,
-                        horizontal_spacing=0.05, vertical_spacing=0.16)
-    _fig(title, theme, fig)
+    fig, rows, cols = _facet_grid(labels, title, theme)
     groups = list(dict.fromkeys(df["group"]))
     floor = {a["label"]: a.get("null_floor") for a in _algos(results)}
     for i, label in enumerate(labels):

@@ -264,13 +264,7 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError("config", f"not valid JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise ConfigError("config", "the top level must be a JSON object")
-        return cls.from_dict(d)
+        return cls.from_dict(parse_config_json(text))
 
     def replace(self, **changes) -> "RunConfig":
         """Copy with top-level fields or dotted sub-fields changed: replace(**{"algorithm.name": "dpsgd"})."""
@@ -331,6 +325,17 @@ def _from_dict(cls, d: dict, prefix: str):
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing (TierConfig.epsilon)
         raise ConfigError(prefix.rstrip(".") or "config", str(e)) from None
+
+
+def parse_config_json(text: str) -> dict:
+    """The JSON object of a configuration; ConfigError if it is not valid JSON or not an object."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError("config", f"not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError("config", "the top level must be a JSON object")
+    return d
 
 
 def read_config_text(path: str) -> str:

@@ -37,6 +37,14 @@ def _resolve_store(path: str) -> str:
     return str(RunStore(path).path)  # creates the file and schema once
 
 
+@st.cache_resource(show_spinner="Loading dataset…", max_entries=4)
+def dataset(name: str, max_train: int | None = None):
+    """A dataset shared by every page and session of this server (loaded once)."""
+    from engine.data import load_dataset
+
+    return load_dataset(name, max_train=max_train)
+
+
 @st.cache_resource(show_spinner=False, on_release=lambda m: m.shutdown())
 def _manager(path: str) -> JobManager:
     workers = os.environ.get("PRIVACY_LAB_WORKERS")

@@ -13,7 +13,7 @@ import streamlit as st
 from engine.audit.plots import build_audit_figures
 from engine.audit.run import AUDIT_MODELS, THRESHOLDS, AuditConfig, load_array, preview_audit
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
-from engine.data import DATASETS, DataError, dataset_names, load_dataset
+from engine.data import DATASETS, DataError, dataset_names
 from engine.jobs import eta_seconds
 from engine.tiers import preset, preset_names
 from pages import _common as ui
@@ -29,11 +29,6 @@ st.caption("**PA-ALOOA**: for r = 1..R the training set is split into two random
            "of its samples and **Δ** the gap between the riskiest and the safest group (percentage points). The "
            "dashed **null floor** is the same estimator on shuffled membership labels: bars near it show no "
            "measurable leakage.")
-
-
-@st.cache_resource(show_spinner="Loading dataset…", max_entries=4)
-def _dataset(name: str, max_train: int | None):
-    return load_dataset(name, max_train=max_train)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -60,7 +55,7 @@ with left:
                          help="lr: logistic regression, mlp: one tanh hidden layer, cnn: the Papernot CNN (images)")
     dataset = None
     try:
-        dataset = _dataset(dataset_name, int(max_train) or None)
+        dataset = ui.dataset(dataset_name, int(max_train) or None)
     except (DataError, ConfigError) as e:
         errors.append(str(e))
         ui.show_error(e)

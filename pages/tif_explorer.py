@@ -7,7 +7,7 @@ import streamlit as st
 
 from engine import plots
 from engine.config import ConfigError
-from engine.data import DataError, dataset_names, load_dataset
+from engine.data import DataError, dataset_names
 from engine.importance import expected_dropped_mass, make_tif
 from engine.tiers import preset, preset_names
 from pages import _common as ui
@@ -19,14 +19,9 @@ st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to 
            "nothing is trained, the batch is sampled once per dataset/tier setting and cached.")
 
 
-@st.cache_resource(show_spinner="Loading dataset…", max_entries=4)
-def _dataset(name: str):
-    return load_dataset(name)
-
-
 @st.cache_data(show_spinner="Sampling a batch…", max_entries=32)
 def _sample(name: str, preset_name: str, batch: int, seed: int, mode: str) -> dict:
-    ds = _dataset(name)
+    ds = ui.dataset(name)
     return plots.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
 
 
@@ -35,7 +30,7 @@ with controls:
     names = dataset_names()
     name = st.selectbox("Dataset", names, index=names.index("digits"), key="x_dataset", bind="query-params")
     try:
-        ds = _dataset(name)
+        ds = ui.dataset(name)
     except DataError as e:
         ui.show_error(e)
         st.stop()

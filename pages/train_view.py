@@ -8,18 +8,13 @@ import streamlit as st
 from engine import plots
 from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
                            MODELS, TIF_SHAPES)
-from engine.data import DataError, dataset_names, load_dataset
+from engine.data import DataError, dataset_names
 from engine.jobs import eta_seconds, new_group_id, preview
 from engine.tiers import preset, preset_names
 from pages import _common as ui
 
 st.title("Train / compare")
 ui.intro()
-
-
-@st.cache_resource(show_spinner="Loading dataset…", max_entries=4)
-def _dataset(name: str, max_train: int | None):
-    return load_dataset(name, max_train=max_train)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
@@ -101,7 +96,7 @@ st.subheader("Privacy tiers")
 with st.container():
     dataset = None
     try:
-        dataset = _dataset(dataset_name, int(max_train) or None)
+        dataset = ui.dataset(dataset_name, int(max_train) or None)
     except (DataError, ConfigError) as e:
         ui.show_error(e)
 

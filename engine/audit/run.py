@@ -41,7 +41,8 @@ import torch
 
 from engine import accounting
 from engine.config import (ALGORITHM_LABELS, ALGORITHMS, DEVICES, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig,
-                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig, read_config_text)
+                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig, parse_config_json,
+                           read_config_text)
 from engine.audit import stats
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
@@ -214,11 +215,7 @@ class AuditConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "AuditConfig":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError("config", f"not valid JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(parse_config_json(text))
 
     def replace(self, **changes) -> "AuditConfig":
         return dataclasses.replace(self, **changes)

@@ -60,7 +60,10 @@ MAX_SEED = 2**63 - 1
 def total_steps(epochs: float, n_train: int, batch_size: int) -> int:
     """Optimizer steps of a run: epochs × n_train / batch_size, rounded, at least 1. The one steps
     formula (training, audits, previews and the work cap all use it)."""
-    return max(1, int(round(epochs * n_train / batch_size)))
+    steps = epochs * n_train / batch_size
+    if not math.isfinite(steps):
+        raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
+    return max(1, int(round(steps)))
 
 
 def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_large: bool = False,
@@ -68,7 +71,8 @@ def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_lar
     """Refuse planned work over ``limit`` unless ``allow_large``: one ConfigError naming ``field``
     (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap."""
     if work > limit and not allow_large:
-        raise ConfigError(field, f"plans {work:,} {what}, over the limit of {limit:,}; lower it, "
+        shown = f"{work:,}" if work < 1e12 else f"{work:.3g}"
+        raise ConfigError(field, f"plans {shown} {what}, over the limit of {limit:,}; lower it, "
                                  f"or set \"allow_large\": true in the run config to run it anyway")
     return work
 
@@ -296,8 +300,8 @@ class RunConfig:
         self.optimizer.validate()
         check_positive(self.epochs, "epochs")
         check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
-        # steps >= epochs, since batch_size <= n_train is required: refuse before loading any data
-        check_work(total_steps(self.epochs, self.batch_size, self.batch_size), "epochs", allow_large=self.allow_large)
+        # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
+        check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large)
         check_number(self.delta, "delta", 0, 1, low_open=True, high_open=True)
         check_positive(self.clip_norm, "clip_norm")
         check_int(self.seed, "seed", 0, MAX_SEED)

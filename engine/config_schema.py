@@ -282,8 +282,10 @@ def read_config_text(path: str) -> str:
             os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:  # grew while being read
         raise ConfigError("config", f"{path} is over {MAX_CONFIG_BYTES} bytes; a config may be at most that")
+    utf16 = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:64] else ""
+    if b"\x00" in data:
+        raise ConfigError("config", f"{path} is not UTF-8 text{utf16}: it contains NUL bytes")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:64] else ""
-        raise ConfigError("config", f"{path} is not UTF-8 text{hint}: invalid byte at position {e.start}") from None
+        raise ConfigError("config", f"{path} is not UTF-8 text{utf16}: invalid byte at position {e.start}") from None

@@ -41,8 +41,8 @@ import torch
 
 from engine import accounting
 from engine.config import (ALGORITHM_LABELS, ALGORITHMS, DEVICES, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig,
-                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig, parse_config_json,
-                           read_config_text)
+                           ModelConfig, OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_int,
+                           check_positive, parse_config_json, read_config_text)
 from engine.audit import stats
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
@@ -69,14 +69,11 @@ _ROC_POINTS = 160
 # ================================================================================================
 
 def _positive(value, name):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(name, f"must be a finite number > 0, got {value!r}")
+    check_positive(value, name)
 
 
 def _int_at_least(value, name, low, high=None):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        rng = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ConfigError(name, f"must be an integer {rng}, got {value!r}")
+    check_int(value, name, low, high)
 
 
 @dataclass(frozen=True)

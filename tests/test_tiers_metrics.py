@@ -57,7 +57,7 @@ def test_class_out_of_range(digits):
     cfg = TiersConfig(tiers=(TierConfig(1.0, classes=tuple(range(11))),))
     with pytest.raises(ConfigError) as e:
         assign_tiers(cfg, digits)
-    assert e.value.field == "tiers.tiers[0].classes"
+    assert e.value.field == "tiers.tiers[0].classes[10]"  # the out-of-range entry itself
 
 
 def test_mid_markers_hand_computed():

@@ -9,7 +9,10 @@ reproduced from the store alone. Validation happens in two stages:
   dataset (empty tiers, classes in two tiers, model/shape mismatches, batch > data).
 
 Both raise :class:`ConfigError`, which names the offending field and the allowed range,
-so the CLI can print one line and the UI can show it in ``st.error``.
+so the CLI can print one line and the UI can show it in ``st.error``. Field *types* are checked
+by the shared helpers of :mod:`engine.config_schema` (re-exported here: ``check_int``,
+``check_number``, ``check_str``, ``parse_section`` ...) when JSON is parsed and again in
+``validate()``; the limits below (``MAX_*``) bound the work one config can ask for.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ DEVICES = ("auto", "cpu", "cuda")
 MAX_TOTAL_STEPS = 1_000_000  # optimizer steps of one run; RunConfig.allow_large=True lifts it
 MAX_AUDIT_MODEL_STEPS = 50_000_000  # audits: models trained × steps each (engine.audit); same override
 MAX_THREADS = 64
+MAX_CHUNK_MODELS = 4096  # audits: models trained at once in one chunk (engine.audit)
 MAX_BATCH_SIZE = 10_000_000
 MAX_HIDDEN_WIDTH = 65_536
 MAX_HIDDEN_LAYERS = 16
@@ -55,6 +59,7 @@ MAX_CLASS_ID = 1_000_000
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 MAX_SEED = 2**63 - 1
+MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
 
 
 def total_steps(epochs: float, n_train: int, batch_size: int) -> int:
@@ -302,7 +307,7 @@ class RunConfig:
         check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
         # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
         check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large)
-        check_number(self.delta, "delta", 0, 1, low_open=True, high_open=True)
+        check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
         check_positive(self.clip_norm, "clip_norm")
         check_int(self.seed, "seed", 0, MAX_SEED)
         check_choice(self.device, "device", DEVICES)

@@ -19,6 +19,7 @@ Range checks that depend on the meaning of a field live in each config's ``valid
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -144,6 +145,7 @@ def check_list(value: Any, field: str, *, max_len: int | None = None, nonempty: 
 _SCALARS = {int: check_int, float: check_number, str: check_str, bool: check_bool}
 
 
+@functools.lru_cache(maxsize=None)
 def _field_types(cls) -> dict:
     import typing
 

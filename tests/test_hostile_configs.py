@@ -135,6 +135,7 @@ RUN_CASES = [
     ("epochs-infinity", {"epochs": float("inf")}, "epochs"),
     ("epochs-10e400-int", {"epochs": 10**400}, "epochs"),
     ("delta-string", {"delta": "1e-5"}, "delta"),
+    ("delta-0.9", {"delta": 0.9}, "delta"),  # the accountant's search never ended
     ("clip-list", {"clip_norm": []}, "clip_norm"),
     ("lr-string", {"optimizer": {"lr": "0.1"}}, "optimizer.lr"),
     ("momentum-string", {"optimizer": {"momentum": "0.9"}}, "optimizer.momentum"),

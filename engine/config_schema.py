@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import json
 import math
-import numbers
 import os
 import stat
 from typing import Any
@@ -64,7 +63,7 @@ def _type_name(value: Any) -> str:
 
 def check_int(value: Any, field: str, low: int | None = None, high: int | None = None) -> int:
     """An integer (not a bool, float or string) with ``low <= value <= high`` (bounds inclusive)."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    if not isinstance(value, int) or isinstance(value, bool):  # numpy ints too: they are not JSON
         raise ConfigError(field, f"must be an integer, got {_type_name(value)} {_show(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
         rng = f">= {low}" if high is None else f"<= {high}" if low is None else f"in {low}..{high}"
@@ -76,7 +75,7 @@ def check_number(value: Any, field: str, low: float | None = None, high: float |
                  low_open: bool = False, high_open: bool = False) -> float:
     """A finite int or float (not a bool or string) in the interval [low, high]; ``low_open`` /
     ``high_open`` exclude the bound. Returns the value unchanged (an int stays an int)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigError(field, f"must be a number, got {_type_name(value)} {_show(value)}")
     try:
         finite = math.isfinite(value)

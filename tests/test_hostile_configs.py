@@ -252,14 +252,43 @@ def test_allow_large_lifts_the_data_free_cap_only_when_asked():
 
 
 def test_mlp_too_big_for_the_data_is_refused_before_allocating():
+    from engine.config import ModelConfig
     from engine.models import build_model
 
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as e:  # 3·32·32 inputs × 65536 = 201 M weights
         build_model(RunConfig.from_dict({"model": {"name": "mlp", "hidden": [65536]}}).validate().model,
                     (3, 32, 32), 10)
     assert e.value.field == "model.hidden"
-    assert sum(p.numel() for p in build_model(RunConfig().model.__class__(name="mlp", hidden=(16, 8)),
-                                              (64,), 10).parameters()) == 65 * 16 + 17 * 8 + 9 * 10
+    small = build_model(ModelConfig(name="mlp", hidden=(16, 8)), (64,), 10)
+    assert sum(p.numel() for p in small.parameters()) == 65 * 16 + 17 * 8 + 9 * 10
+
+
+def test_audit_sections_reuse_the_run_parser():
+    """An audit config nests a run config: parse_section names the nested field, e.under() prefixes
+    errors raised by the run's own validate()."""
+    from dataclasses import dataclass, field
+
+    from engine.config import check_work, parse_section
+
+    @dataclass(frozen=True)
+    class Outer:
+        run: RunConfig = field(default_factory=RunConfig)
+        R: int = 16
+
+    with pytest.raises(ConfigError) as e:
+        parse_section(Outer, {"run": {"tiers": {"tiers": [{"epsilon": "1"}]}}})
+    assert e.value.field == "run.tiers.tiers[0].epsilon"
+    outer = parse_section(Outer, {"run": {"seed": -1}, "R": 4})
+    with pytest.raises(ConfigError) as e:
+        try:
+            outer.run.validate()
+        except ConfigError as err:
+            raise err.under("run.") from None
+    assert e.value.field == "run.seed"
+    with pytest.raises(ConfigError) as e:
+        check_work(2 * 10**8, "R", limit=10**8, what="model-steps")
+    assert e.value.field == "R" and "200,000,000 model-steps" in e.value.message
+    assert check_work(2 * 10**8, "R", limit=10**8, allow_large=True) == 2 * 10**8
 
 
 # --- reading config files ------------------------------------------------------------------------------

@@ -18,8 +18,10 @@ Failing safely:
   which writers call (the dashboard's job manager, ``python -m engine run``). Runs of other hosts are
   left alone; finished runs are never touched.
 * Terminal status writes (failed / cancelled / interrupted) are retried a few times with a short
-  backoff so that the original error survives a transient failure; :meth:`RunStore.try_set_status`
-  never raises, so the caller can still report the original error.
+  backoff so that the original error survives a transient failure; on a full disk the writer first
+  frees the small reserve file it keeps beside the store (``<store>-reserve``, 64 KiB), so that the
+  run can still be marked failed. :meth:`RunStore.try_set_status` never raises, so the caller can
+  still report the original error.
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 
 
 STATUS_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)  # seconds between tries of a terminal status write
+RESERVE_BYTES = 64 << 10  # disk space a writer keeps next to the store (<store>-reserve) for the last word
 
 
 class StoreError(Exception):
@@ -108,6 +111,10 @@ def _store_error(path: Path, e: BaseException) -> StoreError:
         msg = f"run store {path}: disk I/O error ({text}): check that the disk is not full or failing, then run again"
     elif "locked" in low or "busy" in low:
         msg = f"run store {path} is locked by another process ({text}): wait for it to finish and try again"
+    elif "unable to open" in low and path.exists() and not (os.access(path, os.W_OK)
+                                                            and os.access(path.parent, os.W_OK)):
+        msg = (f"run store {path} is read-only ({text}): make the file and its folder writable, or pass another "
+               "--store (list, show and export can still read it)")
     elif "unable to open" in low or isinstance(e, OSError):
         msg = (f"cannot open run store {path} ({text}): check that it is a readable file in an existing, "
                "accessible folder, or pass another --store")
@@ -182,6 +189,7 @@ class RunStore:
             columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}
             if "host" not in columns:  # stores made before the host was recorded
                 db.execute("ALTER TABLE runs ADD COLUMN host TEXT")
+        self._keep_reserve()
 
     @classmethod
     def open_readonly(cls, path: str | os.PathLike | None = None) -> "RunStore":
@@ -308,11 +316,31 @@ class RunStore:
         except StoreError:
             return False
 
+    @property
+    def _reserve(self) -> Path:
+        return self.path.with_name(self.path.name + "-reserve")
+
+    def _keep_reserve(self) -> None:
+        try:
+            if not self._reserve.exists():
+                with open(self._reserve, "wb") as f:
+                    f.write(bytes(RESERVE_BYTES))
+        except OSError:  # best effort (a full or read-only disk)
+            try:
+                self._reserve.unlink()
+            except OSError:
+                pass
+
     def _free_wal(self) -> None:
-        """On a full disk, moving the WAL into the main file and truncating it can free the few pages a
-        status update needs. Best effort."""
+        """On a full disk: give back the reserve, then move the WAL into the main file and truncate it,
+        which frees the few pages a status update needs. Best effort."""
         if self.readonly:
             return
+        try:
+            self._reserve.unlink()
+            return
+        except OSError:
+            pass
         try:
             with self._connect() as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

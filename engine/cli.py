@@ -279,10 +279,11 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (ConfigError, StoreError) as e:
-        message = _one_line(e)
+        err, message = e, _one_line(e)
     except Exception as e:  # noqa: BLE001 - data errors, then the last resort: one clear line, no traceback
         from engine.data import DataError
 
+        err = e
         if isinstance(e, DataError):
             message = _one_line(e)
         elif isinstance(e, sqlite3.Error):
@@ -294,6 +295,6 @@ def main(argv=None) -> int:
             raise
         message += " (run again with --debug for the traceback)" if not args.debug else ""
     if args.debug:
-        traceback.print_exc()
+        traceback.print_exception(err)
     print(f"error: {message}", file=sys.stderr)
     return EXIT_CONFIG

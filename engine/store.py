@@ -184,6 +184,16 @@ class RunStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _store_error(self.path, e) from e
+        if self.path.exists() and self.path.stat().st_size:  # look (read-only) before writing anything
+            self.readonly = True
+            try:
+                with self._connect() as db:
+                    tables = {r["name"] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            finally:
+                self.readonly = False
+            if tables and "runs" not in tables:  # never add our tables to someone else's database
+                raise StoreError(f"{self.path} is an SQLite file but not a run store (no runs table): pass another "
+                                 "--store", self.path)
         with self._connect() as db:
             db.executescript(_SCHEMA)
             columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}

@@ -76,11 +76,15 @@ def _damage(kind: str, good: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["corrupt", "truncated", "zeroed"])
-@pytest.mark.parametrize("cmd", [["list"], ["show", "1"]])
+@pytest.mark.parametrize("cmd", [["list"], ["show", "1"], ["run"]])
 def test_damaged_store_is_one_line_and_untouched(tmp_path, finished_store, kind, cmd):
     path = tmp_path / "runs.sqlite"
     path.write_bytes(_damage(kind, finished_store.read_bytes()))
     before = path.read_bytes()
+    if cmd == ["run"]:
+        cfg = tmp_path / "c.json"
+        cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1}))
+        cmd = ["run", str(cfg)]
     line = one_line_error(cli(*cmd, store=path), naming=path)
     assert "damaged" in line and "move it aside" in line
     assert path.read_bytes() == before
@@ -151,6 +155,21 @@ def test_read_only_store_lists_and_shows_but_run_says_read_only(tmp_path, finish
         assert sorted(p.name for p in folder.iterdir()) == ["runs.sqlite"]  # no -wal, -shm, -reserve
     finally:
         undo()
+
+
+def test_foreign_sqlite_file_is_not_turned_into_a_store(tmp_path):
+    path = tmp_path / "notes.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+        db.execute("INSERT INTO notes VALUES ('keep me')")
+    db.close()
+    before = path.read_bytes()
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1}))
+    for cmd in (["list"], ["run", str(cfg)]):
+        line = one_line_error(cli(*cmd, store=path), naming=path)
+        assert "not a run store" in line
+    assert path.read_bytes() == before
 
 
 def test_debug_flag_adds_the_traceback(tmp_path):

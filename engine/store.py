@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import time
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
+
+from engine.liveness import dead_message, pid_alive, this_host, worker_gone
+from engine.store_errors import StoreError, store_error
+
+__all__ = ["ACTIVE", "STATUSES", "RunStore", "StoreError", "default_store_path", "pid_alive", "resolve_store_path",
+           "worker_gone"]
 
 STATUSES = ("queued", "running", "finished", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
@@ -87,42 +92,6 @@ STATUS_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)  # seconds between tries of a termin
 RESERVE_BYTES = 64 << 10  # disk space a writer keeps next to the store (<store>-reserve) for the last word
 
 
-class StoreError(Exception):
-    """The run store cannot be opened, read or written. The message is one line that names the file
-    and says what to do; show it as is (CLI: ``error: ...``, exit 2; UI: ``st.error``)."""
-
-    def __init__(self, message: str, path: str | os.PathLike | None = None):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-
-
-def _store_error(path: Path, e: BaseException) -> StoreError:
-    """One clear line for an SQLite / OS failure on the store at ``path``."""
-    text = str(e) or type(e).__name__
-    low = text.lower()
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
-        msg = (f"run store {path} is damaged ({text}): move it aside or restore it from a backup; "
-               "a new run creates a fresh store at that path")
-    elif "readonly" in low or "read-only" in low:
-        msg = f"run store {path} is read-only ({text}): make the file and its folder writable, or pass another --store"
-    elif "full" in low or getattr(e, "errno", None) == 28:
-        msg = f"run store {path}: the disk is full ({text}): free some space and run again"
-    elif "disk i/o" in low:
-        msg = f"run store {path}: disk I/O error ({text}): check that the disk is not full or failing, then run again"
-    elif "locked" in low or "busy" in low:
-        msg = f"run store {path} is locked by another process ({text}): wait for it to finish and try again"
-    elif "unable to open" in low and path.exists() and not (os.access(path, os.W_OK)
-                                                            and os.access(path.parent, os.W_OK)):
-        msg = (f"run store {path} is read-only ({text}): make the file and its folder writable, or pass another "
-               "--store (list, show and export can still read it)")
-    elif "unable to open" in low or isinstance(e, OSError):
-        msg = (f"cannot open run store {path} ({text}): check that it is a readable file in an existing, "
-               "accessible folder, or pass another --store")
-    else:
-        msg = f"run store {path}: {type(e).__name__}: {text}"
-    return StoreError(msg, path)
-
-
 def resolve_store_path(path: str | os.PathLike | None = None) -> Path:
     """The store file for ``path`` (a file, or a folder holding ``runs.sqlite``), else the default.
     Touches nothing."""
@@ -130,10 +99,6 @@ def resolve_store_path(path: str | os.PathLike | None = None) -> Path:
     if p.suffix == "" and (p.is_dir() or not p.exists()):
         p = p / "runs.sqlite"  # a folder was given
     return p
-
-
-def this_host() -> str:
-    return socket.gethostname()
 
 
 def default_store_path() -> Path:
@@ -183,7 +148,7 @@ class RunStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise _store_error(self.path, e) from e
+            raise store_error(self.path, e) from e
         if self.path.exists() and self.path.stat().st_size:  # look (read-only) before writing anything
             self.readonly = True
             try:
@@ -236,11 +201,11 @@ class RunStore:
         try:
             db = self._open()
         except (sqlite3.Error, OSError) as e:
-            raise _store_error(self.path, e) from e
+            raise store_error(self.path, e) from e
         try:
             yield db
         except sqlite3.Error as e:
-            raise _store_error(self.path, e) from e
+            raise store_error(self.path, e) from e
         finally:
             db.close()
 
@@ -390,7 +355,7 @@ class RunStore:
     def _view(self, run: dict) -> dict:
         """A read-only store cannot record a dead worker: it shows the run as interrupted instead."""
         if self.readonly and worker_gone(run):
-            run.update(status="interrupted", error=_dead_message(run) + " (not yet recorded in the store)")
+            run.update(status="interrupted", error=dead_message(run) + " (not yet recorded in the store)")
         return run
 
     # --- metrics ----------------------------------------------------------------------
@@ -444,40 +409,10 @@ class RunStore:
             if worker_gone(run, is_alive):
                 cur = self._write("UPDATE runs SET status='interrupted', error=?, finished_at=?, updated_at=?"
                                   " WHERE id=? AND status='running'",
-                                  (_dead_message(run), time.time(), time.time(), run["id"]))
+                                  (dead_message(run), time.time(), time.time(), run["id"]))
                 if cur.rowcount:
                     dead.append(run["id"])
         return dead
-
-
-def worker_gone(run: dict, is_alive=None) -> bool:
-    """A 'running' run whose worker process (on this host; runs of other hosts are never judged)
-    has ended."""
-    if run.get("status") != "running":
-        return False
-    host = run.get("host")
-    if host is not None and host != this_host():
-        return False
-    return not run.get("pid") or not (is_alive or pid_alive)(run["pid"])
-
-
-def _dead_message(run: dict) -> str:
-    return f"worker process {run.get('pid')} ended without finishing the run"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (exited child not yet reaped) is not alive
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _row(row: sqlite3.Row) -> dict:

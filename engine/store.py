@@ -16,7 +16,8 @@ Failing safely:
 * A run left ``running`` by a worker that no longer exists on this host is *shown* as ``interrupted``
   by a read-only store (nothing written) and *recorded* as such by :meth:`RunStore.mark_dead_runs`,
   which writers call (the dashboard's job manager, ``python -m engine run``). Runs of other hosts are
-  left alone; finished runs are never touched.
+  left alone; finished runs are never touched. A pid now held by a process younger than the run
+  (the pid was reused) counts as gone.
 * Terminal status writes (failed / cancelled / interrupted) are retried a few times with a short
   backoff so that the original error survives a transient failure; on a full disk the writer first
   frees the small reserve file it keeps beside the store (``<store>-reserve``, 64 KiB), so that the

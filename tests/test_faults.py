@@ -230,6 +230,23 @@ def test_kill_9_of_engine_run_shows_interrupted(tmp_path, finished_store):
     assert snapshot(path) == before
 
 
+def test_reused_pid_does_not_keep_a_dead_run_running(tmp_path, finished_store):
+    """A run 'running' under a pid that now belongs to a younger process (this test's own) is dead."""
+    path = tmp_path / "runs.sqlite"
+    shutil.copy(finished_store, path)
+    store = RunStore(path)
+    old, fresh = store.create_run({"name": "old"}), store.create_run({"name": "fresh"})
+    for rid in (old, fresh):
+        store.start_run(rid, pid=os.getpid(), total_steps=10)
+    with sqlite3.connect(path) as db:  # the old run started a day before this process did
+        db.execute("UPDATE runs SET started_at=started_at-86400 WHERE id=?", (old,))
+    db.close()
+    shown = {r["id"]: r["status"] for r in RunStore(path, readonly=True).list_runs()}
+    assert shown == {1: "finished", old: "interrupted", fresh: "running"}
+    assert store.mark_dead_runs() == [old]
+    assert store.get_run(fresh)["status"] == "running" and store.get_run(1)["status"] == "finished"
+
+
 def _mount_tmpfs(folder: Path, size: str) -> bool:
     if os.geteuid() != 0:
         return False

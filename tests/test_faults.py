@@ -182,6 +182,17 @@ def test_debug_flag_adds_the_traceback(tmp_path):
     assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
 
 
+def test_os_error_is_one_line_through_the_last_resort_handler(tmp_path, finished_store):
+    path = tmp_path / "runs.sqlite"
+    shutil.copy(finished_store, path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    line = one_line_error(cli("export", "1", "--format", "csv", "--out", str(blocker / "figures"), store=path),
+                          naming=blocker / "figures")
+    assert line.startswith("error: NotADirectoryError:") and line.endswith("(run again with --debug for the traceback)")
+    assert blocker.read_text() == "not a folder"
+
+
 def test_failed_run_before_start_leaves_the_finished_run_intact(tmp_path, finished_store):
     path = tmp_path / "runs.sqlite"
     shutil.copy(finished_store, path)

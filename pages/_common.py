@@ -57,7 +57,7 @@ def manager() -> JobManager:
 
 
 def store() -> RunStore:
-    return manager().store
+    return RunStore(store_path(), readonly=True)  # read paths: mode=ro, never writes (StoreError → st.error)
 
 
 # --- look and feel ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """PA-ALOOA audit speed: 2R = 400 DP-SGD (ε = 10) logistic-regression models on Adult, sex as the group.
 
-1. The full audit (``engine.audit.run.run_audit``): the 400 models trained as batched ensembles,
+1. The full audit (``engine.audit.runner.run_audit``): the 400 models trained as batched ensembles,
    every training sample scored under every model, then all statistics (per-sample advantage, GPR
    with bootstrap CIs, Δ, null floor, PA-GA, PA-GBA, LiRA, per-tier ε lower bound). Wall time and
    the process' peak resident memory (measured before step 2 runs).
@@ -31,7 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 from engine.audit import stats  # noqa: E402
-from engine.audit.run import AuditConfig, prepare_audit, run_audit, summary_table  # noqa: E402
+from engine.audit.config import AuditConfig  # noqa: E402
+from engine.audit.report import summary_table  # noqa: E402
+from engine.audit.runner import prepare_audit, run_audit  # noqa: E402
 from engine.config import AlgorithmConfig, ModelConfig  # noqa: E402
 
 

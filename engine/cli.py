@@ -86,7 +86,7 @@ def cmd_worker(args) -> int:
     torch.set_num_threads(args.threads)
     try:
         if run["kind"] == "audit":
-            from engine.audit.run import run_audit_in_store
+            from engine.audit.runner import run_audit_in_store
 
             run_audit_in_store(store, args.run_id, run["config"])
         else:
@@ -155,7 +155,7 @@ def cmd_show(args) -> int:
     if run["summary"] and run["kind"] == "train":
         print(tier_table(run["summary"]))
     elif run["summary"] and run["kind"] == "audit" and run["summary"].get("algorithms"):
-        from engine.audit.run import summary_table
+        from engine.audit.report import summary_table
 
         print(summary_table(run["summary"]))
     return 0
@@ -176,7 +176,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from engine.audit.run import cli_audit
+    from engine.audit.runner import cli_audit
 
     return cli_audit(args, _store(args))
 

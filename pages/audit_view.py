@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from engine.audit.plots import build_audit_figures
-from engine.audit.run import AUDIT_MODELS, THRESHOLDS, AuditConfig, load_array, preview_audit
+from engine.audit.config import AUDIT_MODELS, THRESHOLDS, AuditConfig
+from engine.audit.runner import load_array, preview_audit
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
 from engine.data import DATASETS, DataError, dataset_names
 from engine.jobs import eta_seconds

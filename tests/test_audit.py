@@ -15,7 +15,9 @@ import torch
 
 from engine.audit.ensemble import (BatchedClipped, BatchedGroupAdaptive, BatchedImportance, BatchedNonPrivate,
                                    Ensemble, PoissonSampler, batched_importance_weights, train_ensemble)
-from engine.audit.run import (AuditConfig, compact_summary, load_array, prepare_audit, run_audit)
+from engine.audit.config import AuditConfig
+from engine.audit.report import compact_summary
+from engine.audit.runner import load_array, prepare_audit, run_audit
 from engine.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig, TierConfig, TiersConfig
 from engine.importance import importance_weights, make_tif
 from engine.store import RunStore

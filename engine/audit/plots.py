@@ -1,6 +1,6 @@
 """Figures of a privacy audit: tidy frames from the results dict, pure Plotly builders.
 
-The input is the results dict of :func:`engine.audit.run.run_audit` (also the audit run's
+The input is the results dict of :func:`engine.audit.runner.run_audit` (also the audit run's
 ``summary`` in the store; a running audit's partial summary works too). Nothing here reads the
 store or calls Streamlit. :func:`build_audit_figures` returns ``engine.plots.FigureSpec`` s, so the
 dashboard's export menu (PNG/SVG/PDF/HTML + CSV of the data) and presentation packs work alike.

@@ -15,10 +15,10 @@ import torch
 
 from engine.audit.ensemble import (BatchedClipped, BatchedGroupAdaptive, BatchedImportance, BatchedNonPrivate,
                                    Ensemble, PoissonSampler, batched_importance_weights, train_ensemble)
-from engine.audit.config import AuditConfig
+from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import compact_summary
-from engine.audit.runner import load_array, prepare_audit, run_audit
-from engine.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig, TierConfig, TiersConfig
+from engine.audit.runner import load_array, prepare_audit, run_audit, run_audit_in_store
+from engine.config import AlgorithmConfig, ConfigError, DataConfig, ModelConfig, RunConfig, TierConfig, TiersConfig
 from engine.importance import importance_weights, make_tif
 from engine.store import RunStore
 from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, prepare, train
@@ -26,8 +26,9 @@ from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, pr
 REPO = Path(__file__).resolve().parents[1]
 
 # A tiny digits audit: ~1 s per algorithm.
-TINY = AuditConfig(dataset="digits", group_by="class", R=3, epochs=2.0, batch_size=64, epsilon=2.0,
-                   algorithms=(AlgorithmConfig(name="dpsgd"),), n_boot=100, looa_k=1, looa_models=3, threads=1)
+TINY = AuditConfig(run=DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 2.0, "batch_size": 64, "threads": 1}),
+                   group_by="class", R=3, epsilon=2.0, algorithms=(AlgorithmConfig(name="dpsgd"),), n_boot=100,
+                   looa_k=1, looa_models=3)
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +44,8 @@ def _one_thread():
 # --------------------------------------------------------------------------------------------
 
 def test_config_json_round_trip_and_shorthand():
-    cfg = TINY.replace(tiers=TiersConfig(assign="class", tiers=(TierConfig(epsilon=1.0, classes=tuple(range(5))),
-                                                                 TierConfig(epsilon=3.0, classes=tuple(range(5, 10))))),
+    cfg = TINY.replace(**{"run.tiers": TiersConfig(assign="class", tiers=(
+        TierConfig(epsilon=1.0, classes=tuple(range(5))), TierConfig(epsilon=3.0, classes=tuple(range(5, 10)))))},
                        algorithms=(AlgorithmConfig(name="ino", alpha=2.0, tail_fraction=0.25),
                                    AlgorithmConfig(name="dpsgd_s", group_by="class")))
     back = AuditConfig.from_json(cfg.to_json())
@@ -54,16 +55,55 @@ def test_config_json_round_trip_and_shorthand():
     assert AuditConfig().validate() is not None  # the defaults are valid
 
 
+def test_config_contains_a_run_config_with_the_audit_defaults():
+    cfg = AuditConfig()
+    assert isinstance(cfg.run, RunConfig) and cfg.run.data.name == "adult" and cfg.run.model.name == "lr"
+    assert (cfg.run.epochs, cfg.run.batch_size, cfg.run.optimizer.lr, cfg.epsilon, cfg.R) == (2.0, 256, 1.0, 10.0, 16)
+    assert cfg.run.tiers is None and cfg.to_dict()["run"]["tiers"] is None
+    assert "algorithm" not in cfg.to_dict()["run"] and "dataset" not in cfg.to_dict()
+    # a run object only needs what differs from the audit's defaults, one level deep
+    part = AuditConfig.from_dict({"run": {"data": {"max_train": 500}, "epochs": 3.0}})
+    assert part.run.data == DataConfig(name="adult", max_train=500) and part.run.epochs == 3.0
+    assert part.run.batch_size == 256 and part.run.model.name == "lr"
+    one = TINY.run_for(AlgorithmConfig(name="ino"), TiersConfig())
+    assert one.algorithm.name == "ino" and one.tiers == TiersConfig() and one.data == TINY.run.data
+
+
+def test_old_flat_audit_configs_still_load():
+    """Audit configs stored before the nested run config (the flat shape) load as the same audit."""
+    old = {"dataset": "digits", "data_dir": None, "max_train": 300, "model": "mlp", "hidden": [8, 4], "lr": 0.5,
+           "epochs": 3.0, "batch_size": 32, "delta": 1e-6, "clip_norm": 2.0, "seed": 3, "device": "cpu",
+           "threads": 1, "tiers": {"assign": "class", "tiers": [{"epsilon": 1.0, "classes": [0, 1, 2, 3, 4]},
+                                                                 {"epsilon": 2.0, "classes": [5, 6, 7, 8, 9]}]},
+           "epsilon": 10.0, "group_by": "class", "group_attribute": None, "algorithms": ["dpsgd", {"name": "ino"}],
+           "R": 4, "threshold": "held_out", "n_boot": 100, "confidence": 0.9, "null_perms": 1, "looa_k": 0,
+           "looa_models": 16, "chunk_models": None, "memory_budget_gib": 1.0, "name": "old"}
+    cfg = AuditConfig.from_dict(old).validate()
+    run = cfg.run
+    assert (run.data.name, run.data.max_train, run.model.name, run.model.hidden) == ("digits", 300, "mlp", (8, 4))
+    assert (run.optimizer.lr, run.epochs, run.batch_size, run.delta, run.clip_norm) == (0.5, 3.0, 32, 1e-6, 2.0)
+    assert (run.seed, run.device, run.threads) == (3, "cpu", 1)
+    assert [t.epsilon for t in run.tiers.tiers] == [1.0, 2.0] and run.tiers.tiers[1].classes == (5, 6, 7, 8, 9)
+    assert (cfg.R, cfg.threshold, cfg.confidence, cfg.name) == (4, "held_out", 0.9, "old")
+    assert [a.name for a in cfg.algorithms] == ["dpsgd", "ino"]
+    assert AuditConfig.from_dict(cfg.to_dict()) == cfg  # and it is written in the nested shape from now on
+    flat_default = AuditConfig.from_dict({"dataset": "digits", "tiers": None, "epsilon": 2.0})
+    assert flat_default.run.tiers is None and flat_default.epsilon == 2.0 and flat_default.run.epochs == 2.0
+    with pytest.raises(ConfigError) as e:  # mixing the shapes is refused, naming the flat key
+        AuditConfig.from_dict({"run": {}, "lr": 0.1})
+    assert e.value.field == "lr" and "run.optimizer.lr" in e.value.message
+
+
 @pytest.mark.parametrize("changes, field", [
     ({"R": 1}, "R"),
     ({"epsilon": 0.0}, "epsilon"),
     ({"epsilon": float("inf")}, "epsilon"),
-    ({"delta": 1.0}, "delta"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"epochs": -1.0}, "epochs"),
-    ({"lr": 0.0}, "lr"),
-    ({"model": "resnet18"}, "model"),
-    ({"dataset": "nope"}, "dataset"),
+    ({"run.delta": 1.0}, "run.delta"),
+    ({"run.batch_size": 0}, "run.batch_size"),
+    ({"run.epochs": -1.0}, "run.epochs"),
+    ({"run.optimizer.lr": 0.0}, "run.optimizer.lr"),
+    ({"run.model.name": "resnet18"}, "run.model.name"),
+    ({"run.data.name": "nope"}, "run.data.name"),
     ({"threshold": "both"}, "threshold"),
     ({"group_by": "age"}, "group_by"),
     ({"n_boot": 1}, "n_boot"),
@@ -72,8 +112,10 @@ def test_config_json_round_trip_and_shorthand():
     ({"algorithms": (AlgorithmConfig(name="ino", alpha=-1.0),)}, "algorithms[0].alpha"),
     ({"algorithms": (AlgorithmConfig(name="dpsgd"), AlgorithmConfig(name="dpsgd_s", quantile=1.5))},
      "algorithms[1].quantile"),
-    ({"tiers": TiersConfig(tiers=(TierConfig(epsilon=-1.0, classes=(0,)),))}, "tiers.tiers[0].epsilon"),
+    ({"run.tiers": TiersConfig(tiers=(TierConfig(epsilon=-1.0, classes=(0,)),))}, "run.tiers.tiers[0].epsilon"),
     ({"looa_k": 2, "looa_models": 1}, "looa_models"),
+    ({"run.optimizer.momentum": 0.5}, "run.optimizer.momentum"),  # the ensembles train with plain SGD
+    ({"run.data.max_train": 5}, "run.data.max_train"),
 ])
 def test_invalid_configs_name_the_field(changes, field):
     with pytest.raises(ConfigError) as e:
@@ -85,6 +127,12 @@ def test_invalid_configs_name_the_field(changes, field):
     ('{"R": 4, "colour": 1}', "colour"),
     ('{"algorithms": ["sgd"]}', "algorithms[0]"),
     ('{"algorithms": [{"name": "ino", "gamma": 1}]}', "algorithms[0].gamma"),
+    ('{"run": {"data": {"name": 3}}}', "run.data.name"),
+    ('{"run": {"optimizer": {"lr": "fast"}}}', "run.optimizer.lr"),
+    ('{"run": {"algorithm": {"name": "ino"}}}', "run.algorithm"),
+    ('{"run": {"epoch": 2}}', "run.epoch"),
+    ('{"run": 5}', "run"),
+    ('{"algorithms": ["dpsgd", {"name": "dpsgd_s", "tau": "x"}]}', "algorithms[1].tau"),
     ("[1, 2]", "config"),
     ("{not json", "config"),
 ])
@@ -96,9 +144,9 @@ def test_invalid_json_names_the_field(text, field):
 
 @pytest.mark.parametrize("changes, field", [
     ({"group_by": "attribute"}, "group_by"),  # digits has no sensitive attribute
-    ({"batch_size": 1000}, "batch_size"),  # larger than a half
+    ({"run.batch_size": 1000}, "run.batch_size"),  # larger than a half
     ({"algorithms": (AlgorithmConfig(name="dpsgd_s", group_by="attribute"),)}, "algorithms[0].group_by"),
-    ({"tiers": TiersConfig(tiers=(TierConfig(epsilon=1.0, classes=(0, 1)),))}, "tiers.tiers"),  # 2..9: no tier
+    ({"run.tiers": TiersConfig(tiers=(TierConfig(epsilon=1.0, classes=(0, 1)),))}, "run.tiers.tiers"),  # 2..9: none
 ])
 def test_data_dependent_errors(changes, field):
     with pytest.raises(ConfigError) as e:
@@ -302,7 +350,7 @@ def test_membership_invariant():
 
 
 def test_dp_audit_invariants_lower_bound_below_claimed():
-    cfg = TINY.replace(R=4, epochs=6.0, tiers=TiersConfig(), algorithms=(AlgorithmConfig(name="idp_sample"),
+    cfg = TINY.replace(R=4, **{"run.epochs": 6.0, "run.tiers": TiersConfig()}, algorithms=(AlgorithmConfig(name="idp_sample"),
                                                              AlgorithmConfig(name="nonprivate")))
     res = run_audit(cfg)
     assert [a["key"] for a in res["algorithms"]] == ["idp_sample", "nonprivate"]
@@ -382,7 +430,25 @@ def test_checkpoint_resume_gives_the_uninterrupted_results(tmp_path):
         assert a["gpr"] == b["gpr"] and a["accuracy"] == b["accuracy"] and a["null_floor"] == b["null_floor"]
     # a different configuration must not pick up these checkpoints
     with pytest.raises(ConfigError):
-        run_audit(cfg.replace(seed=1), store=store, run_id=run_id)
+        run_audit(cfg.replace(**{"run.seed": 1}), store=store, run_id=run_id)
+
+
+def test_an_old_flat_audit_in_a_store_resumes_from_its_checkpoints(tmp_path):
+    flat = {"dataset": "digits", "epochs": 2.0, "batch_size": 64, "threads": 1, "group_by": "class", "R": 3,
+            "epsilon": 2.0, "algorithms": ["dpsgd"], "n_boot": 100, "looa_k": 0, "chunk_models": 2}
+    cfg = AuditConfig.from_dict(flat).validate()
+    store = RunStore(tmp_path / "old.sqlite")
+    run_id = store.create_run(flat, kind="audit", group_id="g")
+    with pytest.raises(Cancelled):
+        run_audit(cfg, store=store, run_id=run_id,
+                  should_stop=lambda: any(k.startswith("chunk/") for k in store.artifact_keys(run_id)))
+    meta = json.loads(store.get_artifact(run_id, "audit/meta"))
+    meta["config"] = flat  # what an audit written before the nested config left in its store
+    store.put_artifact(run_id, "audit/meta", json.dumps(meta).encode())
+    first = store.get_artifact(run_id, "chunk/dpsgd/aloo/0")
+    results = run_audit_in_store(store, run_id, store.get_run(run_id)["config"])
+    assert store.get_run(run_id)["status"] == "finished" and results["n_models"] == 6
+    assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == first  # resumed, not retrained
 
 
 def test_worker_runs_a_queued_audit_and_sigterm_cancels(tmp_path):
@@ -393,7 +459,7 @@ def test_worker_runs_a_queued_audit_and_sigterm_cancels(tmp_path):
     assert out.returncode == 0, out.stderr
     assert store.get_run(quick)["status"] == "finished"
     # a long audit, terminated while it trains
-    slow_cfg = TINY.replace(R=400, epochs=20.0, batch_size=16, looa_k=0, chunk_models=50)
+    slow_cfg = TINY.replace(R=400, looa_k=0, chunk_models=50, **{"run.epochs": 20.0, "run.batch_size": 16})
     slow = store.create_run(slow_cfg.to_dict(), kind="audit", group_id="g")
     env = _env()
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store_path), "worker", str(slow)],

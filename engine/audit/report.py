@@ -26,7 +26,7 @@ def plan_table(setup, a):
 
 def results_header(setup) -> dict:
     cfg = setup.config
-    return {"kind": "audit", "version": RESULTS_VERSION, "config": cfg.to_dict(), "dataset": cfg.dataset,
+    return {"kind": "audit", "version": RESULTS_VERSION, "config": cfg.to_dict(), "dataset": cfg.run.data.name,
             "n_train": setup.n, "R": cfg.R, "n_models": setup.n_models, "steps_per_model": setup.steps,
             "threshold": cfg.threshold, "group_by": cfg.group_by, "group_names": list(setup.group_names),
             "group_sizes": group_sizes(setup.groups, setup.group_names), "tier_names": list(setup.tiers.names),
@@ -36,12 +36,13 @@ def results_header(setup) -> dict:
 
 def algorithm_statistics(setup, a, losses, confs, preds) -> dict:
     cfg = setup.config
+    run = cfg.run
     mem = setup.membership
     scores = -losses.astype(np.float64)
     groups = setup.groups
-    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=cfg.seed)
-    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=cfg.seed)
-    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=cfg.seed + 1)
+    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed)
+    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
+    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=run.seed + 1)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
            "gpr": boot, "null_floor": floor, "advantage_mean": float(np.nanmean(adv)),
@@ -70,15 +71,15 @@ def algorithm_statistics(setup, a, losses, confs, preds) -> dict:
     res["lira"] = {"groups": lira_groups, "roc": rocs}
     # per-tier empirical ε lower bound (threshold attack on −loss, selection and counting on disjoint models)
     tier_lab = np.asarray(setup.tiers.train)
-    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=cfg.delta, confidence=cfg.confidence,
-                                             seed=cfg.seed)
+    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
+                                             seed=run.seed)
     tiers = []
     for k, name in enumerate(setup.tiers.names):
         r = lb.get(k, {})
         tiers.append({"name": name, "claimed": a.claimed[k], "target": float(setup.tiers.epsilons[k]),
                       "lower_bound": r.get("epsilon_lb"), "tpr": r.get("tpr"), "fpr": r.get("fpr"),
                       "tp": r.get("tp"), "fn": r.get("fn"), "fp": r.get("fp"), "tn": r.get("tn")})
-    res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": cfg.delta}
+    res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": run.delta}
     # per-sample advantage histogram per group
     lo = min(0.0, float(np.nanmin(adv))) if np.isfinite(adv).any() else 0.0
     edges = np.linspace(lo, 1.0, _HIST_BINS + 1)

@@ -47,8 +47,7 @@ from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, Bat
                                    per_model_step_bytes, train_ensemble)
 from engine.audit.report import (RESULTS_VERSION, algorithm_statistics, compact_summary, json_clean, plan_table,
                                  results_header, summary_table)
-from engine.config import (ALGORITHM_LABELS, AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig,
-                           RunConfig, TiersConfig)
+from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
 from engine.train import Cancelled, make_plan, sigterm_cancels
 
@@ -96,13 +95,6 @@ class AuditSetup:
         return int(self.membership.shape[0])
 
 
-def _run_config(config: AuditConfig, tiers: TiersConfig, algo: AlgorithmConfig) -> RunConfig:
-    return RunConfig(data=DataConfig(name=config.dataset, data_dir=config.data_dir, max_train=config.max_train),
-                     tiers=tiers, model=ModelConfig(name=config.model, hidden=tuple(config.hidden)), algorithm=algo,
-                     optimizer=OptimizerConfig(lr=config.lr), epochs=config.epochs, batch_size=config.batch_size,
-                     delta=config.delta, clip_norm=config.clip_norm, seed=config.seed, device=config.device)
-
-
 def prepare_audit(config: AuditConfig) -> AuditSetup:
     """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
     from engine.data import load_dataset
@@ -110,30 +102,37 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     from engine.train import resolve_device
 
     config.validate()
-    device = resolve_device(config.device)
-    ds = load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed, max_train=config.max_train)
+    run = config.run
+    device = resolve_device(run.device)
+    ds = load_dataset(run.data.name, data_dir=run.data.data_dir, seed=run.seed, max_train=run.data.max_train)
     n = len(ds.y_train)
     if n < 8:
-        raise ConfigError("max_train", f"an audit needs at least 8 training samples, got {n}")
+        raise ConfigError("run.data.max_train", f"an audit needs at least 8 training samples, got {n}")
     half = n / 2
-    if config.batch_size > n // 2:
-        raise ConfigError("batch_size", f"must be at most half the training set ({n // 2}) since each model "
-                                        f"trains on one half, got {config.batch_size}")
+    if run.batch_size > n // 2:
+        raise ConfigError("run.batch_size", f"must be at most half the training set ({n // 2}) since each model "
+                                        f"trains on one half, got {run.batch_size}")
     tiers_cfg = resolved_tiers(config, ds)
-    tiers = assign_tiers(tiers_cfg, ds, seed=config.seed)
+    try:
+        tiers = assign_tiers(tiers_cfg, ds, seed=run.seed)
+    except ConfigError as e:
+        raise (e.under("run.") if run.tiers is not None else ConfigError("epsilon", e.message)) from None
     groups, group_names, test_groups = group_labels(config, ds, tiers, config.group_by, "group_by")
-    model_cfg = ModelConfig(name=config.model, hidden=tuple(config.hidden))
+    model_cfg = run.model
     from engine.models import build_model
 
-    build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
-    steps = max(1, int(round(config.epochs * half / config.batch_size)))
+    try:
+        build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
+    except ConfigError as e:
+        raise e.under("run.") from None
+    steps = max(1, int(round(run.epochs * half / run.batch_size)))
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
-    membership = stats.complementary_membership(n, config.R, seed=config.seed)
+    membership = stats.complementary_membership(n, config.R, seed=run.seed)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half))
     budget = int(config.memory_budget_gib * (1 << 30)) if config.memory_budget_gib else DEFAULT_BUDGET_BYTES
-    expected_batch = max(a.plan.expected_batch_size if a.plan is not None else config.batch_size for a in algos)
+    expected_batch = max(a.plan.expected_batch_size if a.plan is not None else run.batch_size for a in algos)
     on_cpu = device.type == "cpu"  # CPU: cache-sized chunks; GPU: as many models as the budget holds
     chunk = config.chunk_models or models_per_chunk(
         model_cfg, ds.input_shape, ds.num_classes, expected_batch, budget_bytes=budget, cap=200 if on_cpu else 400,
@@ -148,14 +147,14 @@ def _algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, h
     label = ALGORITHM_LABELS.get(algo.name, algo.name)
     if algo.name == "ino":
         label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
-    rc = _run_config(config, tiers_cfg, algo)
+    rc = config.run_for(algo, tiers_cfg)
     try:
         plan = make_plan(rc, half_sizes, steps)
     except ConfigError as e:
-        raise ConfigError(e.field, f"{field_prefix} ({algo.name}): {e.message}") from None
+        raise ConfigError(f"run.{e.field}", f"{field_prefix} ({algo.name}): {e.message}") from None
     n = len(ds.y_train)
     if plan is None:
-        rates = np.full(n, min(1.0, config.batch_size / half))
+        rates = np.full(n, min(1.0, config.run.batch_size / half))
         return AlgoSetup(key=key, algo=algo, label=label, plan=None, sample_rates=rates, sample_clips=None,
                          formal_dp=False, claimed=[None] * len(tiers.epsilons))
     rates = np.asarray(plan.sample_rates, dtype=float)[tiers.train]
@@ -199,7 +198,7 @@ def _mechanism(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, sampler: Po
     expected_groups = (members * a.sample_rates[None, :]) @ onehot  # (M, K) Σ q_i over members of group k
     algo = a.algo
     return BatchedGroupAdaptive(groups=s["groups"], n_groups=k, noise_multiplier=s["noise_multiplier"],
-                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.clip_norm,
+                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.run.clip_norm,
                                 tau=algo.tau, quantile=algo.quantile, ema=algo.ema, min_clip=algo.min_clip,
                                 private=algo.private_quantile, quantile_lr=algo.quantile_lr,
                                 count_noise_std=s["count_noise_std"], device=dev)
@@ -245,7 +244,7 @@ class _Checkpoints:
         old = store.get_artifact(run_id, "audit/meta")
         if old is not None:
             prev = json.loads(old.decode())
-            if prev.get("config") != meta["config"] or prev.get("layout") != layout:
+            if _migrated(prev.get("config")) != meta["config"] or prev.get("layout") != layout:
                 raise ConfigError("config", f"run {run_id} holds checkpoints of a different audit configuration")
         else:
             store.put_artifact(run_id, "audit/meta", json.dumps(meta, sort_keys=True).encode())
@@ -259,6 +258,14 @@ class _Checkpoints:
     def put(self, key: str, **arrays):
         if self.active:
             self.store.put_artifact(self.run_id, key, _npz(**arrays))
+
+
+def _migrated(config_dict):
+    """A stored audit config in today's shape (checkpoints written before the nested config still match)."""
+    try:
+        return AuditConfig.from_dict(config_dict).to_dict()
+    except (ConfigError, TypeError):
+        return config_dict
 
 
 class _Progress:
@@ -291,8 +298,8 @@ def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, pro
     from its last completed chunk when run again with the same id.
     """
     started = time.time()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    if config.run.threads is not None:
+        torch.set_num_threads(config.run.threads)
     in_store = store is not None and run_id is not None
     try:
         setup = prepare_audit(config)
@@ -365,12 +372,12 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
     """Train one chunk of models; returns (losses, confs) on ``score_idx`` (all samples) and test accuracy."""
     ds, dev = setup.dataset, setup.device
     x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
-    model_cfg = ModelConfig(name=setup.config.model, hidden=tuple(setup.config.hidden))
+    model_cfg = setup.config.run.model
     ens = Ensemble(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
     sampler = PoissonSampler(members, a.sample_rates, dev)
     mech = _mechanism(setup, a, members, sampler)
     gen = torch.Generator(device=dev).manual_seed(gen_seed)
-    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.lr,
+    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr,
                    expected_batch=sampler.expected_batch, gen=gen, should_stop=should_stop,
                    on_step=lambda _s: prog.advance())
     chunk = _eval_chunk(setup, len(init_seeds))
@@ -400,7 +407,7 @@ def _on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
-    model_cfg = ModelConfig(name=setup.config.model, hidden=tuple(setup.config.hidden))
+    model_cfg = setup.config.run.model
     ds = setup.dataset
     per_sample = per_model_step_bytes(model_cfg, ds.input_shape, ds.num_classes, 1) // 2
     return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
@@ -418,9 +425,9 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
         key = f"chunk/{a.key}/aloo/{c}"
         got = ckpt.get(key)
         if got is None:
-            seeds = [derived_seed(cfg.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
+            seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
             l, cf, p = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
-                                    derived_seed(cfg.seed, 2, k_algo, c), prog, should_stop)
+                                    derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
             ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16))
             got = {"losses": l, "confs": cf, "preds": p}
         else:
@@ -452,8 +459,8 @@ def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
         key = f"chunk/{a.key}/looa/{c}"
         got = ckpt.get(key)
         if got is None:
-            seeds = [derived_seed(cfg.seed, 3, j) for j in range(lo, hi)]
-            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.seed, 4, k_algo, c),
+            seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
+            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
                                    prog, should_stop, score_idx=targets)
             ckpt.put(key, losses=l)
             got = {"losses": l}

@@ -10,16 +10,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from engine.audit.ensemble import (BatchedClipped, BatchedGroupAdaptive, BatchedImportance, BatchedNonPrivate,
                                    Ensemble, PoissonSampler, batched_importance_weights, train_ensemble)
 from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.report import compact_summary
-from engine.audit.runner import load_array, prepare_audit, run_audit, run_audit_in_store
+from engine.audit.report import AuditReport, compact_summary, summary_table
+from engine.audit.runner import load_array, prepare_audit, run_audit
 from engine.config import AlgorithmConfig, ConfigError, DataConfig, ModelConfig, RunConfig, TierConfig, TiersConfig
 from engine.importance import importance_weights, make_tif
+from engine.lifecycle import run_queued
 from engine.store import RunStore
 from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, prepare, train
 
@@ -350,27 +352,93 @@ def test_membership_invariant():
 
 
 def test_dp_audit_invariants_lower_bound_below_claimed():
-    cfg = TINY.replace(R=4, **{"run.epochs": 6.0, "run.tiers": TiersConfig()}, algorithms=(AlgorithmConfig(name="idp_sample"),
-                                                             AlgorithmConfig(name="nonprivate")))
+    cfg = TINY.replace(R=4, algorithms=(AlgorithmConfig(name="idp_sample"), AlgorithmConfig(name="nonprivate")),
+                       **{"run.epochs": 6.0, "run.tiers": TiersConfig()})
     res = run_audit(cfg)
-    assert [a["key"] for a in res["algorithms"]] == ["idp_sample", "nonprivate"]
-    idp, nonpriv = res["algorithms"]
-    assert len(idp["epsilon"]["tiers"]) == 3
-    for t in idp["epsilon"]["tiers"]:
-        assert t["claimed"] <= t["target"] * (1 + 1e-9) and t["claimed"] >= 0.99 * t["target"]
-        assert 0.0 <= t["lower_bound"] <= t["claimed"]  # never above the guarantee
-        assert t["tp"] + t["fn"] + t["fp"] + t["tn"] > 0
-    assert all(t["claimed"] is None for t in nonpriv["epsilon"]["tiers"])
-    for a in res["algorithms"]:
-        for g in res["group_names"]:
-            gp = a["gpr"]["groups"][g]
-            assert 0.0 <= gp["low"] <= gp["mean"] <= gp["high"] <= 1.0
-        assert 0.0 <= a["null_floor"] <= 1.0 and 0.5 < a["accuracy"]["mean"] <= 1.0  # chance: 0.1
-        assert sum(sum(c) for c in a["histogram"]["counts"].values()) == res["n_train"]
-        d = a["gpr"]["delta"]["value"]
-        gprs = [a["gpr"]["groups"][g]["mean"] for g in res["group_names"]]
-        assert d == pytest.approx((max(gprs) - min(gprs)) * 100)
-        assert 0.0 <= a["lira"]["groups"]["0"]["auc"] <= 1.0
+    assert [a.key for a in res.algorithms] == ["idp_sample", "nonprivate"]
+    idp, nonpriv = res.algorithms
+    assert len(idp.epsilon) == 3
+    for t in idp.epsilon:
+        assert t.claimed <= t.target * (1 + 1e-9) and t.claimed >= 0.99 * t.target
+        assert 0.0 <= t.lower_bound <= t.claimed  # never above the guarantee
+        assert t.tp + t.fn + t.fp + t.tn > 0
+    assert all(t.claimed is None for t in nonpriv.epsilon)
+    for a in res.algorithms:
+        for g in res.group_names:
+            gp = a.gpr[g]
+            assert 0.0 <= gp.low <= gp.value <= gp.high <= 1.0
+        assert 0.0 <= a.null_floor <= 1.0 and 0.5 < a.accuracy.mean <= 1.0  # chance: 0.1
+        assert sum(sum(c) for c in a.histogram.counts.values()) == res.n_train
+        gprs = [a.gpr[g].value for g in res.group_names]
+        assert a.delta.value == pytest.approx((max(gprs) - min(gprs)) * 100)
+        assert 0.0 <= a.lira["0"].auc <= 1.0
+    _check_report_round_trip_and_frames(res)
+
+
+def _check_report_round_trip_and_frames(res: AuditReport):
+    d = res.to_dict()
+    assert AuditReport.from_dict(d) == res
+    assert AuditReport.from_dict(json.loads(json.dumps(d))) == res  # what the store gives back
+    assert d["kind"] == "audit" and d["version"] == 1 and [a["key"] for a in d["algorithms"]] == \
+        [a.key for a in res.algorithms]
+    # the results-dict shape the figures and pages read today
+    a0 = d["algorithms"][0]
+    assert set(a0) >= {"key", "name", "label", "formal_dp", "algorithm", "plan", "info", "gpr", "null_floor",
+                       "advantage_mean", "baselines", "accuracy", "lira", "epsilon", "histogram", "train_seconds",
+                       "stats_seconds"}
+    assert set(a0["gpr"]) == {"groups", "delta", "n_boot", "ci"} and set(a0["lira"]) == {"groups", "roc"}
+    n_alg, n_groups = len(res.algorithms), len(res.group_names)
+    gpr = res.gpr_frame()
+    assert len(gpr) == n_alg * n_groups and gpr["gpr"].between(0, 1).all()
+    assert list(res.delta_frame()["algorithm"]) == [a.label for a in res.algorithms]
+    assert len(res.epsilon_frame()) == sum(len(a.epsilon) for a in res.algorithms)
+    assert (res.accuracy_frame().query("group == 'all'")["accuracy"] > 0.5).all()
+    hist = res.histogram_frame()
+    assert hist.groupby("algorithm")["count"].sum().eq(res.n_train).all()
+    roc = res.roc_frame()
+    assert set(roc["group"]) == set(res.group_names) and roc["fpr"].between(0, 1).all()
+    assert (res.baselines_frame()["attack"] == "PA-GA (one threshold per model)").sum() == n_alg
+    # the figures' compatibility wrappers give the same frames from the stored dict
+    from engine.audit import plots
+
+    for name in ("gpr", "delta", "accuracy", "epsilon", "roc", "histogram", "baselines"):
+        pd.testing.assert_frame_equal(getattr(plots, f"{name}_frame")(d), getattr(res, f"{name}_frame")())
+
+
+def test_stored_results_dicts_load_as_reports():
+    """A partial summary (a running audit) and results with fields this version does not know still load."""
+    algo = {"key": "dpsgd", "name": "dpsgd", "label": "DP-SGD", "formal_dp": True, "algorithm": {"name": "dpsgd"},
+            "plan": None, "info": {},
+            "gpr": {"groups": {"a": {"mean": 0.1, "low": 0.05, "high": 0.2}, "b": {"mean": None, "low": None,
+                                                                                    "high": None}},
+                    "delta": {"value": 3.0, "low": 1.0, "high": 5.0}, "n_boot": 100, "ci": 0.95},
+            "null_floor": 0.01, "advantage_mean": 0.1,
+            "baselines": {"pa_ga": 0.02, "pa_gba": {"a": 0.03, "b": 0.01},
+                          "pa_looa": [{"index": 7, "group": "a", "looa_advantage": 0.5, "aloo_advantage": 0.4}],
+                          "looa_models": 6, "looa_models_per_record": 4},
+            "accuracy": {"mean": 0.8, "std": 0.01, "min": 0.79, "max": 0.81, "groups": {"a": 0.7}},
+            "lira": {"groups": {"a": {"auc": 0.6, "tpr_at_0.1%": 0.0, "tpr_at_1%": 0.02}},
+                     "roc": {"a": {"fpr": [0.01, 1.0], "tpr": [0.02, 1.0]}}},
+            "epsilon": {"tiers": [{"name": "all", "claimed": 2.0, "target": 2.0, "lower_bound": 0.3, "tpr": 0.1,
+                                   "fpr": 0.05, "tp": 1, "fn": 9, "fp": 1, "tn": 19, "new_field": 1}],
+                        "confidence": 0.95, "delta": 1e-5},
+            "histogram": {"edges": [0.0, 0.5, 1.0], "counts": {"a": [3, 1], "b": [2, 0]}}}
+    partial = {"kind": "audit", "version": 1, "config": {"dataset": "digits", "R": 3}, "dataset": "digits",
+               "n_train": 6, "R": 3, "n_models": 6, "steps_per_model": 5, "threshold": "in_sample",
+               "group_by": "class", "group_names": ["a", "b"], "group_sizes": {"a": 4, "b": 2},
+               "tier_names": ["all"], "tier_sizes": [6], "device": "cpu", "chunk_models": 6,
+               "algorithms": [algo], "seconds": 1.5, "partial": True}
+    r = AuditReport.from_dict(partial)
+    assert r.partial and r.train_seconds is None and r.algorithm("dpsgd").gpr["b"].value is None
+    assert r.algorithms[0].baselines.pa_looa[0].index == 7 and r.algorithms[0].epsilon[0].lower_bound == 0.3
+    assert r.audit_config.run.data.name == "digits" and r.audit_config.R == 3  # flat config: migrated
+    assert AuditReport.from_dict(r.to_dict()) == r
+    assert "new_field" not in r.to_dict()["algorithms"][0]["epsilon"]["tiers"][0]
+    assert "PA-ALOOA on digits" in summary_table(partial) and "[partial]" in summary_table(partial)
+    assert compact_summary(partial)["algorithms"][0]["gpr"] == {"a": 0.1, "b": None}
+    assert len(r.gpr_frame()) == 2 and len(r.baselines_frame()) == 2 + 1 + 2 + 1
+    with pytest.raises(KeyError, match="dpsgd"):
+        r.algorithm("ino")
 
 
 def _env() -> dict:
@@ -426,8 +494,9 @@ def test_checkpoint_resume_gives_the_uninterrupted_results(tmp_path):
     assert store.get_run(run_id)["status"] == "finished"
     assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == first  # not retrained
     fresh = run_audit(cfg)
-    for a, b in zip(resumed["algorithms"], fresh["algorithms"]):
-        assert a["gpr"] == b["gpr"] and a["accuracy"] == b["accuracy"] and a["null_floor"] == b["null_floor"]
+    for a, b in zip(resumed.algorithms, fresh.algorithms):
+        assert a.gpr == b.gpr and a.accuracy == b.accuracy and a.null_floor == b.null_floor
+    assert store.get_run(run_id)["summary"] == resumed.to_dict()
     # a different configuration must not pick up these checkpoints
     with pytest.raises(ConfigError):
         run_audit(cfg.replace(**{"run.seed": 1}), store=store, run_id=run_id)
@@ -446,8 +515,8 @@ def test_an_old_flat_audit_in_a_store_resumes_from_its_checkpoints(tmp_path):
     meta["config"] = flat  # what an audit written before the nested config left in its store
     store.put_artifact(run_id, "audit/meta", json.dumps(meta).encode())
     first = store.get_artifact(run_id, "chunk/dpsgd/aloo/0")
-    results = run_audit_in_store(store, run_id, store.get_run(run_id)["config"])
-    assert store.get_run(run_id)["status"] == "finished" and results["n_models"] == 6
+    report = run_queued(store, run_id)  # the worker entry
+    assert store.get_run(run_id)["status"] == "finished" and report.n_models == 6
     assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == first  # resumed, not retrained
 
 

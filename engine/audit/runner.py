@@ -27,9 +27,10 @@ exactly the results of an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import os
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,11 +46,12 @@ from engine.audit.design import (chunk_layout, derived_seed, group_labels, group
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
                                    per_model_step_bytes, train_ensemble)
-from engine.audit.report import (RESULTS_VERSION, algorithm_statistics, compact_summary, json_clean, plan_table,
-                                 results_header, summary_table)
+from engine.audit.report import (RESULTS_VERSION, AuditReport, Baselines, LooaRecord, algorithm_report,
+                                 compact_summary, empty_report, plan_table, summary_table)
 from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
+from engine.lifecycle import execute, store_lifecycle
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
-from engine.train import Cancelled, make_plan, sigterm_cancels
+from engine.train import Cancelled, make_plan
 
 
 # ================================================================================================
@@ -289,8 +291,8 @@ class _Progress:
 # ================================================================================================
 
 def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, progress: bool = False,
-              should_stop=None) -> dict:
-    """Run (or resume) an audit and return its results dict (JSON-able; also the run's summary).
+              should_stop=None) -> AuditReport:
+    """Run (or resume) an audit and return its report (``report.to_dict()`` is the run's summary).
 
     With ``store`` and ``run_id`` the run's status, progress, chunk checkpoints, per-sample
     advantages (artifacts ``advantage/<key>``) and results go to the store; a run that was
@@ -300,48 +302,29 @@ def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, pro
     started = time.time()
     if config.run.threads is not None:
         torch.set_num_threads(config.run.threads)
-    in_store = store is not None and run_id is not None
-    try:
+    with store_lifecycle(store, run_id, sigterm=False) as life:
         setup = prepare_audit(config)
         layout = chunk_layout(setup)
         ckpt = _Checkpoints(store, run_id, config, layout)
         total = sum(len(v) for v in layout.values()) * setup.steps
-        if in_store:
-            store.start_run(run_id, pid=os.getpid(), total_steps=total, plan=_run_plan(setup))
+        life.start(total_steps=total, plan=_run_plan(setup))
         bar = _bar(total) if progress else None
-        prog = _Progress(store if in_store else None, run_id, total, bar)
-        results = results_header(setup)
+        prog = _Progress(store if life.active else None, run_id, total, bar)
+        report = empty_report(setup)
         for a in setup.algos:
-            res = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
-            results["algorithms"].append(res)
-            results["seconds"] = time.time() - started
-            if in_store:
-                store.set_summary(run_id, json_clean(dict(results, partial=True)))
-                adv = res.pop("_advantage")
+            res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+            report = dataclasses.replace(report, algorithms=report.algorithms + (res,),
+                                         seconds=time.time() - started)
+            if life.active:
+                store.set_summary(run_id, dataclasses.replace(report, partial=True).to_dict())
                 store.put_artifact(run_id, f"advantage/{a.key}", _npy(adv))
-            else:
-                res.pop("_advantage")
         if bar is not None:
             bar.close()
-        results["seconds"] = time.time() - started
-        results["train_seconds"] = sum(r["train_seconds"] for r in results["algorithms"])
-        results["stats_seconds"] = sum(r["stats_seconds"] for r in results["algorithms"])
-        results = json_clean(results)
-        if in_store:
-            store.finish_run(run_id, results)
-        return results
-    except Cancelled as e:
-        if in_store:
-            store.set_status(run_id, "cancelled", error=str(e))
-        raise
-    except ConfigError as e:
-        if in_store:
-            store.set_status(run_id, "failed", error=str(e))
-        raise
-    except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
-        if in_store:
-            store.set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
-        raise
+        report = dataclasses.replace(report, seconds=time.time() - started,
+                                     train_seconds=sum(r.train_seconds for r in report.algorithms),
+                                     stats_seconds=sum(r.stats_seconds for r in report.algorithms))
+        life.finish(report.to_dict())
+        return report
 
 
 def _npy(arr) -> bytes:
@@ -413,7 +396,8 @@ def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
     return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
 
 
-def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop) -> dict:
+def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop):
+    """Train (or load) the algorithm's 2R models chunk by chunk; returns (AlgorithmReport, per-sample advantage)."""
     cfg = setup.config
     n, M = setup.n, setup.n_models
     k_algo = [x.key for x in setup.algos].index(a.key)
@@ -436,19 +420,18 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
         preds.append(np.asarray(got["preds"]))
     train_seconds = time.time() - t0
     t1 = time.time()
-    res = algorithm_statistics(setup, a, losses, confs, np.concatenate(preds, 0))
+    res, adv = algorithm_report(setup, a, losses, confs, np.concatenate(preds, 0))
     stats_seconds = time.time() - t1
     # PA-LOOA on the records the ALOOA advantage ranks riskiest (outside model 0's half)
     if cfg.looa_k:
         t2 = time.time()
-        res["baselines"].update(_looa(setup, a, res["_advantage"], layout, ckpt, prog, should_stop, k_algo))
+        res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv, layout, ckpt, prog, should_stop,
+                                                       k_algo))
         train_seconds += time.time() - t2
-    res["train_seconds"] = train_seconds
-    res["stats_seconds"] = stats_seconds
-    return res
+    return dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds), adv
 
 
-def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
+def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo) -> Baselines:
     cfg = setup.config
     targets = looa_targets(setup.membership[0], adv, cfg.looa_k)
     m = cfg.looa_models
@@ -471,21 +454,14 @@ def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
     for t, i in enumerate(targets):
         without = -loss[:m, t]
         with_ = -loss[(t + 1) * m:(t + 2) * m, t]
-        rows.append({"index": int(i), "group": str(setup.groups[i]), "looa_advantage": stats.pa_looa(with_, without),
-                     "aloo_advantage": float(adv[i])})
-    return {"pa_looa": rows, "looa_models": int(total), "looa_models_per_record": 2 * m}
+        rows.append(LooaRecord(index=int(i), group=str(setup.groups[i]),
+                               looa_advantage=_finite(stats.pa_looa(with_, without)), aloo_advantage=_finite(adv[i])))
+    return dataclasses.replace(baselines, pa_looa=tuple(rows), looa_models=int(total), looa_models_per_record=2 * m)
 
 
-def run_audit_in_store(store, run_id: int, config_dict: dict) -> dict:
-    """Worker entry point: run (or resume) the queued audit ``run_id``; SIGTERM → status cancelled."""
-    try:
-        config = AuditConfig.from_dict(config_dict).validate()
-    except ConfigError as e:
-        store.set_status(run_id, "failed", error=str(e))
-        raise
-
-    with sigterm_cancels():
-        return run_audit(config, store=store, run_id=run_id, progress=False)
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def cli_audit(args, store) -> int:
@@ -493,19 +469,13 @@ def cli_audit(args, store) -> int:
     config = load_audit_config(args.config)
     run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
     try:
-        results = run_audit_in_store(store, run_id, config.to_dict()) if args.json else \
-            _with_progress(store, run_id, config)
+        report = execute(store, run_id, config, kind="audit", progress=not args.json)
     except Cancelled:
         print(f"audit {run_id} cancelled", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"run_id": run_id, **compact_summary(results)}, sort_keys=True))
+        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
     else:
         print(f"audit run {run_id} — finished")
-        print(summary_table(results))
+        print(summary_table(report))
     return 0
-
-
-def _with_progress(store, run_id, config):
-    with sigterm_cancels():
-        return run_audit(config, store=store, run_id=run_id, progress=True)

@@ -174,7 +174,11 @@ class JobManager:
 
     # --- submitting -------------------------------------------------------------------------
     def submit(self, configs, *, group_id: str | None = None, kind: str = "train", names=None) -> list[int]:
-        """Queue one run per config (RunConfig or dict) under one group; returns the run ids."""
+        """Queue one run per config (RunConfig / AuditConfig or its dict) of a registered ``kind`` under one
+        group; returns the run ids. An unknown kind raises ConfigError before anything is queued."""
+        from engine.lifecycle import job_kind
+
+        job_kind(kind)
         group_id = group_id or new_group_id("audit" if kind == "audit" else "cmp")
         ids = []
         for k, cfg in enumerate(configs):

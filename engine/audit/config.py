@@ -126,7 +126,7 @@ class AuditConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["run"] = _run_dict(self.run)
         d["algorithms"] = [dataclasses.asdict(a) for a in self.algorithms]
-        return _jsonable(d)
+        return json.loads(json.dumps(d))  # tuples → lists: exactly what the store gives back
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace."""
@@ -192,7 +192,7 @@ def _parse_run(value, path: str) -> RunConfig:
 
 
 def _run_dict(run: RunConfig) -> dict:
-    return {k: v for k, v in _jsonable(dataclasses.asdict(run)).items() if k not in _NOT_IN_AUDIT}
+    return {k: v for k, v in run.to_dict().items() if k not in _NOT_IN_AUDIT}
 
 
 def _parse_tiers(value, path: str) -> TiersConfig | None:
@@ -211,14 +211,6 @@ def _parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
         else:
             algos.append(parse_section(AlgorithmConfig, a, f"{path}[{k}]."))
     return tuple(algos)
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
 
 
 def load_audit_config(path: str) -> AuditConfig:

@@ -227,39 +227,25 @@ class AuditReport:
 
     # --- tidy frames (what the figures, CSV exports and tables show) ---------------------------------
     def gpr_frame(self):
-        from engine.audit import frames
-
-        return frames.gpr_frame(self)
+        return _frames().gpr_frame(self)
 
     def delta_frame(self):
-        from engine.audit import frames
-
-        return frames.delta_frame(self)
+        return _frames().delta_frame(self)
 
     def accuracy_frame(self):
-        from engine.audit import frames
-
-        return frames.accuracy_frame(self)
+        return _frames().accuracy_frame(self)
 
     def epsilon_frame(self):
-        from engine.audit import frames
-
-        return frames.epsilon_frame(self)
+        return _frames().epsilon_frame(self)
 
     def roc_frame(self):
-        from engine.audit import frames
-
-        return frames.roc_frame(self)
+        return _frames().roc_frame(self)
 
     def histogram_frame(self):
-        from engine.audit import frames
-
-        return frames.histogram_frame(self)
+        return _frames().histogram_frame(self)
 
     def baselines_frame(self):
-        from engine.audit import frames
-
-        return frames.baselines_frame(self)
+        return _frames().baselines_frame(self)
 
     # --- the store's JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -292,6 +278,12 @@ class AuditReport:
                    device=d.get("device"), chunk_models=d.get("chunk_models"), seconds=d.get("seconds"),
                    train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
                    partial=bool(d.get("partial", False)), version=d.get("version", RESULTS_VERSION))
+
+
+def _frames():
+    from engine.audit import frames  # pandas only where frames are asked for (not in a worker)
+
+    return frames
 
 
 def _make(cls, d: dict):

@@ -40,14 +40,14 @@ import torch
 
 from engine import accounting
 from engine.audit import stats
+from engine.audit.analysis import algorithm_report, empty_report, plan_table
 from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
 from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
                                  resolved_tiers)
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
                                    per_model_step_bytes, train_ensemble)
-from engine.audit.report import (RESULTS_VERSION, AuditReport, Baselines, LooaRecord, algorithm_report,
-                                 compact_summary, empty_report, plan_table, summary_table)
+from engine.audit.report import RESULTS_VERSION, AuditReport, Baselines, LooaRecord, compact_summary, summary_table
 from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
 from engine.lifecycle import execute, store_lifecycle
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length

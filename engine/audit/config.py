@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine.config import (ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
                            OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_choice, check_int,
-                           check_number, check_positive, check_str, parse_config_json, parse_section,
+                           check_number, check_positive, check_section, check_str, parse_config_json, parse_section,
                            read_config_text)
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
@@ -76,6 +76,7 @@ class AuditConfig:
         run = self.run
         if not isinstance(run, RunConfig):
             raise ConfigError("run", f"must be a run configuration, got {type(run).__name__}")
+        check_section(self, "", skip=("run", "algorithms"))  # every audit field's type, from its annotation
         if run.tiers is None:
             check_positive(self.epsilon, "epsilon")
         checked = run if run.tiers is not None else dataclasses.replace(run, tiers=single_tier(self.epsilon, (0,)))

@@ -1,11 +1,12 @@
 """The PA-ALOOA privacy audit runner: preparation, batched model training, checkpoints, resume.
 
-    AuditConfig             one frozen configuration (JSON round-trip, ConfigError naming the field)
     prepare_audit(config)   data, tiers, groups, membership, per-algorithm plans — what the audit will do
     run_audit(config, ...)  train every algorithm's 2R models (+ PA-LOOA models) as batched ensembles,
-                            score every training sample under every model, compute the statistics
-    run_audit_in_store      the worker entry point (``python -m engine worker RUN_ID`` for kind "audit")
+                            score every training sample under every model → AuditReport
     cli_audit               ``python -m engine audit CONFIG.json [--json]``
+
+The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``engine.lifecycle``'s
+registry (kind "audit"), which also keeps the run's status in the store.
 
 Method. For r = 1..R the training set is split into two complementary random halves; model 2r
 trains on one, model 2r+1 on the other (``stats.complementary_membership``), with each

@@ -54,7 +54,9 @@ def cmd_run(args) -> int:
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
     run_id = store.create_run(config, status="queued")
-    _run_in_store(store, run_id, config, progress=not args.json)
+    from engine.lifecycle import execute
+
+    execute(store, run_id, config, kind="train", progress=not args.json)
     run = store.get_run(run_id)
     if args.json:
         print(json.dumps({"run_id": run_id, **run["summary"]}, sort_keys=True))
@@ -74,48 +76,18 @@ def _print_data_report(config: RunConfig) -> None:
         print(f"note: {ds.report}", file=sys.stderr)
 
 
-def _run_in_store(store, run_id: int, config: RunConfig, *, progress: bool) -> None:
-    """Run with status bookkeeping: finished / failed (with the error text) / cancelled.
-    The status write is retried and never replaces the original error (see RunStore.try_set_status)."""
-    from engine.train import Cancelled, sigterm_cancels, train
-
-    try:
-        with sigterm_cancels():
-            train(config, store=store, run_id=run_id, progress=progress)
-    except Cancelled as e:
-        store.try_set_status(run_id, "cancelled", error=str(e))
-        raise
-    except (ConfigError, StoreError) as e:
-        store.try_set_status(run_id, "failed", error=str(e))
-        raise
-    except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
-        store.try_set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
-        raise
-
-
 def cmd_worker(args) -> int:
-    """Run a queued run from the store (started by the dashboard's job manager)."""
+    """Run a queued run from the store (started by the dashboard's job manager); the standby worker
+    passes ``args.prepared`` (config → its ready preparation, or None)."""
     import torch
 
+    from engine.lifecycle import run_queued
     from engine.train import Cancelled
 
     store = _store(args)
-    run = store.get_run(args.run_id)
-    if run is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
     torch.set_num_threads(args.threads)
     try:
-        if run["kind"] == "audit":
-            from engine.audit.run import run_audit_in_store
-
-            run_audit_in_store(store, args.run_id, run["config"])
-        else:
-            try:
-                config = RunConfig.from_dict(run["config"]).validate()
-            except ConfigError as e:
-                store.set_status(args.run_id, "failed", error=str(e))
-                raise
-            _run_in_store(store, args.run_id, config, progress=False)
+        run_queued(store, args.run_id, prepared=getattr(args, "prepared", None))
     except Cancelled:
         return 0
     return 0
@@ -174,12 +146,11 @@ def cmd_show(args) -> int:
     if run["error"]:
         print(f"error: {run['error']}")
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
-    if run["summary"] and run["kind"] == "train":
-        print(tier_table(run["summary"]))
-    elif run["summary"] and run["kind"] == "audit" and run["summary"].get("algorithms"):
-        from engine.audit.run import summary_table
+    from engine.lifecycle import JOB_KINDS
 
-        print(summary_table(run["summary"]))
+    kind = JOB_KINDS.get(run["kind"])
+    if run["summary"] and kind is not None:
+        print(kind.summary_table(run["summary"]))
     return 0
 
 
@@ -198,7 +169,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from engine.audit.run import cli_audit
+    from engine.audit.runner import cli_audit
 
     return cli_audit(args, _store(args))
 
@@ -273,9 +244,11 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, prepared=None) -> int:
+    """``prepared``: for ``worker``, config → its ready preparation or None (the standby's head start)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.prepared = prepared
     try:
         return args.func(args)
     except (ConfigError, StoreError) as e:

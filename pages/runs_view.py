@@ -28,8 +28,9 @@ any_active = any(r["status"] in ACTIVE for r in runs)
 
 
 def _dataset_name(config: dict) -> str | None:
-    # training configs nest the dataset under data.name; audit configs keep it at the top level
-    return (config.get("data") or {}).get("name") or config.get("dataset")
+    # training configs nest the dataset under data.name, audit configs under run.data.name (older: dataset)
+    run = config.get("run") if isinstance(config.get("run"), dict) else config
+    return (run.get("data") or {}).get("name") or config.get("dataset")
 
 
 def _duration(r: dict) -> float | None:

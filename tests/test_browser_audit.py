@@ -42,7 +42,7 @@ def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pyt
     launch.click()
     run = wait_until(lambda: [r for r in store.list_runs(kind="audit") if r["id"] not in before], 30,
                      "the audit in the store")[0]
-    assert run["config"]["dataset"] == "digits" and run["config"]["R"] == 2 and run["config"]["looa_k"] == 0
+    assert run["config"]["run"]["data"]["name"] == "digits" and run["config"]["R"] == 2 and run["config"]["looa_k"] == 0
     wait_until(lambda: store.get_run(run["id"])["status"] in ("finished", "failed", "interrupted"), 180,
                "the audit to end")
     assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]

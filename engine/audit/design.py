@@ -1,0 +1,85 @@
+"""The audit's membership design: who trains on what, who is grouped how, which seed drives what.
+
+    complementary halves    model 2r trains on one random half, model 2r+1 on the other (``stats``)
+    group_labels            the GPR group (class / tier / sensitive attribute) of every sample
+    looa_targets            PA-LOOA: the records audited one at a time, and the models with / without each
+    derived_seed            one independent seed per (purpose, model or chunk) — resumes are bit-identical
+    chunks / chunk_layout   which models train together
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.audit.config import AuditConfig, single_tier
+from engine.config import ConfigError, TiersConfig
+
+
+def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
+    if config.run.tiers is not None:
+        return config.run.tiers
+    return single_tier(config.epsilon, range(dataset.num_classes))
+
+
+def group_attribute_values(config: AuditConfig, dataset, field_name: str) -> np.ndarray:
+    attr = config.group_attribute or dataset.default_sensitive
+    if attr is None or attr not in dataset.sensitive_train:
+        known = ", ".join(dataset.sensitive_train) or "none"
+        raise ConfigError(field_name, f"{dataset.name} has no sensitive attribute {attr!r} to group by; known: {known}")
+    return np.asarray(dataset.sensitive_train[attr]).astype(str)
+
+
+def group_labels(config, dataset, tiers, by: str, field_name: str):
+    """(label per training sample, ordered label names, label per test sample or None)."""
+    if by == "class":
+        names = [str(c) for c in dataset.class_names]
+        y, yt = dataset.y_train.numpy(), dataset.y_test.numpy()
+        return np.asarray(names, dtype=object)[y].astype(str), names, np.asarray(names, dtype=object)[yt].astype(str)
+    if by == "tier":
+        names = list(tiers.names)
+        arr = np.asarray(names + [""], dtype=object)  # test samples outside every tier (-1) → ""
+        test = None if tiers.test is None else arr[tiers.test].astype(str)
+        return arr[tiers.train].astype(str), names, test
+    values = group_attribute_values(config, dataset, field_name)
+    attr = config.group_attribute or dataset.default_sensitive
+    test = np.asarray(dataset.sensitive_test[attr]).astype(str) if attr in dataset.sensitive_test else None
+    return values, sorted(set(values.tolist())), test
+
+
+def derived_seed(*parts) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0] % (2**63 - 1))
+
+
+def chunks(total: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(total, a + size)) for a in range(0, total, size)]
+
+
+def group_sizes(groups, names) -> dict:
+    return {g: int(np.sum(groups == g)) for g in names}
+
+
+def chunk_layout(setup) -> dict:
+    cfg = setup.config
+    out = {}
+    for a in setup.algos:
+        out[f"{a.key}/aloo"] = [list(c) for c in chunks(setup.n_models, setup.chunk_models)]
+        if cfg.looa_k:
+            looa = (cfg.looa_k + 1) * cfg.looa_models
+            out[f"{a.key}/looa"] = [list(c) for c in chunks(looa, setup.chunk_models)]
+    return out
+
+
+def looa_targets(base: np.ndarray, advantage: np.ndarray, k: int) -> np.ndarray:
+    """PA-LOOA: the ``k`` records outside model 0's half (``base``) that the ALOOA advantage ranks riskiest."""
+    outside = np.flatnonzero(~base)
+    score = np.where(np.isnan(advantage[outside]), -np.inf, advantage[outside])
+    order = np.lexsort((outside, -score))  # highest advantage first, ties by index
+    return outside[order[:k]]
+
+
+def looa_membership(base: np.ndarray, targets: np.ndarray, models_per_side: int) -> np.ndarray:
+    """(k + 1) · m membership rows: m models on ``base`` alone, then m models on ``base`` + each target."""
+    m = models_per_side
+    members = np.repeat(base[None, :], (len(targets) + 1) * m, axis=0)
+    for t, i in enumerate(targets):
+        members[(t + 1) * m:(t + 2) * m, i] = True
+    return members

@@ -1,0 +1,482 @@
+"""The PA-ALOOA privacy audit runner: preparation, batched model training, checkpoints, resume.
+
+    prepare_audit(config)   data, tiers, groups, membership, per-algorithm plans — what the audit will do
+    run_audit(config, ...)  train every algorithm's 2R models (+ PA-LOOA models) as batched ensembles,
+                            score every training sample under every model → AuditReport
+    cli_audit               ``python -m engine audit CONFIG.json [--json]``
+
+The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``engine.lifecycle``'s
+registry (kind "audit"), which also keeps the run's status in the store.
+
+Method. For r = 1..R the training set is split into two complementary random halves; model 2r
+trains on one, model 2r+1 on the other (``stats.complementary_membership``), with each
+algorithm and the same tiers. Every sample is a member of exactly R of the 2R models. Each
+sample's score under a model is −loss. Per-sample advantage, GPR per group with bootstrap CIs,
+Δ, the permutation null floor, the PA-GA / PA-GBA / PA-LOOA baselines, LiRA and the per-tier
+empirical ε lower bound all come from ``engine.audit.stats``.
+
+Training semantics are ``engine.train``'s: per-tier sampling rates and clip norms from
+``engine.train.make_plan`` (planned once for the expected half-size tiers — a tier's ε depends
+only on its q, σ and T, so every model meets its tier's claimed ε exactly), Poisson batches,
+noise N(0, noise_std²), division by the model's expected batch Σ q_i over its members, plain SGD.
+T = round(epochs · (n/2) / batch_size) steps per model.
+
+Checkpoints. With a store, each finished chunk of models writes its per-sample losses and
+confidences as an artifact (``chunk/<algorithm>/<kind>/<chunk>``, ``.npz``); re-running the same
+run id skips every chunk already there. Every chunk has its own seeds, so a resumed audit gives
+exactly the results of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine import accounting
+from engine.audit import stats
+from engine.audit.analysis import algorithm_report, empty_report, plan_table
+from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
+from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
+                                 resolved_tiers)
+from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
+                                   BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
+                                   per_model_step_bytes, train_ensemble)
+from engine.audit.report import RESULTS_VERSION, AuditReport, Baselines, LooaRecord, compact_summary, summary_table
+from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
+from engine.lifecycle import execute, store_lifecycle
+from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
+from engine.train import Cancelled, make_plan
+
+
+# ================================================================================================
+# preparation (everything fixed before the first model trains)
+# ================================================================================================
+
+@dataclass
+class AlgoSetup:
+    key: str
+    algo: AlgorithmConfig
+    label: str
+    plan: object | None
+    sample_rates: np.ndarray  # per training sample
+    sample_clips: np.ndarray | None
+    formal_dp: bool
+    claimed: list  # per tier: ε the plan guarantees (None when non-private)
+    info: dict = field(default_factory=dict)
+    dpsgd_s: dict | None = None
+
+
+@dataclass
+class AuditSetup:
+    config: AuditConfig
+    dataset: object
+    tiers: object
+    groups: np.ndarray  # GPR group label (str) per training sample
+    group_names: list
+    test_groups: np.ndarray | None
+    membership: np.ndarray  # (2R, n) bool
+    steps: int
+    half_tier_sizes: list
+    algos: list
+    device: torch.device
+    chunk_models: int
+    budget_bytes: int
+
+    @property
+    def n(self) -> int:
+        return int(self.membership.shape[1])
+
+    @property
+    def n_models(self) -> int:
+        return int(self.membership.shape[0])
+
+
+def prepare_audit(config: AuditConfig) -> AuditSetup:
+    """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
+    from engine.data import load_dataset
+    from engine.tiers import assign_tiers
+    from engine.train import resolve_device
+
+    config.validate()
+    run = config.run
+    device = resolve_device(run.device)
+    ds = load_dataset(run.data.name, data_dir=run.data.data_dir, seed=run.seed, max_train=run.data.max_train)
+    n = len(ds.y_train)
+    if n < 8:
+        raise ConfigError("run.data.max_train", f"an audit needs at least 8 training samples, got {n}")
+    half = n / 2
+    if run.batch_size > n // 2:
+        raise ConfigError("run.batch_size", f"must be at most half the training set ({n // 2}) since each model "
+                                        f"trains on one half, got {run.batch_size}")
+    tiers_cfg = resolved_tiers(config, ds)
+    try:
+        tiers = assign_tiers(tiers_cfg, ds, seed=run.seed)
+    except ConfigError as e:
+        raise (e.under("run.") if run.tiers is not None else ConfigError("epsilon", e.message)) from None
+    groups, group_names, test_groups = group_labels(config, ds, tiers, config.group_by, "group_by")
+    model_cfg = run.model
+    from engine.models import build_model
+
+    try:
+        build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
+    except ConfigError as e:
+        raise e.under("run.") from None
+    steps = max(1, int(round(run.epochs * half / run.batch_size)))
+    half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
+    membership = stats.complementary_membership(n, config.R, seed=run.seed)
+    algos = []
+    for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
+        algos.append(_algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half))
+    budget = int(config.memory_budget_gib * (1 << 30)) if config.memory_budget_gib else DEFAULT_BUDGET_BYTES
+    expected_batch = max(a.plan.expected_batch_size if a.plan is not None else run.batch_size for a in algos)
+    on_cpu = device.type == "cpu"  # CPU: cache-sized chunks; GPU: as many models as the budget holds
+    chunk = config.chunk_models or models_per_chunk(
+        model_cfg, ds.input_shape, ds.num_classes, expected_batch, budget_bytes=budget, cap=200 if on_cpu else 400,
+        cache_bytes=CACHE_TARGET_BYTES if on_cpu else None)
+    return AuditSetup(config=config, dataset=ds, tiers=tiers, groups=groups, group_names=group_names,
+                      test_groups=test_groups, membership=membership, steps=steps, half_tier_sizes=half_sizes,
+                      algos=algos, device=device, chunk_models=int(chunk), budget_bytes=budget)
+
+
+def _algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half) -> AlgoSetup:
+    field_prefix = f"algorithms[{k}]"
+    label = ALGORITHM_LABELS.get(algo.name, algo.name)
+    if algo.name == "ino":
+        label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
+    rc = config.run_for(algo, tiers_cfg)
+    try:
+        plan = make_plan(rc, half_sizes, steps)
+    except ConfigError as e:
+        raise ConfigError(f"run.{e.field}", f"{field_prefix} ({algo.name}): {e.message}") from None
+    n = len(ds.y_train)
+    if plan is None:
+        rates = np.full(n, min(1.0, config.run.batch_size / half))
+        return AlgoSetup(key=key, algo=algo, label=label, plan=None, sample_rates=rates, sample_clips=None,
+                         formal_dp=False, claimed=[None] * len(tiers.epsilons))
+    rates = np.asarray(plan.sample_rates, dtype=float)[tiers.train]
+    clips = np.asarray(plan.clip_norms, dtype=float)[tiers.train]
+    setup = AlgoSetup(key=key, algo=algo, label=label, plan=plan, sample_rates=rates, sample_clips=clips,
+                      formal_dp=True, claimed=[float(e) for e in plan.epsilons])
+    if algo.name == "dpsgd_s":
+        g_labels, g_names, _ = group_labels(config, ds, tiers, algo.group_by, f"{field_prefix}.group_by")
+        lookup = {v: i for i, v in enumerate(g_names)}
+        gidx = np.array([lookup[v] for v in g_labels], dtype=np.int64)
+        sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size))
+        z = plan.noise_multiplier
+        if algo.private_quantile:
+            try:
+                z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
+            except accounting.PlanError as e:
+                raise ConfigError(f"{field_prefix}.count_noise_std", str(e)) from None
+        setup.formal_dp = bool(algo.private_quantile)
+        setup.dpsgd_s = {"groups": gidx, "group_names": g_names, "noise_multiplier": z, "count_noise_std": sigma_b}
+        setup.info.update(gradient_noise_multiplier=z, count_noise_std=sigma_b if algo.private_quantile else None,
+                          clip_groups=g_names)
+    return setup
+
+
+def _mechanism(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, sampler: PoissonSampler):
+    m, dev, cfg = members.shape[0], setup.device, setup.config
+    if a.plan is None:
+        return BatchedNonPrivate(m, dev)
+    name = a.algo.name
+    if name in ("dpsgd", "idp_sample", "idp_scale"):
+        return BatchedClipped(sample_clip_norms=a.sample_clips, noise_std=a.plan.noise_std, n_models=m, device=dev)
+    if name == "ino":
+        mass = (members * (a.sample_rates * a.sample_clips)[None, :]).sum(1)
+        gammas = np.array([resolve_tail_length(a.algo, float(x)) for x in mass])
+        return BatchedImportance(sample_clip_norms=a.sample_clips, noise_std=a.plan.noise_std, n_models=m,
+                                 device=dev, tail_lengths=gammas, tif=build_tif(a.algo))
+    s = a.dpsgd_s
+    k = len(s["group_names"])
+    onehot = np.zeros((len(s["groups"]), k))
+    onehot[np.arange(len(s["groups"])), s["groups"]] = 1.0
+    expected_groups = (members * a.sample_rates[None, :]) @ onehot  # (M, K) Σ q_i over members of group k
+    algo = a.algo
+    return BatchedGroupAdaptive(groups=s["groups"], n_groups=k, noise_multiplier=s["noise_multiplier"],
+                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.run.clip_norm,
+                                tau=algo.tau, quantile=algo.quantile, ema=algo.ema, min_clip=algo.min_clip,
+                                private=algo.private_quantile, quantile_lr=algo.quantile_lr,
+                                count_noise_std=s["count_noise_std"], device=dev)
+
+
+def preview_audit(config: AuditConfig) -> dict:
+    """What an audit will do (for the UI before launching): sizes, groups, per-algorithm plans."""
+    s = prepare_audit(config)
+    out = {"n_train": s.n, "n_models": s.n_models, "steps_per_model": s.steps, "chunk_models": s.chunk_models,
+           "group_names": s.group_names, "group_sizes": group_sizes(s.groups, s.group_names),
+           "tier_names": list(s.tiers.names), "tier_sizes": list(s.tiers.sizes), "device": str(s.device),
+           "looa_models": (config.looa_k + 1) * config.looa_models if config.looa_k else 0, "algorithms": []}
+    for a in s.algos:
+        out["algorithms"].append({"key": a.key, "label": a.label, "formal_dp": a.formal_dp,
+                                  "plan": plan_table(s, a)})
+    return out
+
+
+# ================================================================================================
+# checkpoints
+# ================================================================================================
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _unnpz(blob: bytes) -> dict:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+class _Checkpoints:
+    """Chunk results in the run store (or nowhere, without a store)."""
+
+    def __init__(self, store, run_id, config: AuditConfig, layout: dict):
+        self.store, self.run_id = store, run_id
+        self.active = store is not None and run_id is not None
+        if not self.active:
+            return
+        meta = {"version": RESULTS_VERSION, "config": config.to_dict(), "layout": layout}
+        old = store.get_artifact(run_id, "audit/meta")
+        if old is not None:
+            prev = json.loads(old.decode())
+            if _migrated(prev.get("config")) != meta["config"] or prev.get("layout") != layout:
+                raise ConfigError("config", f"run {run_id} holds checkpoints of a different audit configuration")
+        else:
+            store.put_artifact(run_id, "audit/meta", json.dumps(meta, sort_keys=True).encode())
+
+    def get(self, key: str):
+        if not self.active:
+            return None
+        blob = self.store.get_artifact(self.run_id, key)
+        return None if blob is None else _unnpz(blob)
+
+    def put(self, key: str, **arrays):
+        if self.active:
+            self.store.put_artifact(self.run_id, key, _npz(**arrays))
+
+
+def _migrated(config_dict):
+    """A stored audit config in today's shape (checkpoints written before the nested config still match)."""
+    try:
+        return AuditConfig.from_dict(config_dict).to_dict()
+    except (ConfigError, TypeError):
+        return config_dict
+
+
+class _Progress:
+    def __init__(self, store, run_id, total: int, bar):
+        self.store, self.run_id, self.total, self.bar = store, run_id, total, bar
+        self.done = 0
+        self.last = 0.0
+
+    def advance(self, k: int = 1):
+        self.done += k
+        if self.bar is not None:
+            self.bar.update(k)
+        now = time.time()
+        if self.store is not None and self.run_id is not None and (now - self.last > 0.5 or self.done >= self.total):
+            self.store.update_progress(self.run_id, self.done)
+            self.last = now
+
+
+# ================================================================================================
+# the audit
+# ================================================================================================
+
+def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, progress: bool = False,
+              should_stop=None) -> AuditReport:
+    """Run (or resume) an audit and return its report (``report.to_dict()`` is the run's summary).
+
+    With ``store`` and ``run_id`` the run's status, progress, chunk checkpoints, per-sample
+    advantages (artifacts ``advantage/<key>``) and results go to the store; a run that was
+    stopped (``should_stop`` → :class:`engine.train.Cancelled`), killed or crashed continues
+    from its last completed chunk when run again with the same id.
+    """
+    started = time.time()
+    if config.run.threads is not None:
+        torch.set_num_threads(config.run.threads)
+    with store_lifecycle(store, run_id, sigterm=False) as life:
+        setup = prepare_audit(config)
+        layout = chunk_layout(setup)
+        ckpt = _Checkpoints(store, run_id, config, layout)
+        total = sum(len(v) for v in layout.values()) * setup.steps
+        life.start(total_steps=total, plan=_run_plan(setup))
+        bar = _bar(total) if progress else None
+        prog = _Progress(store if life.active else None, run_id, total, bar)
+        report = empty_report(setup)
+        for a in setup.algos:
+            res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+            report = dataclasses.replace(report, algorithms=report.algorithms + (res,),
+                                         seconds=time.time() - started)
+            if life.active:
+                store.set_summary(run_id, dataclasses.replace(report, partial=True).to_dict())
+                store.put_artifact(run_id, f"advantage/{a.key}", _npy(adv))
+        if bar is not None:
+            bar.close()
+        report = dataclasses.replace(report, seconds=time.time() - started,
+                                     train_seconds=sum(r.train_seconds for r in report.algorithms),
+                                     stats_seconds=sum(r.stats_seconds for r in report.algorithms))
+        life.finish(report.to_dict())
+        return report
+
+
+def _npy(arr) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(arr), allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_array(blob: bytes) -> np.ndarray:
+    """Inverse of the artifacts' ``np.save`` encoding (never unpickles)."""
+    return np.load(io.BytesIO(blob), allow_pickle=False)
+
+
+def _bar(total):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="audit", unit="step", leave=False)
+
+
+def _run_plan(setup: AuditSetup) -> dict:
+    return {"kind": "audit", "steps_per_model": setup.steps, "n_models": setup.n_models, "n_train": setup.n,
+            "chunk_models": setup.chunk_models, "tier_names": list(setup.tiers.names),
+            "algorithms": {a.key: plan_table(setup, a) for a in setup.algos}}
+
+
+def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seeds, gen_seed: int, prog,
+                 should_stop, score_idx=None):
+    """Train one chunk of models; returns (losses, confs) on ``score_idx`` (all samples) and test accuracy."""
+    ds, dev = setup.dataset, setup.device
+    x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
+    model_cfg = setup.config.run.model
+    ens = Ensemble(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
+    sampler = PoissonSampler(members, a.sample_rates, dev)
+    mech = _mechanism(setup, a, members, sampler)
+    gen = torch.Generator(device=dev).manual_seed(gen_seed)
+    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr,
+                   expected_batch=sampler.expected_batch, gen=gen, should_stop=should_stop,
+                   on_step=lambda _s: prog.advance())
+    chunk = _eval_chunk(setup, len(init_seeds))
+    if score_idx is not None:  # PA-LOOA: only the target records matter
+        ix = torch.as_tensor(score_idx, device=dev)
+        losses, confs, _ = ens.score(x[ix], y[ix], chunk=chunk)
+        return losses, confs, None
+    losses, confs, _ = ens.score(x, y, chunk=chunk)
+    _, _, pred = ens.score(_on(ds.x_test, dev), _on(ds.y_test, dev), chunk=chunk)
+    return losses, confs, pred
+
+
+_DEVICE_CACHE: dict = {}
+
+
+def _on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The dataset tensor on the audit's device (copied once per process and device, not per chunk)."""
+    if dev.type == "cpu":
+        return t
+    key = (id(t), str(dev))
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None or hit[0] is not t:
+        if len(_DEVICE_CACHE) >= 8:
+            _DEVICE_CACHE.clear()
+        hit = _DEVICE_CACHE[key] = (t, t.to(dev))
+    return hit[1]
+
+
+def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
+    model_cfg = setup.config.run.model
+    ds = setup.dataset
+    per_sample = per_model_step_bytes(model_cfg, ds.input_shape, ds.num_classes, 1) // 2
+    return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
+
+
+def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop):
+    """Train (or load) the algorithm's 2R models chunk by chunk; returns (AlgorithmReport, per-sample advantage)."""
+    cfg = setup.config
+    n, M = setup.n, setup.n_models
+    k_algo = [x.key for x in setup.algos].index(a.key)
+    t0 = time.time()
+    losses = np.empty((M, n), dtype=np.float32)
+    confs = np.empty((M, n), dtype=np.float32)
+    preds = []
+    for c, (lo, hi) in enumerate(layout[f"{a.key}/aloo"]):
+        key = f"chunk/{a.key}/aloo/{c}"
+        got = ckpt.get(key)
+        if got is None:
+            seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
+            l, cf, p = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
+                                    derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
+            ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16))
+            got = {"losses": l, "confs": cf, "preds": p}
+        else:
+            prog.advance(setup.steps)
+        losses[lo:hi], confs[lo:hi] = got["losses"], got["confs"]
+        preds.append(np.asarray(got["preds"]))
+    train_seconds = time.time() - t0
+    t1 = time.time()
+    res, adv = algorithm_report(setup, a, losses, confs, np.concatenate(preds, 0))
+    stats_seconds = time.time() - t1
+    # PA-LOOA on the records the ALOOA advantage ranks riskiest (outside model 0's half)
+    if cfg.looa_k:
+        t2 = time.time()
+        res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv, layout, ckpt, prog, should_stop,
+                                                       k_algo))
+        train_seconds += time.time() - t2
+    return dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds), adv
+
+
+def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo) -> Baselines:
+    cfg = setup.config
+    targets = looa_targets(setup.membership[0], adv, cfg.looa_k)
+    m = cfg.looa_models
+    members = looa_membership(setup.membership[0], targets, m)
+    total = len(members)
+    loss = np.empty((total, len(targets)), dtype=np.float32)
+    for c, (lo, hi) in enumerate(layout[f"{a.key}/looa"]):
+        key = f"chunk/{a.key}/looa/{c}"
+        got = ckpt.get(key)
+        if got is None:
+            seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
+            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
+                                   prog, should_stop, score_idx=targets)
+            ckpt.put(key, losses=l)
+            got = {"losses": l}
+        else:
+            prog.advance(setup.steps)
+        loss[lo:hi] = got["losses"]
+    rows = []
+    for t, i in enumerate(targets):
+        without = -loss[:m, t]
+        with_ = -loss[(t + 1) * m:(t + 2) * m, t]
+        rows.append(LooaRecord(index=int(i), group=str(setup.groups[i]),
+                               looa_advantage=_finite(stats.pa_looa(with_, without)), aloo_advantage=_finite(adv[i])))
+    return dataclasses.replace(baselines, pa_looa=tuple(rows), looa_models=int(total), looa_models_per_record=2 * m)
+
+
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def cli_audit(args, store) -> int:
+    """``python -m engine audit CONFIG.json [--json]``: run an audit in this process, into the store."""
+    config = load_audit_config(args.config)
+    run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
+    try:
+        report = execute(store, run_id, config, kind="audit", progress=not args.json)
+    except Cancelled:
+        print(f"audit {run_id} cancelled", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
+    else:
+        print(f"audit run {run_id} — finished")
+        print(summary_table(report))
+    return 0

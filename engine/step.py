@@ -98,6 +98,7 @@ class PoissonSampler:
 class StepResult:
     grads: dict  # {param name: (M, *shape)}: the noisy sum divided by each model's expected batch
     losses: torch.Tensor  # (M, L) per-sample losses (padded entries: undefined)
+    idx: torch.Tensor  # (M, L) sample index of each batch entry
     mask: torch.Tensor  # (M, L) valid batch entries
 
     @property
@@ -133,4 +134,4 @@ def dp_step(models, x: torch.Tensor, y: torch.Tensor, sampler: PoissonSampler, m
         mechanism.observe(idx, norms, mask, gen)
     denom = sampler.expected_batch_tensor
     grads = {k: s / denom.to(s.dtype).reshape((-1,) + (1,) * (s.dim() - 1)) for k, s in sums.items()}
-    return StepResult(grads=grads, losses=losses, mask=mask)
+    return StepResult(grads=grads, losses=losses, idx=idx, mask=mask)

@@ -48,7 +48,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def prepare_data(config: RunConfig, *, dataset=None) -> PreparedData:
-    """Validate ``config``, pick the device, load the data (unless ``dataset`` is given) and assign tiers."""
+    """Validate ``config``, pick the device, load the data (unless ``dataset`` is given), check that the
+    model fits it (``model.name``) and assign tiers."""
     from engine.data import load_dataset
     from engine.tiers import assign_tiers
 
@@ -57,6 +58,8 @@ def prepare_data(config: RunConfig, *, dataset=None) -> PreparedData:
     if dataset is None:
         dataset = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
                                max_train=config.data.max_train)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        build_model(config.model, dataset.input_shape, dataset.num_classes)
     tiers = assign_tiers(config.tiers, dataset, seed=config.seed)
     return PreparedData(config=config, device=device, dataset=dataset, tiers=tiers)
 

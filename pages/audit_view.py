@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.audit.plots import build_audit_figures
-from engine.audit.config import AUDIT_MODELS, THRESHOLDS, AuditConfig
+from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, THRESHOLDS, AuditConfig
 from engine.audit.runner import load_array, preview_audit
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
 from engine.data import DATASETS, DataError, dataset_names
@@ -140,11 +140,13 @@ elif not errors:
             if a == "dpsgd_s":
                 kw["group_by"] = group_by  # DP-SGD-S clips per audit group
             algo_cfgs.append(AlgorithmConfig(**kw))
-        config = AuditConfig(dataset=dataset_name, max_train=int(max_train) or None, model=model, tiers=tiers_cfg,
-                             epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
-                             algorithms=tuple(algo_cfgs), R=int(R), epochs=float(epochs), batch_size=int(batch),
-                             lr=float(lr), delta=float(delta), clip_norm=float(clip), seed=int(seed),
-                             threshold=threshold, n_boot=int(n_boot), looa_k=int(looa_k)).validate()
+        run = DEFAULT_RUN.replace(**{"data.name": dataset_name, "data.max_train": int(max_train) or None,
+                                     "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(lr),
+                                     "epochs": float(epochs), "batch_size": int(batch), "delta": float(delta),
+                                     "clip_norm": float(clip), "seed": int(seed)})
+        config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
+                             algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, n_boot=int(n_boot),
+                             looa_k=int(looa_k)).validate()
     except ConfigError as e:
         errors.append(str(e))
         ui.show_error(e)
@@ -202,7 +204,8 @@ def _label(i: int) -> str:
     cfg = r.get("config") or {}
     algos = ", ".join(a["name"] if isinstance(a, dict) else str(a) for a in cfg.get("algorithms") or [])
     when = time.strftime("%m-%d %H:%M", time.localtime(r.get("created_at") or 0))
-    return f"#{i} · {cfg.get('dataset', '?')} · R={cfg.get('R', '?')} · {algos} · {when}"
+    dataset = ((cfg.get("run") or {}).get("data") or {}).get("name") or cfg.get("dataset", "?")
+    return f"#{i} · {dataset} · R={cfg.get('R', '?')} · {algos} · {when}"
 
 
 def _on_pick() -> None:

@@ -331,6 +331,7 @@ class RunConfig:
     eval_every: int = 0  # steps between evaluations; 0: about 25 evaluations per run
     threads: int | None = None  # torch.set_num_threads; workers default to 1
     name: str = ""
+    secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
 
     def validate(self) -> "RunConfig":
         self.data.validate()
@@ -349,6 +350,8 @@ class RunConfig:
             raise ConfigError("eval_every", f"must be an integer >= 0, got {self.eval_every!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError("threads", f"must be an integer >= 1 or null, got {self.threads!r}")
+        if not isinstance(self.secure_rng, bool):
+            raise ConfigError("secure_rng", f"must be true or false, got {self.secure_rng!r}")
         return self
 
     # --- JSON -------------------------------------------------------------------------

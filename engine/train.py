@@ -91,7 +91,7 @@ def prepare(config: RunConfig) -> Prepared:
 def step_generator(config: RunConfig, device) -> torch.Generator:
     """The generator of a run's Poisson sampling and noise: seeded by ``config.seed``, or with
     ``secure_rng`` from the OS's entropy (as Opacus' secure mode; the run is then not reproducible)."""
-    seed = secrets.randbits(63) if getattr(config, "secure_rng", False) else config.seed
+    seed = secrets.randbits(63) if config.secure_rng else config.seed
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -189,7 +189,7 @@ def _plan_dict(prep: Prepared) -> dict:
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
          "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.mechanism.formal_dp,
          "tail_length": prep.tail_length, **prep.info}
-    if getattr(prep.config, "secure_rng", False):
+    if prep.config.secure_rng:
         d["reproducible"] = False  # sampling and noise drawn from OS entropy
     if prep.plan is not None:
         d.update(prep.plan.to_dict())

@@ -135,6 +135,16 @@ def test_per_sample_gradients_float32_on_a_well_conditioned_model(model, method)
             torch.testing.assert_close(ours[k], p.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_seeded_runs_repeat_and_secure_rng_runs_do_not():
+    cfg = FAST.replace(**{"algorithm.name": "dpsgd", "epochs": 1.0})
+    a, b = train(cfg), train(cfg)
+    assert torch.equal(params(a), params(b)) and "reproducible" not in a.plan
+    secure = cfg.replace(secure_rng=True)
+    c, d = train(secure), train(secure)
+    assert c.plan["reproducible"] is False
+    assert not torch.equal(params(c), params(d)) and not torch.equal(params(c), params(a))
+
+
 def test_empty_batches_are_noise_only_steps():
     cfg = FAST.replace(**{"data.max_train": 60, "batch_size": 1, "epochs": 2.0, "algorithm.name": "dpsgd",
                           "tiers": SINGLE})

@@ -96,43 +96,28 @@ def _sample_grads(grads_of, x, y, i):
     return {k: v[0] for k, v in work.weighted_sum(coef).items()}, work.norms[0, i]
 
 
-@pytest.mark.parametrize("model,channels", [("lr", 1), ("mlp", 1), ("cnn", 1), ("cnn", 3), ("resnet18", 1)])
+@pytest.mark.parametrize("model,channels,dtype", [
+    ("lr", 1, torch.float64), ("mlp", 1, torch.float64), ("cnn", 1, torch.float64), ("cnn", 3, torch.float64),
+    ("resnet18", 1, torch.float64),  # float64 (model and inputs cast to double): well-conditioned for every model
+    ("lr", 1, torch.float32), ("mlp", 1, torch.float32),  # float32 where it is well-conditioned
+])
 @pytest.mark.parametrize("method", ["layerwise", "vmap"])
-def test_per_sample_gradients_match_one_by_one_backward(model, channels, method):
-    """float64 (model and inputs cast to double): well-conditioned for every model, resnet18 included."""
+def test_per_sample_gradients_match_one_by_one_backward(model, channels, dtype, method):
     from engine.config import ModelConfig
     from engine.models import build_model
 
     torch.manual_seed(0)
-    net = build_model(ModelConfig(name=model), (channels, 8, 8), 10).double()
-    x, y = torch.randn(6, channels, 8, 8, dtype=torch.float64), torch.arange(6)
+    net = build_model(ModelConfig(name=model), (channels, 8, 8), 10).to(dtype)
+    x, y = torch.randn(6, channels, 8, 8, dtype=dtype), torch.arange(6)
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
     grads_of = ModuleGrads(net, method=method)
     for i in range(6):
         ours, norm = _sample_grads(grads_of, x, y, i)
         net.zero_grad()
         torch.nn.functional.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
         for k, p in net.named_parameters():
-            torch.testing.assert_close(ours[k], p.grad, rtol=1e-9, atol=1e-11)
-        ref_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in net.parameters()))
-        torch.testing.assert_close(norm, ref_norm, rtol=1e-9, atol=1e-11)
-
-
-@pytest.mark.parametrize("model", ["lr", "mlp"])
-@pytest.mark.parametrize("method", ["layerwise", "vmap"])
-def test_per_sample_gradients_float32_on_a_well_conditioned_model(model, method):
-    from engine.config import ModelConfig
-    from engine.models import build_model
-
-    torch.manual_seed(0)
-    net = build_model(ModelConfig(name=model), (1, 8, 8), 10)
-    x, y = torch.randn(6, 1, 8, 8), torch.arange(6)
-    grads_of = ModuleGrads(net, method=method)
-    for i in range(6):
-        ours, _ = _sample_grads(grads_of, x, y, i)
-        net.zero_grad()
-        torch.nn.functional.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
-        for k, p in net.named_parameters():
-            torch.testing.assert_close(ours[k], p.grad, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(ours[k], p.grad, **tol)
+        torch.testing.assert_close(norm, torch.sqrt(sum((p.grad ** 2).sum() for p in net.parameters())), **tol)
 
 
 def test_seeded_runs_repeat_and_secure_rng_runs_do_not():

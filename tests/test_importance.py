@@ -221,3 +221,13 @@ def test_non_increasing_tif_breaks_the_invariant():
     grads = np.tile([1.0, 0.0], (4, 1))
     batch = (grads, np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4), np.array([-1.0, 0.0]), 0.0, 1.0, 0)
     assert sensitivity_excess(weights, batch) == pytest.approx(0.35)
+    # ... and so can the batched hook: the same batch as one row of two, with γ = 10 for both models
+    mech = Importance(sample_clip_norms=np.ones(1), noise_std=1.0, tail_length=10.0, tif=Decreasing(), n_models=2)
+
+    def row0(losses, clips):
+        lo = torch.as_tensor(np.stack([losses, np.zeros(len(losses))]))
+        c = torch.as_tensor(np.stack([clips, np.ones(len(clips))]))
+        mask = torch.as_tensor(np.stack([np.ones(len(losses), bool), np.arange(len(losses)) < 2]))
+        return mech.weights(lo, c, mask)[0].numpy()
+
+    assert sensitivity_excess(row0, batch) == pytest.approx(0.35)

@@ -207,32 +207,42 @@ class ModuleGrads:
         self._layerwise = None if use_vmap else LayerwisePerSampleGrads(model)
         self._vmap = VmapGrads(model) if use_vmap else None
 
-    def _batch(self, x, y, idx, mask):
-        k = int(mask[0].sum())  # one model: the valid entries are the prefix of its row
-        ix = idx[0, :k]
-        return x.index_select(0, ix), y.index_select(0, ix), k
-
     def per_sample(self, x, y, idx, mask) -> PerSampleGrads:
-        xb, yb, k = self._batch(x, y, idx, mask)
+        valid = mask[0]
+        k, length = int(valid.sum()), valid.numel()
         if k == 0:  # an empty Poisson batch: nothing to differentiate
-            zeros = torch.zeros(1, 1, dtype=x.dtype, device=x.device)
+            zeros = torch.zeros(1, length, dtype=x.dtype, device=x.device)
             return PerSampleGrads(zeros, zeros, lambda coef: {n: torch.zeros_like(p).unsqueeze(0)
                                                               for n, p in self.params.items()})
+        ix = idx[0] if k == length else idx[0][valid]
+        xb, yb = x.index_select(0, ix), y.index_select(0, ix)
         if self._layerwise is not None:
-            return self._layerwise(xb, yb)
-        params = {n: p.detach().unsqueeze(0) for n, p in self.params.items()}
-        buffers = {n: b.detach().unsqueeze(0) for n, b in self.model.named_buffers()}
-        return self._vmap(params, buffers, xb.unsqueeze(0), yb.unsqueeze(0))
+            work = self._layerwise(xb, yb)
+        else:
+            params = {n: p.detach().unsqueeze(0) for n, p in self.params.items()}
+            buffers = {n: b.detach().unsqueeze(0) for n, b in self.model.named_buffers()}
+            work = self._vmap(params, buffers, xb.unsqueeze(0), yb.unsqueeze(0))
+        return work if k == length else _scatter_row(work, valid)
 
     def loss_grads(self, x, y, idx, mask):
         """Gradient of the summed batch loss (no per-sample work): ({name: (1, *shape)}, losses (1, L))."""
-        xb, yb, k = self._batch(x, y, idx, mask)
-        if k == 0:
-            return ({n: torch.zeros_like(p).unsqueeze(0) for n, p in self.params.items()},
-                    torch.zeros(1, 1, dtype=x.dtype, device=x.device))
-        losses = F.cross_entropy(self.model(xb), yb, reduction="none")
-        grads = torch.autograd.grad(losses.sum(), list(self.params.values()))
-        return {n: g.unsqueeze(0) for n, g in zip(self.params, grads)}, losses.detach()[None]
+        valid = mask[0]
+        losses = torch.zeros(1, valid.numel(), dtype=x.dtype, device=x.device)
+        if not bool(valid.any()):
+            return {n: torch.zeros_like(p).unsqueeze(0) for n, p in self.params.items()}, losses
+        ix = idx[0][valid]
+        per = F.cross_entropy(self.model(x.index_select(0, ix)), y.index_select(0, ix), reduction="none")
+        grads = torch.autograd.grad(per.sum(), list(self.params.values()))
+        losses[0, valid] = per.detach()
+        return {n: g.unsqueeze(0) for n, g in zip(self.params, grads)}, losses
+
+
+def _scatter_row(work: PerSampleGrads, valid: torch.Tensor) -> PerSampleGrads:
+    """One model's per-sample quantities of its valid entries, laid back into its padded (1, L) row."""
+    losses = torch.zeros(1, valid.numel(), dtype=work.losses.dtype, device=work.losses.device)
+    norms = torch.zeros_like(losses)
+    losses[0, valid], norms[0, valid] = work.losses[0], work.norms[0]
+    return PerSampleGrads(losses, norms, lambda coef: work.weighted_sum(coef[:, valid]))
 
 
 def linear_stack_layers(model: nn.Module):

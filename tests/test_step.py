@@ -111,6 +111,28 @@ def test_vmap_over_models_matches_the_live_module_layerwise_path():
         torch.testing.assert_close(summed[k][:1], ref_sum[k], rtol=1e-4, atol=1e-6)
 
 
+def test_live_module_row_with_padding_anywhere(digits):
+    """A padded (1, L) row (invalid entries anywhere) gives the valid entries' values, zeros elsewhere."""
+    ds = digits
+    for method in ("layerwise", "vmap"):
+        live = ModuleGrads(seeded_model(ModelConfig(name="mlp", hidden=(8,)), ds.input_shape, 10, 0), method=method)
+        idx = torch.tensor([[5, 0, 9, 0, 2]])
+        mask = torch.tensor([[True, False, True, False, True]])
+        padded = live.per_sample(ds.x_train, ds.y_train, idx, mask)
+        compact = live.per_sample(ds.x_train, ds.y_train, idx[:, mask[0]], torch.ones(1, 3, dtype=torch.bool))
+        torch.testing.assert_close(padded.norms[mask], compact.norms[0])
+        assert torch.all(padded.norms[~mask] == 0) and torch.all(padded.losses[~mask] == 0)
+        coef = torch.tensor([[0.5, 7.0, 0.25, 7.0, 1.0]])
+        a, b = padded.weighted_sum(coef), compact.weighted_sum(coef[:, mask[0]])
+        for k in a:
+            torch.testing.assert_close(a[k], b[k])
+        sums, losses = live.loss_grads(ds.x_train, ds.y_train, idx, mask)
+        torch.testing.assert_close(losses[mask], compact.losses[0])
+        ones = compact.weighted_sum(torch.ones(1, 3))
+        for k in sums:
+            torch.testing.assert_close(sums[k], ones[k], rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # the step, M ∈ {1, 3}
 # --------------------------------------------------------------------------------------------

@@ -227,13 +227,16 @@ class ModuleGrads:
     def loss_grads(self, x, y, idx, mask):
         """Gradient of the summed batch loss (no per-sample work): ({name: (1, *shape)}, losses (1, L))."""
         valid = mask[0]
-        losses = torch.zeros(1, valid.numel(), dtype=x.dtype, device=x.device)
-        if not bool(valid.any()):
-            return {n: torch.zeros_like(p).unsqueeze(0) for n, p in self.params.items()}, losses
-        ix = idx[0][valid]
+        k, length = int(valid.sum()), valid.numel()
+        if k == 0:
+            return ({n: torch.zeros_like(p).unsqueeze(0) for n, p in self.params.items()},
+                    torch.zeros(1, length, dtype=x.dtype, device=x.device))
+        ix = idx[0] if k == length else idx[0][valid]
         per = F.cross_entropy(self.model(x.index_select(0, ix)), y.index_select(0, ix), reduction="none")
         grads = torch.autograd.grad(per.sum(), list(self.params.values()))
-        losses[0, valid] = per.detach()
+        losses = per.detach()[None]
+        if k < length:
+            losses = torch.zeros(1, length, dtype=x.dtype, device=x.device).masked_scatter_(mask[:1], losses)
         return {n: g.unsqueeze(0) for n, g in zip(self.params, grads)}, losses
 
 

@@ -127,6 +127,7 @@ def dp_step(models, x: torch.Tensor, y: torch.Tensor, sampler: PoissonSampler, m
         if rho is not None:
             coef = coef * rho
         sums = work.weighted_sum(coef)
+        del work  # per-sample gradients live for one batch only
         std = mechanism.noise_std()  # before observe(): this step's clip norms set the sensitivity
         for s in sums.values():
             noise = torch.randn(s.shape, generator=gen, device=s.device, dtype=s.dtype)

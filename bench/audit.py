@@ -106,7 +106,7 @@ def main() -> int:
     load_seconds = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    results = run_audit(config)
+    results = run_audit(config).to_dict()  # the stored results dict (summary_table reads either)
     audit_seconds = time.perf_counter() - t0
     rss = peak_rss_gib()
     first = results["algorithms"][0]

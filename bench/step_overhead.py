@@ -21,8 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
-from engine.grad_sample import per_sample_grad_fn  # noqa: E402
-from engine.train import prepare, set_gradients  # noqa: E402
+from engine.grad_sample import ModuleGrads  # noqa: E402
+from engine.step import PoissonSampler, dp_step  # noqa: E402
+from engine.train import prepare  # noqa: E402
 
 ENGINE = {"dpsgd": "DP-SGD", "idp_sample": "IDP-SGD", "ino": "INO-SGD", "dpsgd_s": "DP-SGD-S"}
 
@@ -69,19 +70,22 @@ def main():
 
 
 def engine_step(prep, batch_idx):
-    """One full optimizer step of the engine's loop on a fixed batch."""
+    """One full optimizer step of the engine's loop (``engine.step.dp_step``) on a fixed batch:
+    the sampler's members are the batch, each with rate 1."""
     model, mech = prep.model, prep.mechanism
     x, y = prep.dataset.x_train, prep.dataset.y_train
-    params = dict(model.named_parameters())
-    ps_grad = per_sample_grad_fn(model)
+    members = np.zeros((1, len(y)), bool)
+    members[0, batch_idx] = True
+    sampler = PoissonSampler(members, np.ones(len(y)), torch.device("cpu"))
+    grads_of = ModuleGrads(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(0)
-    rng = np.random.default_rng(0)
 
     def step():
+        out = dp_step(grads_of, x, y, sampler, mech, gen)
         opt.zero_grad(set_to_none=True)
-        set_gradients(model, params, ps_grad, mech, x, y, batch_idx, expected_batch=len(batch_idx),
-                      noise_gen=gen, rng=rng)
+        for k, p in grads_of.params.items():
+            p.grad = out.grads[k][0]
         opt.step()
 
     return step

@@ -295,6 +295,7 @@ class RunConfig:
     threads: int | None = None  # torch.set_num_threads; workers default to 1
     name: str = ""
     allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
+    secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
 
     def validate(self) -> "RunConfig":
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))

@@ -137,25 +137,64 @@ def make_tif(shape: str = "beta", *, alpha: float = 1.0, beta: float = 1.0, powe
     raise ValueError(f"unknown TIF shape {shape!r}; allowed: beta, linear, power, step, piecewise")
 
 
-def bif_antiderivative(x, tif: TIF, tail_length: float):
-    """F(x) = ∫_0^x BIF for absolute cumulative mass x ≥ 0."""
+def bif_antiderivative(x, tif: TIF, tail_length):
+    """F(x) = ∫_0^x BIF for absolute cumulative mass x ≥ 0; ``tail_length`` γ is a scalar or
+    broadcasts against ``x`` (one γ per row: shape (M, 1)). γ ≤ 0 is the limit BIF ≡ 1."""
     x = np.asarray(x, dtype=float)
-    if tail_length <= 0:  # the γ → 0 limit: BIF ≡ 1, nothing is dropped
-        return x
-    return tail_length * tif.integral(np.minimum(x / tail_length, 1.0)) + np.maximum(x - tail_length, 0.0)
+    g = np.broadcast_to(np.asarray(tail_length, dtype=float), x.shape) if np.ndim(tail_length) else \
+        np.full(x.shape, float(tail_length))
+    pos = g > 0
+    safe = np.where(pos, g, 1.0)
+    tail = safe * tif.integral(np.minimum(x / safe, 1.0)) + np.maximum(x - safe, 0.0)
+    return np.where(pos, tail, x)
+
+
+def bif(x, tif: TIF, tail_length: float) -> np.ndarray:
+    """BIF(x) = TIF(x/γ) for x < γ, 1 for x ≥ γ (γ ≤ 0: BIF ≡ 1) — e.g. for plotting."""
+    x = np.asarray(x, dtype=float)
+    if tail_length <= 0:
+        return np.ones_like(x)
+    return np.where(x < tail_length, np.asarray(tif(np.clip(x / tail_length, 0.0, 1.0)), dtype=float), 1.0)
+
+
+def ino_weights(losses, clip_norms, valid, tif: TIF, tail_length) -> np.ndarray:
+    """INO-SGD weights ρ for M batches at once: ``(M, L)`` arrays in, ``(M, L)`` out, 0 where
+    ``valid`` is False. The one definition of the weights (every other entry point wraps it).
+
+    Per row: stable sort by loss (ties keep position, invalid entries last), clip masses laid end
+    to end, ρ_i = exact average of BIF over item i's interval via the closed-form antiderivative.
+    ``tail_length``: γ, one for all rows or one per row (shape (M,)).
+    """
+    losses = np.asarray(losses, dtype=float)
+    valid = np.asarray(valid, dtype=bool)
+    c = np.where(valid, np.asarray(clip_norms, dtype=float), 0.0)
+    if losses.ndim != 2 or c.shape != losses.shape or valid.shape != losses.shape:
+        raise ValueError("losses, clip_norms and valid must be (M, L) arrays of one shape")
+    if np.any(c[valid] <= 0) or not np.all(np.isfinite(c)):
+        raise ValueError("clip norms of valid entries must be finite and > 0")
+    gamma = np.asarray(tail_length, dtype=float)
+    if np.any(~np.isfinite(gamma)) or np.any(gamma < 0):
+        raise ValueError(f"tail_length must be finite and >= 0, got {tail_length}")
+    gamma = np.broadcast_to(gamma.reshape(-1, 1), (losses.shape[0], 1))
+    order = np.argsort(np.where(valid, losses, np.inf), axis=1, kind="stable")
+    c_sorted = np.take_along_axis(c, order, axis=1)
+    ends = np.cumsum(c_sorted, axis=1)
+    starts = ends - c_sorted
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho_sorted = (bif_antiderivative(ends, tif, gamma) - bif_antiderivative(starts, tif, gamma)) / c_sorted
+    # clip guards float round-off (exact values lie in [0, 1]); invalid entries get exactly 0
+    rho_sorted = np.where(np.take_along_axis(valid, order, axis=1), np.clip(rho_sorted, 0.0, 1.0), 0.0)
+    rho = np.empty_like(rho_sorted)
+    np.put_along_axis(rho, order, rho_sorted, axis=1)
+    return rho
 
 
 def weights_from_order(order, clip_norms, tif: TIF, tail_length: float) -> np.ndarray:
-    """ρ in input order, for items laid out in ``order`` (lowest loss first)."""
-    c = np.asarray(clip_norms, dtype=float)
-    if c.size == 0:
-        return np.zeros(0)
-    ends = np.cumsum(c[order])
-    starts = ends - c[order]
-    rho_sorted = (bif_antiderivative(ends, tif, tail_length) - bif_antiderivative(starts, tif, tail_length)) / c[order]
-    rho = np.empty_like(rho_sorted)
-    rho[order] = np.clip(rho_sorted, 0.0, 1.0)  # guard float round-off; exact values lie in [0, 1]
-    return rho
+    """ρ in input order, for one batch laid out in ``order`` (lowest loss first)."""
+    c = np.asarray(clip_norms, dtype=float).reshape(-1)
+    rank = np.empty(len(c))
+    rank[np.asarray(order, dtype=np.int64)] = np.arange(len(c))
+    return ino_weights(rank[None, :], c[None, :], np.ones((1, len(c)), bool), tif, tail_length)[0]
 
 
 def importance_weights(losses, clip_norms, *, tail_length: float, alpha: float = 1.0, beta: float = 1.0,
@@ -165,15 +204,22 @@ def importance_weights(losses, clip_norms, *, tail_length: float, alpha: float =
     >>> importance_weights([0.3, 2.0, 0.1, 1.5, 0.7], [1] * 5, tail_length=2, alpha=1, beta=1).tolist()
     [0.75, 1.0, 0.25, 1.0, 1.0]
     """
-    losses = np.asarray(losses, dtype=float).reshape(-1)
-    clip = np.broadcast_to(np.asarray(clip_norms, dtype=float), losses.shape)
+    losses = np.asarray(losses, dtype=float).reshape(1, -1)
+    clip = np.broadcast_to(np.asarray(clip_norms, dtype=float), losses.shape[1:])[None, :]
     if np.any(clip <= 0) or not np.all(np.isfinite(clip)):
         raise ValueError("clip norms must be finite and > 0")
     if not np.isfinite(tail_length) or tail_length < 0:
         raise ValueError(f"tail_length must be finite and >= 0, got {tail_length}")
     tif = make_tif(shape, alpha=alpha, beta=beta, power=power, cut=cut, knots=knots)
-    order = np.argsort(losses, kind="stable")  # ties keep input position
-    return weights_from_order(order, clip, tif, tail_length)
+    return ino_weights(losses, clip, np.ones(losses.shape, bool), tif, tail_length)[0]
+
+
+def resolve_tail_length(algo, expected_clip_mass: float) -> float:
+    """γ in absolute clip-mass units, fixed once before training (never per batch): the
+    algorithm's absolute ``tail_length`` or ``tail_fraction`` × the expected batch clip mass."""
+    if algo.tail_length is not None:
+        return float(algo.tail_length)
+    return float(algo.tail_fraction) * float(expected_clip_mass)
 
 
 def expected_dropped_mass(tif: TIF, tail_length: float) -> float:

@@ -482,7 +482,7 @@ def _warm_up() -> None:
     torch._dynamo import, the first vmap(grad) trace. Touches no run and no store."""
     import engine.cli  # noqa: F401
     import engine.data  # noqa: F401
-    import engine.train as train
+    import engine.train  # noqa: F401
 
     try:
         import torch
@@ -490,8 +490,10 @@ def _warm_up() -> None:
         torch.set_num_threads(1)
         model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
         torch.optim.SGD(model.parameters(), lr=0.1)
-        params = {k: p.detach() for k, p in model.named_parameters()}
-        train.per_sample_grad_fn(model)(params, torch.zeros(3, 4), torch.zeros(3, dtype=torch.long))
+        from engine.grad_sample import ModuleGrads
+
+        ModuleGrads(model).per_sample(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long), torch.arange(3)[None],
+                                      torch.ones(1, 3, dtype=torch.bool))
         from engine.metrics import predict
 
         predict(model, torch.zeros(2, 4))

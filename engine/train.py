@@ -1,11 +1,13 @@
 """The one training loop, readable top to bottom.
 
     prepare(config)        data, tiers, model, plan, mechanism — everything fixed before step 1
-    for step in 1..T:
+                           (engine.prepare: prepare_data + prepare_privacy; build_mechanism, M = 1)
+    for step in 1..T:      engine.step.dp_step, the step the audit's models take too:
         Poisson-sample each training sample with its tier's rate q_i (empty batches allowed)
-        per-sample gradients g_i and losses ℓ_i (torch.func, one batch at a time)
+        per-sample gradients g_i and losses ℓ_i (engine.grad_sample, one batch at a time)
         C_i, ρ_i  ← mechanism                  (the only place algorithms differ)
         sum      = Σ ρ_i · g_i · min(1, C_i/‖g_i‖)  +  N(0, noise_std² I)
+        mechanism.observe(...)                 (every step, empty batches included)
         step the optimizer on sum / (expected batch size Σ q_n N_n)
         every eval_every steps: per-tier/per-class metrics, ε spent per tier → store
 """
@@ -13,26 +15,23 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import signal
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine import accounting
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig
-from engine.data import load_dataset
-from engine.grad_sample import per_sample_grad_fn
-from engine.mechanisms import (Clipped, GroupAdaptive, Importance, NonPrivate, build_tif,
-                               default_count_noise_std, resolve_tail_length)
+from engine.grad_sample import ModuleGrads
+from engine.mechanisms import build_mechanism
 from engine.metrics import fairness_metrics, group_metrics, mid_markers, predict
-from engine.models import build_model
-from engine.tiers import assign_tiers
-
-PLAN_MODES = {"dpsgd": "dpsgd", "idp_sample": "sample", "idp_scale": "scale", "dpsgd_s": "dpsgd"}
+from engine.prepare import (PreparedData, PrivacyPlan, make_plan, prepare_data, prepare_privacy,  # noqa: F401
+                            resolve_device, seeded_model, total_steps)
+from engine.step import PoissonSampler, dp_step
 
 
 class Cancelled(Exception):
@@ -56,148 +55,44 @@ def sigterm_cancels():
 
 @dataclass
 class Prepared:
+    """A run ready to start: its data, privacy plan, model and mechanism (M = 1)."""
+
     config: RunConfig
-    dataset: object
-    tiers: object
+    data: PreparedData
+    privacy: PrivacyPlan
     model: torch.nn.Module
-    plan: object | None
     mechanism: object
-    sample_rates: np.ndarray  # per training sample
     steps: int
-    expected_batch: float
-    device: torch.device
-    tail_length: float | None = None
-    groups: np.ndarray | None = None
-    accountant_noise: tuple | None = None
-    info: dict = field(default_factory=dict)
 
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", "CUDA was requested but no GPU is available")
-    return torch.device(name)
-
-
-def total_steps(config: RunConfig, n_train: int) -> int:
-    """Steps of this run (engine.config.total_steps), refused over the work cap (RunConfig.planned_steps)."""
-    return config.planned_steps(n_train)
-
-
-def make_plan(config: RunConfig, tier_sizes, steps: int):
-    """The privacy plan (per-tier q, C, σ) this configuration trains with; None if non-private."""
-    algo = config.algorithm.name
-    if algo == "nonprivate":
-        return None
-    mode = config.algorithm.idp_mode if algo == "ino" else PLAN_MODES[algo]
-    try:
-        return accounting.plan(mode=mode, epsilons=[t.epsilon for t in config.tiers.tiers], delta=config.delta,
-                               tier_sizes=list(tier_sizes), batch_size=config.batch_size,
-                               clip_norm=config.clip_norm, steps=steps)
-    except accounting.PlanError as e:
-        raise ConfigError("tiers", f"no privacy plan: {e}") from None
+    dataset = property(lambda self: self.data.dataset)
+    tiers = property(lambda self: self.data.tiers)
+    device = property(lambda self: self.data.device)
+    plan = property(lambda self: self.privacy.plan)
+    sample_rates = property(lambda self: self.privacy.sample_rates)  # per training sample
+    expected_batch = property(lambda self: self.privacy.expected_batch)
+    tail_length = property(lambda self: self.privacy.tail_length)
+    accountant_noise = property(lambda self: self.privacy.accountant_noise)
+    info = property(lambda self: self.privacy.info)
 
 
 def prepare(config: RunConfig) -> Prepared:
-    config.validate()
-    device = resolve_device(config.device)
-    dataset = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                           max_train=config.data.max_train)
-    n = len(dataset.y_train)
+    data = prepare_data(config)
+    n = data.n_train
     if config.batch_size > n:
         raise ConfigError("batch_size", f"must be at most the training set size {n}, got {config.batch_size}")
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes).to(device)
-    tiers = assign_tiers(config.tiers, dataset, seed=config.seed)
+    ds = data.dataset
+    model = seeded_model(config.model, ds.input_shape, ds.num_classes, config.seed).to(data.device)
     steps = total_steps(config, n)
-    plan = make_plan(config, tiers.sizes, steps)
-    algo = config.algorithm
-    prep = Prepared(config=config, dataset=dataset, tiers=tiers, model=model, plan=plan, mechanism=None,
-                    sample_rates=np.full(n, config.batch_size / n), steps=steps,
-                    expected_batch=float(config.batch_size), device=device)
-    if plan is None:
-        prep.mechanism = NonPrivate()
-        return prep
-    q = np.asarray(plan.sample_rates)[tiers.train]
-    clip = np.asarray(plan.clip_norms)[tiers.train]
-    prep.sample_rates = q
-    prep.expected_batch = float(plan.expected_batch_size)
-    # Per-tier noise multiplier relative to its own clip norm (SCALE gives bigger-C tiers less).
-    prep.accountant_noise = tuple(plan.noise_std / c for c in plan.clip_norms)
-    if algo.name in ("dpsgd", "idp_sample", "idp_scale"):
-        prep.mechanism = Clipped(sample_clip_norms=clip, noise_std=plan.noise_std)
-    elif algo.name == "ino":
-        prep.tail_length = resolve_tail_length(algo, float(np.sum(q * clip)))
-        prep.mechanism = Importance(sample_clip_norms=clip, noise_std=plan.noise_std,
-                                    tail_length=prep.tail_length, tif=build_tif(algo))
-    else:  # dpsgd_s
-        groups, n_groups = _groups(algo.group_by, dataset, tiers)
-        prep.groups = groups
-        sigma_b = algo.count_noise_std or default_count_noise_std(prep.expected_batch)
-        z = plan.noise_multiplier
-        if algo.private_quantile:
-            try:
-                z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
-            except accounting.PlanError as e:
-                raise ConfigError("algorithm.count_noise_std", str(e)) from None
-        prep.info["gradient_noise_multiplier"] = z
-        prep.info["count_noise_std"] = sigma_b if algo.private_quantile else None
-        prep.accountant_noise = tuple(plan.noise_multiplier for _ in plan.clip_norms)
-        prep.mechanism = GroupAdaptive(
-            groups=groups, n_groups=n_groups, noise_multiplier=z,
-            expected_group_batch=np.bincount(groups, weights=q, minlength=n_groups),
-            initial=algo.initial_clip or config.clip_norm, tau=algo.tau, quantile=algo.quantile, ema=algo.ema,
-            min_clip=algo.min_clip, private=algo.private_quantile, quantile_lr=algo.quantile_lr,
-            count_noise_std=sigma_b)
-    return prep
+    privacy = prepare_privacy(config, data, steps=steps)
+    mechanism = build_mechanism(privacy=privacy, members=np.ones((1, n), bool), device=data.device)
+    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps)
 
 
-def _groups(group_by: str, dataset, tiers):
-    if group_by == "tier":
-        return tiers.train, len(tiers.epsilons)
-    if group_by == "class":
-        return dataset.y_train.numpy().astype(np.int64), dataset.num_classes
-    attr = dataset.default_sensitive
-    if attr is None:
-        raise ConfigError("algorithm.group_by", f"{dataset.name} has no sensitive attribute to group by")
-    _, inv = np.unique(np.asarray(dataset.sensitive_train[attr]).astype(str), return_inverse=True)
-    return inv.astype(np.int64), int(inv.max()) + 1
-
-
-# --- per-sample gradients ---------------------------------------------------------------------
-
-def clipped_weighted_sum(grads, losses: torch.Tensor, clip_norms: np.ndarray, mechanism):
-    """Σ ρ_i · g_i · min(1, C_i/‖g_i‖) from PerSampleGrads, and the unclipped per-sample norms."""
-    norms_np = torch.sqrt(grads.sq_norms()).detach().cpu().numpy().astype(np.float64)
-    rho = mechanism.weights(losses.detach().cpu().numpy(), clip_norms)
-    scale = np.minimum(1.0, clip_norms / np.maximum(norms_np, 1e-12))
-    coef = torch.as_tensor(rho * scale, dtype=losses.dtype, device=losses.device)
-    return grads.weighted_sum(coef), norms_np, rho
-
-
-def set_gradients(model, params, ps_grad, mech, x, y, batch_idx, *, expected_batch, noise_gen, rng) -> float:
-    """Fill p.grad with this step's (private) gradient; returns the batch's mean train loss."""
-    if len(batch_idx) and not mech.private:
-        # Reference run: plain mean-loss backward, no per-sample work.
-        loss = F.cross_entropy(model(x[batch_idx]), y[batch_idx], reduction="sum")
-        (loss / expected_batch).backward()
-        return float(loss.detach()) / len(batch_idx)
-    summed = {k: torch.zeros_like(p) for k, p in params.items()}
-    train_loss = float("nan")
-    if len(batch_idx):
-        idx_t = torch.as_tensor(batch_idx, device=x.device)
-        grads, losses = ps_grad({k: p.detach() for k, p in params.items()}, x[idx_t], y[idx_t])
-        summed, norms, _ = clipped_weighted_sum(grads, losses, mech.clip_norms(batch_idx), mech)
-        train_loss = float(losses.mean())
-        del grads  # per-sample gradients live for one batch only
-    std = mech.noise_std()  # before observe(): this step's clip norms set the sensitivity
-    for k, p in params.items():
-        noise = torch.normal(0.0, std, size=p.shape, generator=noise_gen, device=p.device) if std > 0 else 0.0
-        p.grad = (summed[k] + noise) / expected_batch
-    if len(batch_idx):
-        mech.observe(batch_idx, norms, rng)
-    return train_loss
+def step_generator(config: RunConfig, device) -> torch.Generator:
+    """The generator of a run's Poisson sampling and noise: seeded by ``config.seed``, or with
+    ``secure_rng`` from the OS's entropy (as Opacus' secure mode; the run is then not reproducible)."""
+    seed = secrets.randbits(63) if config.secure_rng else config.seed
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -220,11 +115,10 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     model, mech, ds, device = prep.model, prep.mechanism, prep.dataset, prep.device
     x_train, y_train = ds.x_train.to(device), ds.y_train.to(device)
     n = len(y_train)
-    rng = np.random.default_rng(config.seed)  # Poisson sampling and the quantile tracker's noise
-    noise_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
+    gen = step_generator(config, device)  # Poisson sampling, the noise, the quantile tracker's noise
+    sampler = PoissonSampler(np.ones((1, n), bool), prep.sample_rates, device)
     optimizer = _optimizer(config, model)
-    params = {k: p for k, p in model.named_parameters()}
-    ps_grad = per_sample_grad_fn(model)
+    grads_of = ModuleGrads(model)  # per-sample gradients of this one model (M = 1)
     accountant = None
     if prep.plan is not None:
         accountant = accounting.TierAccountant(sample_rates=list(prep.plan.sample_rates),
@@ -252,14 +146,14 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     for step in range(1, prep.steps + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1}")
-        batch_idx = np.flatnonzero(rng.random(n) < prep.sample_rates)
+        out = dp_step(grads_of, x_train, y_train, sampler, mech, gen)
         optimizer.zero_grad(set_to_none=True)
-        train_loss = set_gradients(model, params, ps_grad, mech, x_train, y_train, batch_idx,
-                                   expected_batch=prep.expected_batch, noise_gen=noise_gen, rng=rng)
+        for k, p in grads_of.params.items():
+            p.grad = out.grads[k][0]
         optimizer.step()
         if accountant is not None:
             accountant.step()
-        pending_steps.append((step, train_loss, len(batch_idx)))
+        pending_steps.append((step, out.mean_losses()[0], int(out.batch_sizes[0])))
         if bar is not None:
             bar.update(1)
         if step % eval_every == 0 or step == prep.steps:
@@ -295,6 +189,8 @@ def _plan_dict(prep: Prepared) -> dict:
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
          "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.mechanism.formal_dp,
          "tail_length": prep.tail_length, **prep.info}
+    if prep.config.secure_rng:
+        d["reproducible"] = False  # sampling and noise drawn from OS entropy
     if prep.plan is not None:
         d.update(prep.plan.to_dict())
     return d

@@ -23,3 +23,14 @@ def shared_data() -> Path:
     if not (path / "mnist").is_dir():
         pytest.skip(f"shared data not found at {path}")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (tests share a loaded 2-core machine)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

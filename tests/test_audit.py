@@ -1,4 +1,4 @@
-"""The privacy audit: configuration, batched ensembles vs the engine's loop, invariants, CLI, store, resume."""
+"""The privacy audit: configuration, invariants, CLI, store, resume (the training pipeline: tests/test_step.py)."""
 from __future__ import annotations
 
 import json
@@ -14,16 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from engine.audit.ensemble import (BatchedClipped, BatchedGroupAdaptive, BatchedImportance, BatchedNonPrivate,
-                                   Ensemble, PoissonSampler, batched_importance_weights, train_ensemble)
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AuditReport, compact_summary, summary_table
 from engine.audit.runner import load_array, prepare_audit, run_audit
-from engine.config import AlgorithmConfig, ConfigError, DataConfig, ModelConfig, RunConfig, TierConfig, TiersConfig
-from engine.importance import importance_weights, make_tif
+from engine.config import AlgorithmConfig, ConfigError, DataConfig, RunConfig, TierConfig, TiersConfig
 from engine.lifecycle import run_queued
 from engine.store import RunStore
-from engine.train import Cancelled, clipped_weighted_sum, per_sample_grad_fn, prepare, train
+from engine.train import Cancelled
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,189 +151,6 @@ def test_data_dependent_errors(changes, field):
     with pytest.raises(ConfigError) as e:
         prepare_audit(TINY.replace(**changes))
     assert e.value.field == field
-
-
-# --------------------------------------------------------------------------------------------
-# INO weights, per-sample gradients, the batched loop vs engine.train
-# --------------------------------------------------------------------------------------------
-
-def test_batched_ino_weights_equal_engine():
-    # the issue's check vectors, as rows of one padded batch
-    losses = np.array([[0.3, 2.0, 0.1, 1.5, 0.7], [0.9, 0.2, 0.5, 1.1, 0.0], [0.4, 0.1, 0.9, 0.0, 0.0]])
-    clips = np.array([[1, 1, 1, 1, 1], [0.5, 1.5, 1.0, 2.0, 1.0], [1, 1, 1, 1, 1]], dtype=float)
-    valid = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], dtype=bool)
-    shape_ab = [(1, 1), (2, 2), (1, 1)]
-    for m, (gamma, (a, b)) in enumerate(zip([2.0, 3.0, 10.0], shape_ab)):
-        rho = batched_importance_weights(losses[m:m + 1], clips[m:m + 1], valid[m:m + 1],
-                                         make_tif("beta", alpha=a, beta=b), gamma)[0]
-        expect = [[0.75, 1, 0.25, 1, 1], [0.97453704, 0.1875, 0.73148148, 1, 0], [0.15, 0.05, 0.25, 0, 0]][m]
-        np.testing.assert_allclose(rho, expect, atol=1e-8)
-    # random padded batches with ties, every TIF shape, one γ per model: bit-for-bit the engine's weights
-    rng = np.random.default_rng(0)
-    for shape, kw in [("beta", dict(alpha=2.0, beta=0.5)), ("linear", {}), ("power", dict(power=3.0)),
-                      ("step", dict(cut=0.3))]:
-        tif = make_tif(shape, **kw)
-        losses = rng.integers(0, 6, size=(7, 30)).astype(float) / 3  # many ties
-        clips = rng.uniform(0.1, 2.0, size=(7, 30))
-        counts = rng.integers(0, 31, size=7)
-        valid = np.arange(30)[None, :] < counts[:, None]
-        gammas = rng.uniform(0.0, 25.0, size=7)
-        rho = batched_importance_weights(losses, clips, valid, tif, gammas)
-        for m in range(7):
-            v = valid[m]
-            ref = importance_weights(losses[m][v], clips[m][v], tail_length=gammas[m], shape=shape, **kw)
-            assert np.array_equal(rho[m][v], ref), (shape, m)
-            assert np.all(rho[m][~v] == 0)
-
-
-@pytest.mark.parametrize("model", [ModelConfig(name="lr"), ModelConfig(name="mlp", hidden=(24, 12))])
-def test_closed_form_per_sample_gradients_match_vmap(model):
-    from engine.data import load_dataset
-
-    ds = load_dataset("digits")
-    fast = Ensemble(model, ds.input_shape, 10, [3, 4, 5], "cpu")
-    slow = Ensemble(model, ds.input_shape, 10, [3, 4, 5], "cpu", fast=False)
-    assert fast.fast and not slow.fast
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, len(ds.y_train), (3, 25), generator=g)
-    mask = torch.rand(3, 25, generator=g) < 0.8
-    a, b = fast.per_sample(ds.x_train, ds.y_train, idx, mask), slow.per_sample(ds.x_train, ds.y_train, idx, mask)
-    torch.testing.assert_close(a.losses, b.losses, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(a.norms, b.norms, rtol=1e-5, atol=1e-6)
-    coef = torch.rand(3, 25, generator=g) * mask
-    sa, sb = a.weighted_sum(coef), b.weighted_sum(coef)
-    for k in sa:
-        torch.testing.assert_close(sa[k], sb[k], rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(fast.logits(ds.x_test), slow.logits(ds.x_test), rtol=1e-5, atol=1e-5)
-    # the sequential fallback (a loop over the models, where vmap over models cannot apply) agrees too
-    slow.sequential = True
-    c = slow.per_sample(ds.x_train, ds.y_train, idx, mask)
-    torch.testing.assert_close(c.norms, b.norms, rtol=1e-5, atol=1e-6)
-    sc = c.weighted_sum(coef)
-    for k in sb:
-        torch.testing.assert_close(sc[k], sb[k], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(slow.logits(ds.x_test), fast.logits(ds.x_test), rtol=1e-5, atol=1e-5)
-
-
-def test_generic_vmap_path_matches_engine_per_sample_gradients():
-    """vmap over models of vmap(grad) (the CNN path) == engine.train's per-sample clipped sum, model by model."""
-    cfg = RunConfig().replace(**{"model.name": "cnn", "algorithm.name": "dpsgd", "data.max_train": 200,
-                                 "batch_size": 20, "device": "cpu"})
-    prep = prepare(cfg)
-    ens = Ensemble(cfg.model, prep.dataset.input_shape, 10, [cfg.seed, cfg.seed + 1], "cpu")
-    assert not ens.fast
-    x, y = prep.dataset.x_train, prep.dataset.y_train
-    idx = torch.stack([torch.arange(0, 40, 2), torch.arange(1, 41, 2)])
-    mask = torch.ones_like(idx, dtype=torch.bool)
-    work = ens.per_sample(x, y, idx, mask)
-    clip = np.full(20, 0.5)
-    coef = torch.clamp(torch.as_tensor(clip, dtype=torch.float32) / work.norms, max=1.0)
-    summed = work.weighted_sum(coef)
-    from engine.mechanisms import Clipped
-
-    model0 = prep.model  # built with torch.manual_seed(cfg.seed): the same init as ensemble member 0
-    grads, losses = per_sample_grad_fn(model0)({k: p.detach() for k, p in model0.named_parameters()}, x[idx[0]],
-                                               y[idx[0]])
-    ref, norms, _ = clipped_weighted_sum(grads, losses, clip, Clipped(sample_clip_norms=clip, noise_std=0))
-    torch.testing.assert_close(work.norms[0], torch.as_tensor(norms, dtype=torch.float32), rtol=1e-5, atol=1e-6)
-    for k in ref:
-        torch.testing.assert_close(summed[k][0], ref[k], rtol=1e-4, atol=1e-6)
-
-
-def _ensemble_like_engine(prep, mech, steps):
-    """One-model ensemble trained like engine.train would train ``prep`` (q = 1: no sampling randomness)."""
-    ds = prep.dataset
-    n = len(ds.y_train)
-    ens = Ensemble(prep.config.model, ds.input_shape, ds.num_classes, [prep.config.seed], "cpu")
-    sampler = PoissonSampler(np.ones((1, n), bool), prep.sample_rates, torch.device("cpu"))
-    assert sampler.expected_batch[0] == pytest.approx(prep.expected_batch)
-    train_ensemble(ens, ds.x_train, ds.y_train, sampler, mech, steps=steps, lr=prep.config.optimizer.lr,
-                   expected_batch=sampler.expected_batch, gen=torch.Generator().manual_seed(0))
-    return torch.cat([v[0].flatten() for v in ens.params.values()])
-
-
-@pytest.mark.parametrize("algo", ["nonprivate", "dpsgd", "ino", "dpsgd_s"])
-def test_one_model_ensemble_equals_engine_train(algo):
-    """Full-batch (q = 1) and noise switched off: the batched loop reproduces engine.train exactly."""
-    cfg = RunConfig().replace(**{"model.name": "mlp", "model.hidden": (16,), "data.max_train": 120,
-                                 "batch_size": 120, "epochs": 6.0, "algorithm.name": algo, "clip_norm": 0.05,
-                                 "tiers": TiersConfig(tiers=(TierConfig(epsilon=50.0, classes=tuple(range(10))),)),
-                                 "eval_every": 1000, "device": "cpu"})
-    prep = prepare(cfg)
-    assert np.all(prep.sample_rates == 1.0)
-    n = len(prep.dataset.y_train)
-    if algo == "nonprivate":
-        mech = BatchedNonPrivate(1, "cpu")
-    elif algo == "dpsgd":
-        prep.mechanism._noise_std = 0.0
-        mech = BatchedClipped(sample_clip_norms=prep.mechanism._clip, noise_std=0.0, n_models=1, device="cpu")
-    elif algo == "ino":
-        prep.mechanism._noise_std = 0.0
-        mech = BatchedImportance(sample_clip_norms=prep.mechanism._clip, noise_std=0.0, n_models=1, device="cpu",
-                                 tail_lengths=prep.tail_length, tif=prep.mechanism.tif)
-    else:
-        em = prep.mechanism
-        em.noise_multiplier, em.count_noise_std = 0.0, 0.0
-        mech = BatchedGroupAdaptive(groups=em.groups, n_groups=len(em.estimate), noise_multiplier=0.0,
-                                    expected_group_batch=em.expected[None, :], initial=float(em.estimate[0]),
-                                    tau=em.tau, quantile=em.quantile, ema=em.ema, min_clip=em.min_clip, private=True,
-                                    quantile_lr=em.quantile_lr, count_noise_std=0.0, device="cpu")
-    ours = _ensemble_like_engine(prep, mech, prep.steps)
-    theirs = torch.cat([p.detach().flatten() for p in train(cfg, prepared=prep).model.parameters()])
-    assert prep.steps == 6 and n == 120
-    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
-    if algo == "dpsgd_s":
-        np.testing.assert_allclose(mech.group_clips()[0].numpy(), prep.mechanism.group_clips(), rtol=1e-6)
-
-
-def test_poisson_sampler_rates_and_layout():
-    rng = np.random.default_rng(1)
-    n = 400
-    members = rng.random((6, n)) < 0.5
-    rates = np.where(np.arange(n) < 100, 0.05, 0.3)  # two tiers
-    s = PoissonSampler(members, rates, torch.device("cpu"))
-    gen = torch.Generator().manual_seed(0)
-    hits = np.zeros((6, n))
-    steps = 400
-    for _ in range(steps):
-        idx, mask = s.sample(gen)
-        i, m = idx.numpy(), mask.numpy()
-        for r in range(6):
-            sel = i[r][m[r]]
-            assert np.all(np.diff(sel) > 0)  # ascending, no repeats: the engine's batch order
-            assert members[r, sel].all()  # only the model's own members
-            assert not m[r][m[r].sum():].any()  # valid entries first, padding after
-            hits[r, sel] += 1
-    freq = hits / steps
-    for q in (0.05, 0.3):
-        sel = members & (rates == q)[None, :]
-        assert abs(freq[sel].mean() - q) < 4 * np.sqrt(q * (1 - q) / (steps * sel.sum())) + 1e-3
-    assert np.all(freq[~members] == 0)
-    np.testing.assert_allclose(s.expected_batch, (members * rates).sum(1))
-
-
-def test_ensembles_learn_and_dp_members_differ():
-    from engine.data import load_dataset
-
-    ds = load_dataset("digits")
-    n = len(ds.y_train)
-    members = np.ones((3, n), bool)
-    q = np.full(n, 64 / n)
-    out = {}
-    for name in ("nonprivate", "dpsgd"):
-        ens = Ensemble(ModelConfig(name="lr"), ds.input_shape, 10, [7, 7, 7], "cpu")  # identical inits
-        sampler = PoissonSampler(members, q, torch.device("cpu"))
-        mech = BatchedNonPrivate(3, "cpu") if name == "nonprivate" else \
-            BatchedClipped(sample_clip_norms=np.ones(n), noise_std=1.0, n_models=3, device="cpu")
-        train_ensemble(ens, ds.x_train, ds.y_train, sampler, mech, steps=150, lr=1.0,
-                       expected_batch=sampler.expected_batch, gen=torch.Generator().manual_seed(1))
-        _, _, pred = ens.score(ds.x_test, ds.y_test)
-        acc = (pred == ds.y_test.numpy()[None, :]).mean(1)
-        assert np.all(acc > 0.7), (name, acc)  # chance is 0.1
-        out[name] = ens.params["fc.weight"]
-    w = out["dpsgd"]
-    assert not torch.allclose(w[0], w[1]) and not torch.allclose(w[1], w[2])  # own batches and noise
-    assert not torch.allclose(out["nonprivate"][0], out["nonprivate"][1])  # own Poisson batches
 
 
 # --------------------------------------------------------------------------------------------

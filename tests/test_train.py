@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from engine.config import RunConfig, TierConfig, TiersConfig
+from engine.grad_sample import ModuleGrads
 from engine.mechanisms import Importance
+from engine.step import PoissonSampler, dp_step
 from engine.store import RunStore
-from engine.grad_sample import per_sample_grad_fn
-from engine.train import Cancelled, clipped_weighted_sum, prepare, train
+from engine.train import Cancelled, prepare, train
 from engine.importance import make_tif
 
 FAST = RunConfig().replace(**{"model.name": "lr", "epochs": 3.0})
@@ -57,45 +58,76 @@ def test_cnn_on_digits_learns():
 def test_real_gradients_are_clipped_and_weighted():
     """On true per-sample gradients: each item's contribution is at most ρ_i·C_i ≤ C_i."""
     prep = prepare(FAST)
-    x, y = prep.dataset.x_train[:40], prep.dataset.y_train[:40]
-    grads, losses = per_sample_grad_fn(prep.model)(None, x, y)
-    clips = np.linspace(0.05, 2.0, 40)
+    n = len(prep.dataset.y_train)
+    x, y = prep.dataset.x_train, prep.dataset.y_train
+    members = np.zeros((1, n), bool)
+    members[0, :40] = True  # q = 1 on the first 40 samples: the batch is exactly them
+    clips = np.zeros(n)
+    clips[:40] = np.linspace(0.05, 2.0, 40)
     mech = Importance(sample_clip_norms=clips, noise_std=0, tail_length=5.0, tif=make_tif("beta", alpha=2, beta=1))
-    total, norms, rho = clipped_weighted_sum(grads, losses, clips, mech)
-    expected = {k: 0 for k in total}
+    grads_of = ModuleGrads(prep.model)
+    work = grads_of.per_sample(x, y, torch.arange(40)[None], torch.ones(1, 40, dtype=torch.bool))
+    rho = mech.weights(work.losses, torch.as_tensor(clips[:40])[None], torch.ones(1, 40, dtype=torch.bool))[0].numpy()
+    out = dp_step(grads_of, x, y, PoissonSampler(members, np.ones(n), torch.device("cpu")), mech,
+                  torch.Generator().manual_seed(0))
+    assert out.idx[0].tolist() == list(range(40))
+    expected = {k: 0 for k in out.grads}
     for i in range(40):
-        g = grads.sample(i)
+        prep.model.zero_grad()
+        torch.nn.functional.cross_entropy(prep.model(x[i:i + 1]), y[i:i + 1]).backward()
+        g = {k: p.grad.clone() for k, p in prep.model.named_parameters()}
         norm = torch.sqrt(sum((v.double() ** 2).sum() for v in g.values()))
-        assert float(norm) == pytest.approx(norms[i], rel=1e-5)
+        assert float(norm) == pytest.approx(float(work.norms[0, i]), rel=1e-5)
         coef = rho[i] * min(1.0, clips[i] / float(norm))
         assert coef * float(norm) <= rho[i] * clips[i] * (1 + 1e-6)
         for k in expected:
             expected[k] = expected[k] + coef * g[k]
-    for k in total:
-        torch.testing.assert_close(total[k], expected[k].float(), rtol=1e-4, atol=1e-6)
+    for k in out.grads:  # the step divides by the expected batch (40)
+        torch.testing.assert_close(out.grads[k][0] * 40, expected[k].float(), rtol=1e-4, atol=1e-6)
     assert np.all((rho >= 0) & (rho <= 1)) and rho.min() < 1
 
 
-@pytest.mark.parametrize("model,data,channels", [("lr", "digits", 1), ("mlp", "digits", 1), ("cnn", "digits", 1),
-                                                 ("cnn", "digits", 3), ("resnet18", "digits", 1)])
-def test_per_sample_gradients_match_one_by_one_backward(model, data, channels):
-    from engine.grad_sample import LayerwisePerSampleGrads, vmap_per_sample_grads
-    from engine.models import build_model
+def _sample_grads(grads_of, x, y, i):
+    """Sample i's full gradient, through the weighted-sum interface (coefficient 1 on i, 0 elsewhere)."""
+    n = len(y)
+    work = grads_of.per_sample(x, y, torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool))
+    coef = torch.zeros(1, n, dtype=x.dtype)
+    coef[0, i] = 1.0
+    return {k: v[0] for k, v in work.weighted_sum(coef).items()}, work.norms[0, i]
+
+
+@pytest.mark.parametrize("model,channels,dtype", [
+    ("lr", 1, torch.float64), ("mlp", 1, torch.float64), ("cnn", 1, torch.float64), ("cnn", 3, torch.float64),
+    ("resnet18", 1, torch.float64),  # float64 (model and inputs cast to double): well-conditioned for every model
+    ("lr", 1, torch.float32), ("mlp", 1, torch.float32),  # float32 where it is well-conditioned
+])
+@pytest.mark.parametrize("method", ["layerwise", "vmap"])
+def test_per_sample_gradients_match_one_by_one_backward(model, channels, dtype, method):
     from engine.config import ModelConfig
+    from engine.models import build_model
 
     torch.manual_seed(0)
-    net = build_model(ModelConfig(name=model), (channels, 8, 8), 10)
-    x, y = torch.randn(6, channels, 8, 8), torch.arange(6)
-    layerwise, _ = LayerwisePerSampleGrads(net)(None, x, y)
-    vm, _ = vmap_per_sample_grads(net)({k: p.detach() for k, p in net.named_parameters()}, x, y)
+    net = build_model(ModelConfig(name=model), (channels, 8, 8), 10).to(dtype)
+    x, y = torch.randn(6, channels, 8, 8, dtype=dtype), torch.arange(6)
+    tol = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    grads_of = ModuleGrads(net, method=method)
     for i in range(6):
+        ours, norm = _sample_grads(grads_of, x, y, i)
         net.zero_grad()
         torch.nn.functional.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
-        ours = layerwise.sample(i)
         for k, p in net.named_parameters():
-            torch.testing.assert_close(ours[k], p.grad, rtol=1e-4, atol=1e-5)
-            if model != "resnet18":
-                torch.testing.assert_close(vm.sample(i)[k], p.grad, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(ours[k], p.grad, **tol)
+        torch.testing.assert_close(norm, torch.sqrt(sum((p.grad ** 2).sum() for p in net.parameters())), **tol)
+
+
+def test_seeded_runs_repeat_and_secure_rng_runs_do_not():
+    cfg = FAST.replace(**{"algorithm.name": "dpsgd", "epochs": 1.0})
+    a, b = train(cfg), train(cfg)
+    assert torch.equal(params(a), params(b)) and "reproducible" not in a.plan
+    secure = cfg.replace(secure_rng=True)
+    c, d = train(secure), train(secure)
+    assert c.plan["reproducible"] is False
+    assert not torch.equal(params(c), params(d)) and not torch.equal(params(c), params(a))
 
 
 def test_empty_batches_are_noise_only_steps():

@@ -23,7 +23,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from engine.config import (ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
+from engine.config import (MAX_CHUNK_MODELS, ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
                            OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_choice, check_int,
                            check_number, check_positive, check_section, check_str, parse_config_json, parse_section,
                            read_config_text)
@@ -44,7 +44,8 @@ DEFAULT_RUN = RunConfig(data=DataConfig(name="adult"), tiers=None, model=ModelCo
 # RunConfig fields that an audit does not use: not written, refused when read.
 _NOT_IN_AUDIT = {"algorithm": "an audit lists its algorithms in the top-level 'algorithms'",
                  "eval_every": "an audit evaluates every model once, at the end",
-                 "name": "an audit's name is the top-level 'name'"}
+                 "name": "an audit's name is the top-level 'name'",
+                 "secure_rng": "an audit's generators are seeded so that it resumes bit-identically"}
 # The earlier flat audit config: top-level key → path in the run.
 _FLAT = {"dataset": ("data", "name"), "data_dir": ("data", "data_dir"), "max_train": ("data", "max_train"),
          "model": ("model", "name"), "hidden": ("model", "hidden"), "lr": ("optimizer", "lr"),
@@ -113,7 +114,7 @@ class AuditConfig:
         if self.looa_k:
             check_int(self.looa_models, "looa_models", 2, 100_000)
         if self.chunk_models is not None:
-            check_int(self.chunk_models, "chunk_models", 1)
+            check_int(self.chunk_models, "chunk_models", 1, MAX_CHUNK_MODELS)
         check_positive(self.memory_budget_gib, "memory_budget_gib")
         check_str(self.name, "name", max_len=200)
         return self

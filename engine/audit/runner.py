@@ -15,11 +15,13 @@ sample's score under a model is −loss. Per-sample advantage, GPR per group wit
 Δ, the permutation null floor, the PA-GA / PA-GBA / PA-LOOA baselines, LiRA and the per-tier
 empirical ε lower bound all come from ``engine.audit.stats``.
 
-Training semantics are ``engine.train``'s: per-tier sampling rates and clip norms from
-``engine.train.make_plan`` (planned once for the expected half-size tiers — a tier's ε depends
-only on its q, σ and T, so every model meets its tier's claimed ε exactly), Poisson batches,
-noise N(0, noise_std²), division by the model's expected batch Σ q_i over its members, plain SGD.
-T = round(epochs · (n/2) / batch_size) steps per model.
+Training is a dashboard run's, through the same code: ``engine.prepare.prepare_privacy`` plans
+once for the expected half-size tiers (a tier's ε depends only on its q, σ and T, so every model
+meets its tier's claimed ε exactly; INO-SGD's γ is fixed from that plan too),
+``engine.mechanisms.build_mechanism`` builds one mechanism for the chunk's M models, and every step
+is ``engine.step.dp_step`` (Poisson batches, noise N(0, noise_std²), division by the model's
+expected batch Σ q_i over its members), applied by plain SGD (``engine.stacked.sgd_train``).
+T = ``engine.prepare.total_steps`` with n/2 samples: round(epochs · (n/2) / batch_size).
 
 Checkpoints. With a store, each finished chunk of models writes its per-sample losses and
 confidences as an artifact (``chunk/<algorithm>/<kind>/<chunk>``, ``.npz``); re-running the same
@@ -34,25 +36,25 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine import accounting
 from engine.audit import stats
 from engine.audit.analysis import algorithm_report, empty_report, plan_table
 from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
 from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
                                  resolved_tiers)
-from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
-                                   BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
-                                   per_model_step_bytes, train_ensemble)
+from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, per_model_step_bytes
 from engine.audit.report import RESULTS_VERSION, AuditReport, Baselines, LooaRecord, compact_summary, summary_table
-from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
+from engine.config import MAX_AUDIT_MODEL_STEPS, ALGORITHM_LABELS, AlgorithmConfig, ConfigError, check_work
 from engine.lifecycle import execute, store_lifecycle
-from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
-from engine.train import Cancelled, make_plan
+from engine.mechanisms import build_mechanism
+from engine.prepare import PreparedData, PrivacyPlan, prepare_privacy, total_steps
+from engine.stacked import StackedModels, sgd_train
+from engine.step import PoissonSampler
+from engine.train import Cancelled
 
 
 # ================================================================================================
@@ -64,13 +66,13 @@ class AlgoSetup:
     key: str
     algo: AlgorithmConfig
     label: str
-    plan: object | None
-    sample_rates: np.ndarray  # per training sample
-    sample_clips: np.ndarray | None
-    formal_dp: bool
+    privacy: PrivacyPlan  # engine.prepare's plan and what derives from it (the same as a run's)
     claimed: list  # per tier: ε the plan guarantees (None when non-private)
-    info: dict = field(default_factory=dict)
-    dpsgd_s: dict | None = None
+
+    plan = property(lambda self: self.privacy.plan)
+    sample_rates = property(lambda self: self.privacy.sample_rates)  # per training sample
+    formal_dp = property(lambda self: self.privacy.formal_dp)
+    info = property(lambda self: self.privacy.info)
 
 
 @dataclass
@@ -102,7 +104,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
     from engine.data import load_dataset
     from engine.tiers import assign_tiers
-    from engine.train import resolve_device
+    from engine.prepare import resolve_device
 
     config.validate()
     run = config.run
@@ -128,12 +130,19 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
         build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
     except ConfigError as e:
         raise e.under("run.") from None
-    steps = max(1, int(round(run.epochs * half / run.batch_size)))
+    try:
+        steps = total_steps(run, half)
+    except ConfigError as e:
+        raise e.under("run.") from None
+    looa = (config.looa_k + 1) * config.looa_models if config.looa_k else 0
+    check_work((2 * config.R + looa) * len(config.algorithms) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
+               allow_large=run.allow_large, what="model-steps")
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
     membership = stats.complementary_membership(n, config.R, seed=run.seed)
+    data = PreparedData(config=run, device=device, dataset=ds, tiers=tiers)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
-        algos.append(_algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half))
+        algos.append(_algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes))
     budget = int(config.memory_budget_gib * (1 << 30)) if config.memory_budget_gib else DEFAULT_BUDGET_BYTES
     expected_batch = max(a.plan.expected_batch_size if a.plan is not None else run.batch_size for a in algos)
     on_cpu = device.type == "cpu"  # CPU: cache-sized chunks; GPU: as many models as the budget holds
@@ -145,66 +154,22 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
                       algos=algos, device=device, chunk_models=int(chunk), budget_bytes=budget)
 
 
-def _algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half) -> AlgoSetup:
+def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> AlgoSetup:
+    """One algorithm's privacy preparation: engine.prepare's, planned once for the half-size tiers."""
     field_prefix = f"algorithms[{k}]"
     label = ALGORITHM_LABELS.get(algo.name, algo.name)
     if algo.name == "ino":
         label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
     rc = config.run_for(algo, tiers_cfg)
     try:
-        plan = make_plan(rc, half_sizes, steps)
+        privacy = prepare_privacy(rc, data, steps=steps, tier_sizes=half_sizes, group_attribute=config.group_attribute,
+                                  field=field_prefix)
     except ConfigError as e:
+        if e.field.startswith(field_prefix):
+            raise
         raise ConfigError(f"run.{e.field}", f"{field_prefix} ({algo.name}): {e.message}") from None
-    n = len(ds.y_train)
-    if plan is None:
-        rates = np.full(n, min(1.0, config.run.batch_size / half))
-        return AlgoSetup(key=key, algo=algo, label=label, plan=None, sample_rates=rates, sample_clips=None,
-                         formal_dp=False, claimed=[None] * len(tiers.epsilons))
-    rates = np.asarray(plan.sample_rates, dtype=float)[tiers.train]
-    clips = np.asarray(plan.clip_norms, dtype=float)[tiers.train]
-    setup = AlgoSetup(key=key, algo=algo, label=label, plan=plan, sample_rates=rates, sample_clips=clips,
-                      formal_dp=True, claimed=[float(e) for e in plan.epsilons])
-    if algo.name == "dpsgd_s":
-        g_labels, g_names, _ = group_labels(config, ds, tiers, algo.group_by, f"{field_prefix}.group_by")
-        lookup = {v: i for i, v in enumerate(g_names)}
-        gidx = np.array([lookup[v] for v in g_labels], dtype=np.int64)
-        sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size))
-        z = plan.noise_multiplier
-        if algo.private_quantile:
-            try:
-                z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
-            except accounting.PlanError as e:
-                raise ConfigError(f"{field_prefix}.count_noise_std", str(e)) from None
-        setup.formal_dp = bool(algo.private_quantile)
-        setup.dpsgd_s = {"groups": gidx, "group_names": g_names, "noise_multiplier": z, "count_noise_std": sigma_b}
-        setup.info.update(gradient_noise_multiplier=z, count_noise_std=sigma_b if algo.private_quantile else None,
-                          clip_groups=g_names)
-    return setup
-
-
-def _mechanism(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, sampler: PoissonSampler):
-    m, dev, cfg = members.shape[0], setup.device, setup.config
-    if a.plan is None:
-        return BatchedNonPrivate(m, dev)
-    name = a.algo.name
-    if name in ("dpsgd", "idp_sample", "idp_scale"):
-        return BatchedClipped(sample_clip_norms=a.sample_clips, noise_std=a.plan.noise_std, n_models=m, device=dev)
-    if name == "ino":
-        mass = (members * (a.sample_rates * a.sample_clips)[None, :]).sum(1)
-        gammas = np.array([resolve_tail_length(a.algo, float(x)) for x in mass])
-        return BatchedImportance(sample_clip_norms=a.sample_clips, noise_std=a.plan.noise_std, n_models=m,
-                                 device=dev, tail_lengths=gammas, tif=build_tif(a.algo))
-    s = a.dpsgd_s
-    k = len(s["group_names"])
-    onehot = np.zeros((len(s["groups"]), k))
-    onehot[np.arange(len(s["groups"])), s["groups"]] = 1.0
-    expected_groups = (members * a.sample_rates[None, :]) @ onehot  # (M, K) Σ q_i over members of group k
-    algo = a.algo
-    return BatchedGroupAdaptive(groups=s["groups"], n_groups=k, noise_multiplier=s["noise_multiplier"],
-                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.run.clip_norm,
-                                tau=algo.tau, quantile=algo.quantile, ema=algo.ema, min_clip=algo.min_clip,
-                                private=algo.private_quantile, quantile_lr=algo.quantile_lr,
-                                count_noise_std=s["count_noise_std"], device=dev)
+    claimed = [None] * len(data.tiers.epsilons) if privacy.plan is None else [float(e) for e in privacy.plan.epsilons]
+    return AlgoSetup(key=key, algo=algo, label=label, privacy=privacy, claimed=claimed)
 
 
 def preview_audit(config: AuditConfig) -> dict:
@@ -357,13 +322,12 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
     ds, dev = setup.dataset, setup.device
     x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
     model_cfg = setup.config.run.model
-    ens = Ensemble(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
+    ens = StackedModels(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
     sampler = PoissonSampler(members, a.sample_rates, dev)
-    mech = _mechanism(setup, a, members, sampler)
+    mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
     gen = torch.Generator(device=dev).manual_seed(gen_seed)
-    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr,
-                   expected_batch=sampler.expected_batch, gen=gen, should_stop=should_stop,
-                   on_step=lambda _s: prog.advance())
+    sgd_train(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr, gen=gen,
+              should_stop=should_stop, on_step=lambda _s: prog.advance())
     chunk = _eval_chunk(setup, len(init_seeds))
     if score_idx is not None:  # PA-LOOA: only the target records matter
         ix = torch.as_tensor(score_idx, device=dev)

@@ -1,0 +1,196 @@
+"""Everything fixed before step 1, in two parts that a dashboard run and the audit both use.
+
+    prepare_data(config)                  device, dataset, tiers                        → PreparedData
+    total_steps(config, n_train)          T = round(epochs · n_train / batch) (the audit: n_train = n/2)
+    prepare_privacy(config, data, steps)  plan (per-tier q, C, σ), per-sample q_i and C_i, the INO tail
+                                          length γ (fixed once), the DP-SGD-S set-up     → PrivacyPlan
+    engine.mechanisms.build_mechanism(privacy=…, members=…, device=…)   the step's mechanism
+
+Planning failures (``accounting.PlanError``) become ``ConfigError`` in one place, :func:`plan_errors`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine import accounting
+from engine.config import ConfigError, RunConfig
+from engine.importance import resolve_tail_length
+from engine.mechanisms import default_count_noise_std
+from engine.models import build_model
+
+PLAN_MODES = {"dpsgd": "dpsgd", "idp_sample": "sample", "idp_scale": "scale", "dpsgd_s": "dpsgd"}
+
+
+# --- data -------------------------------------------------------------------------------------
+
+@dataclass
+class PreparedData:
+    config: RunConfig
+    device: torch.device
+    dataset: object
+    tiers: object  # engine.tiers.Tiers
+
+    @property
+    def n_train(self) -> int:
+        return int(len(self.dataset.y_train))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA was requested but no GPU is available")
+    return torch.device(name)
+
+
+def prepare_data(config: RunConfig, *, dataset=None) -> PreparedData:
+    """Validate ``config``, pick the device, load the data (unless ``dataset`` is given), check that the
+    model fits it (``model.name``) and assign tiers."""
+    from engine.data import load_dataset
+    from engine.tiers import assign_tiers
+
+    config.validate()
+    device = resolve_device(config.device)
+    if dataset is None:
+        dataset = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
+                               max_train=config.data.max_train)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        build_model(config.model, dataset.input_shape, dataset.num_classes)
+    tiers = assign_tiers(config.tiers, dataset, seed=config.seed)
+    return PreparedData(config=config, device=device, dataset=dataset, tiers=tiers)
+
+
+def seeded_model(model_cfg, input_shape, num_classes: int, seed: int) -> torch.nn.Module:
+    """The model a run with this seed starts from: ``torch.manual_seed(seed)`` then ``build_model``
+    (seeding only the CPU generator: re-seeding every accelerator costs ~0.6 ms a call)."""
+    torch.random.default_generator.manual_seed(int(seed))
+    return build_model(model_cfg, tuple(input_shape), num_classes)
+
+
+def total_steps(config, n_train: float) -> int:
+    """T = round(epochs · n_train / batch_size), at least 1 (``engine.config.total_steps``), refused over the
+    work cap unless ``config.allow_large`` (``RunConfig.planned_steps``)."""
+    return config.planned_steps(n_train)
+
+
+# --- privacy ----------------------------------------------------------------------------------
+
+@contextmanager
+def plan_errors(field: str, prefix: str = ""):
+    """Inside the block, ``accounting.PlanError`` becomes ``ConfigError(field, prefix + message)``."""
+    try:
+        yield
+    except accounting.PlanError as e:
+        raise ConfigError(field, f"{prefix}{e}") from None
+
+
+def make_plan(config: RunConfig, tier_sizes, steps: int):
+    """The privacy plan (per-tier q, C, σ) this configuration trains with; None if non-private."""
+    algo = config.algorithm.name
+    if algo == "nonprivate":
+        return None
+    mode = config.algorithm.idp_mode if algo == "ino" else PLAN_MODES[algo]
+    with plan_errors("tiers", "no privacy plan: "):
+        return accounting.plan(mode=mode, epsilons=[t.epsilon for t in config.tiers.tiers], delta=config.delta,
+                               tier_sizes=list(tier_sizes), batch_size=config.batch_size,
+                               clip_norm=config.clip_norm, steps=steps)
+
+
+@dataclass
+class GroupClipSetup:
+    """DP-SGD-S: clip groups and the noise of its two releases (the gradient sum and the counts)."""
+
+    groups: np.ndarray  # group index per training sample
+    group_names: list
+    noise_multiplier: float  # gradient noise multiplier: z_Δ (private quantile) or the plan's z
+    count_noise_std: float  # σ_b of the clipped-count release
+    initial_clip: float
+
+
+@dataclass
+class PrivacyPlan:
+    """The plan and what is derived from it, fixed before step 1."""
+
+    algorithm: object  # AlgorithmConfig
+    plan: accounting.Plan | None  # None: non-private
+    sample_rates: np.ndarray  # q_i per training sample
+    sample_clips: np.ndarray | None  # C_i per training sample
+    expected_batch: float  # Σ q_k N_k over the planned tier sizes
+    expected_clip_mass: float | None  # Σ q_k C_k N_k (INO-SGD's γ is a fraction of it)
+    tail_length: float | None  # INO-SGD's γ, absolute clip-mass units
+    dpsgd_s: GroupClipSetup | None
+    formal_dp: bool
+
+    @property
+    def accountant_noise(self) -> tuple | None:
+        """Per-tier noise multiplier for the accountant (``Plan.noise_multipliers``)."""
+        return None if self.plan is None else tuple(self.plan.noise_multipliers)
+
+    @property
+    def info(self) -> dict:
+        s = self.dpsgd_s
+        if s is None:
+            return {}
+        return {"gradient_noise_multiplier": s.noise_multiplier,
+                "count_noise_std": s.count_noise_std if self.algorithm.private_quantile else None,
+                "clip_groups": list(s.group_names)}
+
+
+def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_sizes=None,
+                    group_attribute: str | None = None, field: str = "algorithm") -> PrivacyPlan:
+    """Plan ``config``'s algorithm for ``tier_sizes`` (default: the data's tiers; the audit plans once
+    for its expected half-size tiers) and derive the per-sample rates and clips, γ and DP-SGD-S's set-up.
+    ``field``: the config path errors about the algorithm name (the audit: ``algorithms[k]``)."""
+    algo = config.algorithm
+    sizes = list(data.tiers.sizes if tier_sizes is None else tier_sizes)
+    plan = make_plan(config, sizes, steps)
+    tier_of = np.asarray(data.tiers.train)
+    if plan is None:
+        q = min(1.0, config.batch_size / sum(sizes))
+        return PrivacyPlan(algorithm=algo, plan=None, sample_rates=np.full(data.n_train, q), sample_clips=None,
+                           expected_batch=float(config.batch_size), expected_clip_mass=None, tail_length=None,
+                           dpsgd_s=None, formal_dp=False)
+    rates, clips = np.asarray(plan.sample_rates, dtype=float), np.asarray(plan.clip_norms, dtype=float)
+    mass = float(np.sum(rates * clips * np.asarray(plan.tier_sizes, dtype=float)))
+    out = PrivacyPlan(algorithm=algo, plan=plan, sample_rates=rates[tier_of], sample_clips=clips[tier_of],
+                      expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
+                      tail_length=resolve_tail_length(algo, mass) if algo.name == "ino" else None,
+                      dpsgd_s=None, formal_dp=True)
+    if algo.name == "dpsgd_s":
+        out.dpsgd_s = group_clip_setup(config, data, plan, group_attribute=group_attribute, field=field)
+        out.formal_dp = bool(algo.private_quantile)
+    return out
+
+
+def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, group_attribute=None,
+                     field: str = "algorithm") -> GroupClipSetup:
+    """DP-SGD-S's groups, z_Δ (Andrew et al. 2021) and count noise σ_b (default: expected batch / 20)."""
+    algo = config.algorithm
+    groups, names = clip_groups(algo.group_by, data, attribute=group_attribute, field=f"{field}.group_by")
+    sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size))
+    z = plan.noise_multiplier
+    if algo.private_quantile:
+        with plan_errors(f"{field}.count_noise_std"):
+            z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
+    return GroupClipSetup(groups=groups, group_names=names, noise_multiplier=float(z), count_noise_std=float(sigma_b),
+                          initial_clip=float(algo.initial_clip or config.clip_norm))
+
+
+def clip_groups(group_by: str, data: PreparedData, *, attribute: str | None = None, field: str = "algorithm.group_by"):
+    """(group index per training sample, group names) for "tier", "class" or "attribute" (the
+    dataset's default sensitive attribute unless ``attribute`` names one; values sorted)."""
+    ds, tiers = data.dataset, data.tiers
+    if group_by == "tier":
+        return np.asarray(tiers.train, dtype=np.int64), list(tiers.names)
+    if group_by == "class":
+        return ds.y_train.numpy().astype(np.int64), [str(c) for c in ds.class_names]
+    attr = attribute or ds.default_sensitive
+    if attr is None or attr not in ds.sensitive_train:
+        known = ", ".join(ds.sensitive_train) or "none"
+        raise ConfigError(field, f"{ds.name} has no sensitive attribute {attr!r} to group by; known: {known}")
+    names, inv = np.unique(np.asarray(ds.sensitive_train[attr]).astype(str), return_inverse=True)
+    return inv.astype(np.int64), [str(v) for v in names]

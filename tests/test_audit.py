@@ -180,8 +180,10 @@ def test_dp_audit_invariants_lower_bound_below_claimed():
     for a in res.algorithms:
         for g in res.group_names:
             gp = a.gpr[g]
-            assert 0.0 <= gp.low <= gp.value <= gp.high <= 1.0
-        assert 0.0 <= a.null_floor <= 1.0 and 0.5 < a.accuracy.mean <= 1.0  # chance: 0.1
+            assert -1.0 <= gp.low <= gp.value <= gp.high <= 1.0  # held-out (the default) may dip below 0
+            assert abs(a.null_groups[g]) <= 1.0
+        assert abs(a.null_floor) <= 1.0 and 0.5 < a.accuracy.mean <= 1.0  # chance: 0.1
+        assert a.null_delta.low <= a.null_delta.value <= a.null_delta.high and a.resolved in (True, False)
         assert sum(sum(c) for c in a.histogram.counts.values()) == res.n_train
         gprs = [a.gpr[g].value for g in res.group_names]
         assert a.delta.value == pytest.approx((max(gprs) - min(gprs)) * 100)
@@ -193,7 +195,7 @@ def _check_report_round_trip_and_frames(res: AuditReport):
     d = res.to_dict()
     assert AuditReport.from_dict(d) == res
     assert AuditReport.from_dict(json.loads(json.dumps(d))) == res  # what the store gives back
-    assert d["kind"] == "audit" and d["version"] == 1 and [a["key"] for a in d["algorithms"]] == \
+    assert d["kind"] == "audit" and d["version"] == 2 and [a["key"] for a in d["algorithms"]] == \
         [a.key for a in res.algorithms]
     # the results-dict shape the figures and pages read today
     a0 = d["algorithms"][0]
@@ -203,7 +205,7 @@ def _check_report_round_trip_and_frames(res: AuditReport):
     assert set(a0["gpr"]) == {"groups", "delta", "n_boot", "ci"} and set(a0["lira"]) == {"groups", "roc"}
     n_alg, n_groups = len(res.algorithms), len(res.group_names)
     gpr = res.gpr_frame()
-    assert len(gpr) == n_alg * n_groups and gpr["gpr"].between(0, 1).all()
+    assert len(gpr) == n_alg * n_groups and gpr["gpr"].between(-1, 1).all()
     assert list(res.delta_frame()["algorithm"]) == [a.label for a in res.algorithms]
     assert len(res.epsilon_frame()) == sum(len(a.epsilon) for a in res.algorithms)
     assert (res.accuracy_frame().query("group == 'all'")["accuracy"] > 0.5).all()

@@ -1,6 +1,10 @@
 """An audit's report computed from its models' scores and the membership design (``engine.audit.stats``
-does the statistics): GPR per group with bootstrap CIs, Δ, the null floor, PA-GA / PA-GBA, accuracy,
-LiRA per group, the per-tier empirical ε lower bound and the advantage histograms."""
+does the statistics): GPR per group with bootstrap CIs, Δ, each group's null floor and the null Δ
+spread (permuted membership) with the "resolved" flag, PA-GA / PA-GBA, accuracy, LiRA per group, the
+per-tier empirical ε lower bound and the advantage histograms.
+
+The membership score (``AuditConfig.score``) is float64: the logit-scaled confidence of the true class
+log p_y − log(1 − p_y) (default; LiRA's score) or −loss."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,12 +20,13 @@ _ROC_POINTS = 160
 
 
 def plan_table(setup, a):
+    """Per tier: the plan's sample rate, clip, noise and ε (ε None when the algorithm has no formal guarantee)."""
     if a.plan is None:
         return None
     p = a.plan
     return [{"tier": setup.tiers.names[k], "sample_rate": float(p.sample_rates[k]), "clip_norm": float(p.clip_norms[k]),
              "noise_multiplier": float(p.noise_multiplier), "noise_std": float(p.noise_std),
-             "epsilon": float(p.epsilons[k]), "target_epsilon": float(p.target_epsilons[k])}
+             "epsilon": float(p.epsilons[k]) if a.formal_dp else None, "target_epsilon": float(p.target_epsilons[k])}
             for k in range(len(p.sample_rates))]
 
 
@@ -33,7 +38,12 @@ def empty_report(setup) -> AuditReport:
                        group_by=cfg.group_by, group_names=tuple(setup.group_names),
                        group_sizes=group_sizes(setup.groups, setup.group_names), tier_names=tuple(setup.tiers.names),
                        tier_sizes=tuple(int(s) for s in setup.tiers.sizes), device=str(setup.device),
-                       chunk_models=setup.chunk_models)
+                       chunk_models=setup.chunk_models, score=cfg.score)
+
+
+def membership_scores(score: str, losses, confs) -> np.ndarray:
+    """The audit's per-sample scores (high = member-like), float64: ``confs`` or ``−losses``."""
+    return np.asarray(confs if score == "logit_confidence" else -np.asarray(losses), dtype=np.float64)
 
 
 def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, np.ndarray]:
@@ -42,14 +52,17 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
     cfg = setup.config
     run = cfg.run
     mem = setup.membership
-    scores = -losses.astype(np.float64)
+    scores = membership_scores(cfg.score, losses, confs)
     groups = setup.groups
     adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed)
     boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
-    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=run.seed + 1)
+    null = stats.null_distribution(scores, mem, groups, threshold=cfg.threshold, n_perm=cfg.null_perms,
+                                   ci=cfg.confidence, seed=run.seed + 1)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
-           "gpr": boot, "null_floor": floor, "advantage_mean": float(np.nanmean(adv)),
+           "gpr": boot, "null_floor": null["floor"], "advantage_mean": float(np.nanmean(adv)),
+           "null": {"groups": null["groups"], "delta": null["delta"], "n_perm": null["n_perm"]},
+           "resolved": stats.delta_resolved(boot["delta"]["low"], null["delta"]["high"]),
            "baselines": {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}}
     # accuracy on the test set, per model
     yt = setup.dataset.y_test.numpy()
@@ -73,14 +86,15 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
                           "tpr_at_1%": stats.tpr_at_fpr(fpr, tpr, 0.01)}
         rocs[g] = _thin_roc(fpr, tpr)
     res["lira"] = {"groups": lira_groups, "roc": rocs}
-    # per-tier empirical ε lower bound (threshold attack on −loss, selection and counting on disjoint models)
+    # per-tier empirical ε lower bound (threshold attack on the scores, selection and counting on disjoint models)
     tier_lab = np.asarray(setup.tiers.train)
     lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
                                              seed=run.seed)
     tiers = []
     for k, name in enumerate(setup.tiers.names):
         r = lb.get(k, {})
-        tiers.append({"name": name, "claimed": a.claimed[k], "target": float(setup.tiers.epsilons[k]),
+        tiers.append({"name": name, "claimed": a.claimed[k] if a.formal_dp else None,
+                      "target": float(setup.tiers.epsilons[k]),
                       "lower_bound": r.get("epsilon_lb"), "tpr": r.get("tpr"), "fpr": r.get("fpr"),
                       "tp": r.get("tp"), "fn": r.get("fn"), "fp": r.get("fp"), "tn": r.get("tn")})
     res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": run.delta}

@@ -7,7 +7,8 @@ models train with, plus the audit's own fields. JSON round-trip; every ConfigErr
              "epochs": 2.0, "batch_size": 256, "delta": 1e-05, "clip_norm": 1.0, "seed": 0,
              "device": "auto", "threads": null},
      "epsilon": 10.0, "algorithms": [...], "R": 16, "group_by": "attribute", "group_attribute": null,
-     "threshold": "in_sample", "n_boot": 1000, "confidence": 0.95, "null_perms": 1,
+     "threshold": "held_out", "score": "logit_confidence", "n_boot": 1000, "confidence": 0.95,
+     "null_perms": 20,
      "looa_k": 2, "looa_models": 16, "chunk_models": null, "memory_budget_gib": 1.0, "name": ""}
 
 ``run.tiers = null`` means one tier holding everyone at ``epsilon``. A ``run`` object in JSON only
@@ -30,6 +31,7 @@ from engine.config import (MAX_CHUNK_MODELS, ALGORITHMS, GROUP_BY, AlgorithmConf
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
 THRESHOLDS = ("in_sample", "held_out")
+SCORES = ("logit_confidence", "loss")  # per-sample membership score, both float64 from the logits
 DEFAULT_ALGORITHMS = (
     AlgorithmConfig(name="idp_sample"),
     AlgorithmConfig(name="ino"),
@@ -63,10 +65,11 @@ class AuditConfig:
     R: int = 16  # 2R models per algorithm
     group_by: str = "attribute"  # GPR groups: class | attribute | tier
     group_attribute: str | None = None  # None: the dataset's default sensitive attribute
-    threshold: str = "in_sample"  # in_sample (the design's estimator) | held_out (unbiased)
+    threshold: str = "held_out"  # held_out (unbiased; the default for Δ) | in_sample (the design's estimator)
+    score: str = "logit_confidence"  # log p_y − log(1 − p_y) (LiRA's score) | loss (−cross-entropy); float64
     n_boot: int = 1000
-    confidence: float = 0.95  # bootstrap CIs and Clopper-Pearson ε lower bounds
-    null_perms: int = 1
+    confidence: float = 0.95  # bootstrap CIs, the null Δ spread and Clopper-Pearson ε lower bounds
+    null_perms: int = 20  # membership permutations: each group's null floor and the null Δ spread
     looa_k: int = 2  # PA-LOOA: records audited one at a time
     looa_models: int = 16  # PA-LOOA: models with / without each record
     chunk_models: int | None = None  # models trained at once; None: from the memory budget
@@ -107,6 +110,7 @@ class AuditConfig:
                 raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
         check_int(self.R, "R", 2, 100_000)
         check_choice(self.threshold, "threshold", THRESHOLDS)
+        check_choice(self.score, "score", SCORES)
         check_int(self.n_boot, "n_boot", 10, 1_000_000)
         check_number(self.confidence, "confidence", 0, 1, low_open=True, high_open=True)
         check_int(self.null_perms, "null_perms", 1, 1000)

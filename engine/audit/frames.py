@@ -23,19 +23,25 @@ def gpr_frame(report) -> pd.DataFrame:
             e = a.gpr.get(g)
             rows.append({"algorithm": a.key, "label": a.label, "group": g, "n": report.group_sizes.get(g),
                          "gpr": _nan(e and e.value), "low": _nan(e and e.low), "high": _nan(e and e.high),
-                         "null_floor": _nan(a.null_floor), "threshold": report.threshold})
+                         "null_floor": _nan(a.null_groups.get(g) if a.null_groups else a.null_floor),
+                         "threshold": report.threshold, "formal_dp": a.formal_dp})
     return pd.DataFrame(rows, columns=["algorithm", "label", "group", "n", "gpr", "low", "high", "null_floor",
-                                       "threshold"])
+                                       "threshold", "formal_dp"])
 
 
 def delta_frame(report) -> pd.DataFrame:
-    """One row per algorithm: Δ (pp) with its CI, accuracy, floor and the GPR of each group."""
+    """One row per algorithm: Δ (pp) with its CI, the null Δ spread and whether Δ is resolved beyond it,
+    accuracy, floor, claimed ε (None without a formal guarantee) and the GPR of each group."""
     rows = []
     for a in report.algorithms:
-        d = a.delta
+        d, nd = a.delta, a.null_delta
+        claimed = [c for c in a.claimed_epsilons() if c is not None]
         row = {"algorithm": a.label, "Δ (pp)": _r(d.value, 2), "Δ CI low": _r(d.low, 2), "Δ CI high": _r(d.high, 2),
+               "null Δ low": _r(nd and nd.low, 2), "null Δ high": _r(nd and nd.high, 2),
+               "resolved": None if a.resolved is None else ("yes" if a.resolved else "not resolved"),
                "accuracy": _r(a.accuracy.mean, 4), "null floor": _r(a.null_floor, 4),
-               "formal DP": "yes" if a.formal_dp else "no"}
+               "formal DP": "yes" if a.formal_dp else "no",
+               "claimed ε": ", ".join(f"{c:g}" for c in claimed) if claimed else None}
         for g in report.group_names:
             row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
         rows.append(row)
@@ -57,8 +63,8 @@ def accuracy_frame(report) -> pd.DataFrame:
 def epsilon_frame(report) -> pd.DataFrame:
     rows = []
     for a in report.algorithms:
-        for t in a.epsilon:
-            rows.append({"algorithm": a.key, "label": a.label, "tier": t.name, "claimed": _nan(t.claimed),
+        for t, claimed in zip(a.epsilon, a.claimed_epsilons()):
+            rows.append({"algorithm": a.key, "label": a.label, "tier": t.name, "claimed": _nan(claimed),
                          "target": _nan(t.target), "lower_bound": _nan(t.lower_bound), "tpr": _nan(t.tpr),
                          "fpr": _nan(t.fpr), "formal_dp": a.formal_dp, "confidence": a.epsilon_confidence})
     return pd.DataFrame(rows, columns=["algorithm", "label", "tier", "claimed", "target", "lower_bound", "tpr", "fpr",

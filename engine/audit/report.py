@@ -3,14 +3,18 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
 
     AuditReport             one audit: sizes, groups, tiers, timing, one AlgorithmReport per algorithm
       .algorithms[k]        AlgorithmReport: gpr (per group, with CI), delta (pp, with CI), null_floor,
+                            null_groups (each group's own null floor), null_delta (the null Δ spread),
+                            resolved (Δ's CI above the null Δ spread),
                             baselines (PA-GA, PA-GBA, PA-LOOA), accuracy, lira (per group AUC + ROC),
                             epsilon (per tier: claimed ε, empirical lower bound), histogram, plan, timing
       .gpr_frame() …        tidy pandas frames (engine.audit.frames): gpr, delta, accuracy, epsilon, roc,
                             histogram, baselines
       .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
-                            (the shape of RESULTS_VERSION 1; a running audit's partial summary too)
+                            (RESULTS_VERSION 2; a running audit's partial summary too)
 
-``from_dict(to_dict(r)) == r``. Values that are undefined (an empty group, no finite score) are None.
+``from_dict(to_dict(r)) == r``. Values that are undefined (an empty group, no finite score) are None;
+reports of version 1 (no per-group null, no null Δ) load with those None. An algorithm without a
+formal guarantee (``formal_dp`` False) has claimed ε None in every tier, in every output.
 The report is computed in :mod:`engine.audit.analysis`.
 """
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2  # 2: float64 scores (logit confidence by default), per-group null floors, the null Δ, resolved
 
 
 # ================================================================================================
@@ -122,6 +126,10 @@ class AlgorithmReport:
     epsilon_delta: float | None = None
     train_seconds: float | None = None
     stats_seconds: float | None = None
+    null_groups: dict = field(default_factory=dict)  # group -> the GPR under permuted membership (its own floor)
+    null_delta: Estimate | None = None  # Δ under permuted membership: mean and spread (pp); None in version 1
+    null_perms: int | None = None
+    resolved: bool | None = None  # Δ's CI low above the null Δ spread's high; None: not computed
 
     def to_dict(self) -> dict:
         b = self.baselines
@@ -136,6 +144,10 @@ class AlgorithmReport:
                        "delta": {"value": self.delta.value, "low": self.delta.low, "high": self.delta.high},
                        "n_boot": self.n_boot, "ci": self.ci},
                "null_floor": self.null_floor, "advantage_mean": self.advantage_mean, "baselines": baselines,
+               "null": {"groups": dict(self.null_groups), "n_perm": self.null_perms,
+                        "delta": None if self.null_delta is None else
+                        {"value": self.null_delta.value, "low": self.null_delta.low, "high": self.null_delta.high}},
+               "resolved": self.resolved,
                "accuracy": {"mean": self.accuracy.mean, "std": self.accuracy.std, "min": self.accuracy.min,
                             "max": self.accuracy.max, "groups": dict(self.accuracy.groups)},
                "lira": {"groups": {g: {"auc": v.auc, "tpr_at_0.1%": v.tpr_at_0_1pct, "tpr_at_1%": v.tpr_at_1pct}
@@ -160,6 +172,8 @@ class AlgorithmReport:
         eps = d.get("epsilon") or {}
         hist = d.get("histogram") or {}
         looa = b.get("pa_looa")
+        null = d.get("null") or {}
+        nd = null.get("delta")
         return cls(
             key=d["key"], name=d.get("name", d["key"]), label=d.get("label", d["key"]),
             formal_dp=bool(d.get("formal_dp")),
@@ -182,7 +196,14 @@ class AlgorithmReport:
             plan=None if d.get("plan") is None else tuple(dict(p) for p in d["plan"]),
             info=dict(d.get("info") or {}), advantage_mean=d.get("advantage_mean"), n_boot=g.get("n_boot"),
             ci=g.get("ci"), epsilon_confidence=eps.get("confidence"), epsilon_delta=eps.get("delta"),
-            train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"))
+            train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
+            null_groups=dict(null.get("groups") or {}), null_perms=null.get("n_perm"),
+            null_delta=None if nd is None else Estimate(nd.get("value"), nd.get("low"), nd.get("high")),
+            resolved=d.get("resolved"))
+
+    def claimed_epsilons(self) -> tuple:
+        """Per tier: the claimed ε, None for every tier of an algorithm without a formal guarantee."""
+        return tuple(t.claimed if self.formal_dp else None for t in self.epsilon)
 
 
 @dataclass(frozen=True)
@@ -207,6 +228,7 @@ class AuditReport:
     stats_seconds: float | None = None
     partial: bool = False  # a running (or stopped) audit: not every algorithm is there yet
     version: int = RESULTS_VERSION
+    score: str | None = None  # logit_confidence | loss; None: a version-1 report (float32 −loss)
 
     @property
     def audit_config(self):
@@ -256,6 +278,8 @@ class AuditReport:
                 out[k] = getattr(self, k)
         if self.partial:
             out["partial"] = True
+        if self.score is not None:
+            out["score"] = self.score
         return json_clean(out)
 
     @classmethod
@@ -273,7 +297,7 @@ class AuditReport:
                    config=dict(d.get("config") or {}), steps_per_model=d.get("steps_per_model"),
                    device=d.get("device"), chunk_models=d.get("chunk_models"), seconds=d.get("seconds"),
                    train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
-                   partial=bool(d.get("partial", False)), version=d.get("version", RESULTS_VERSION))
+                   partial=bool(d.get("partial", False)), version=d.get("version", 1), score=d.get("score"))
 
 
 def _frames():
@@ -316,14 +340,17 @@ def compact_summary(results) -> dict:
     """The headline numbers of an audit (what ``--json`` prints); ``results``: a report or its dict."""
     r = as_report(results)
     out = {"dataset": r.dataset, "n_train": r.n_train, "R": r.R, "n_models": r.n_models, "threshold": r.threshold,
-           "group_by": r.group_by, "seconds": r.seconds, "train_seconds": r.train_seconds,
+           "group_by": r.group_by, "score": r.score, "seconds": r.seconds, "train_seconds": r.train_seconds,
            "stats_seconds": r.stats_seconds}
     out["algorithms"] = [{
         "key": a.key, "label": a.label, "formal_dp": a.formal_dp, "accuracy": a.accuracy.mean,
         "gpr": {g: e.value for g, e in a.gpr.items()}, "gpr_ci": {g: [e.low, e.high] for g, e in a.gpr.items()},
         "delta_pp": a.delta.value, "delta_ci": [a.delta.low, a.delta.high], "null_floor": a.null_floor,
-        "pa_ga": a.baselines.pa_ga, "lira_auc": {g: v.auc for g, v in a.lira.items()},
-        "epsilon": [{"tier": t.name, "claimed": t.claimed, "lower_bound": t.lower_bound} for t in a.epsilon],
+        "null_floor_groups": dict(a.null_groups),
+        "null_delta": None if a.null_delta is None else [a.null_delta.low, a.null_delta.high],
+        "resolved": a.resolved, "pa_ga": a.baselines.pa_ga, "lira_auc": {g: v.auc for g, v in a.lira.items()},
+        "epsilon": [{"tier": t.name, "claimed": c, "lower_bound": t.lower_bound}
+                    for t, c in zip(a.epsilon, a.claimed_epsilons())],
     } for a in r.algorithms]
     return out
 
@@ -333,16 +360,20 @@ def summary_table(results) -> str:
     r = as_report(results)
     groups = r.group_names
     lines = [f"PA-ALOOA on {r.dataset} (n={r.n_train}, 2R={r.n_models} models per algorithm, threshold "
-             f"{r.threshold}, groups by {r.group_by})" + ("  [partial]" if r.partial else "")]
+             f"{r.threshold}, score {r.score or 'loss (float32)'}, groups by {r.group_by})"
+             + ("  [partial]" if r.partial else "")]
     lines.append(f"{'algorithm':<22} {'acc':>6} " + " ".join(f"{('GPR ' + g)[:14]:>14}" for g in groups)
-                 + f" {'Δ pp [CI]':>20} {'floor':>6} {'ε LB / claimed':>18}")
+                 + f" {'Δ pp [CI]':>20} {'null Δ':>13} {'resolved':>8} {'ε LB / claimed':>18}")
     for a in r.algorithms:
-        d = a.delta
-        eps = ", ".join(f"{_f(t.lower_bound, '.2f')}/{_f(t.claimed, '.2f')}" for t in a.epsilon)
+        d, nd = a.delta, a.null_delta
+        eps = ", ".join(f"{_f(t.lower_bound, '.2f')}/{_f(c, '.2f')}" for t, c in zip(a.epsilon, a.claimed_epsilons()))
         lines.append(f"{a.label[:22]:<22} {_f(a.accuracy.mean, '.3f'):>6} "
-                     + " ".join(f"{_f(a.gpr[g].value if g in a.gpr else None, '.4f'):>14}" for g in groups)
+                     + " ".join(f"{_gpr_cell(a, g):>14}" for g in groups)
                      + f" {_f(d.value, '.2f')} [{_f(d.low, '.2f')}, {_f(d.high, '.2f')}]".rjust(21)
-                     + f" {_f(a.null_floor, '.3f'):>6} {eps:>18}")
+                     + f" {_spread(nd):>13}"
+                     + f" {_yes_no(a.resolved):>8} {eps:>18}")
+    lines.append("GPR cells: the group's GPR / its own null floor (permuted membership); claimed ε — : no formal "
+                 "guarantee; resolved: Δ's CI above the null Δ spread")
     if r.seconds is not None:
         lines.append(f"{r.seconds:.1f} s ({_f(r.train_seconds, '.1f')} s training, "
                      f"{_f(r.stats_seconds, '.1f')} s statistics)")
@@ -351,3 +382,17 @@ def summary_table(results) -> str:
 
 def _f(x, spec):
     return "—" if x is None else format(x, spec)
+
+
+def _gpr_cell(a: AlgorithmReport, g: str) -> str:
+    gpr = _f(a.gpr[g].value if g in a.gpr else None, ".4f")
+    floor = a.null_groups.get(g, a.null_floor if not a.null_groups else None)
+    return f"{gpr}/{_f(floor, '.3f')}"
+
+
+def _spread(e: Estimate | None) -> str:
+    return "—" if e is None else f"[{_f(e.low, '.2f')}, {_f(e.high, '.2f')}]"
+
+
+def _yes_no(x) -> str:
+    return "—" if x is None else ("yes" if x else "NO")

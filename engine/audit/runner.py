@@ -11,7 +11,8 @@ registry (kind "audit"), which also keeps the run's status in the store.
 Method. For r = 1..R the training set is split into two complementary random halves; model 2r
 trains on one, model 2r+1 on the other (``stats.complementary_membership``), with each
 algorithm and the same tiers. Every sample is a member of exactly R of the 2R models. Each
-sample's score under a model is −loss. Per-sample advantage, GPR per group with bootstrap CIs,
+sample's score under a model is, in float64, its logit-scaled confidence log p_y − log(1 − p_y)
+(``score="logit_confidence"``, the default) or −loss (``score="loss"``). Per-sample advantage, GPR per group with bootstrap CIs,
 Δ, the permutation null floor, the PA-GA / PA-GBA / PA-LOOA baselines, LiRA and the per-tier
 empirical ε lower bound all come from ``engine.audit.stats``.
 
@@ -26,7 +27,9 @@ T = ``engine.prepare.total_steps`` with n/2 samples: round(epochs · (n/2) / bat
 Checkpoints. With a store, each finished chunk of models writes its per-sample losses and
 confidences as an artifact (``chunk/<algorithm>/<kind>/<chunk>``, ``.npz``); re-running the same
 run id skips every chunk already there. Every chunk has its own seeds, so a resumed audit gives
-exactly the results of an uninterrupted one.
+exactly the results of an uninterrupted one. Checkpoints of version 2 hold float64 scores; those of
+version 1 (float32) still load (their scores are widened to float64, with the float32 ties they
+have), and a version-1 PA-LOOA chunk, which holds losses only, is retrained.
 """
 from __future__ import annotations
 
@@ -42,12 +45,12 @@ import numpy as np
 import torch
 
 from engine.audit import stats
-from engine.audit.analysis import algorithm_report, empty_report, plan_table
+from engine.audit.analysis import algorithm_report, empty_report, membership_scores, plan_table
 from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
 from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
                                  resolved_tiers)
 from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, per_model_step_bytes
-from engine.audit.report import RESULTS_VERSION, AuditReport, Baselines, LooaRecord, compact_summary, summary_table
+from engine.audit.report import AuditReport, Baselines, LooaRecord, compact_summary, summary_table
 from engine.config import MAX_AUDIT_MODEL_STEPS, ALGORITHM_LABELS, AlgorithmConfig, ConfigError, check_work
 from engine.lifecycle import execute, store_lifecycle
 from engine.mechanisms import build_mechanism
@@ -168,7 +171,10 @@ def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> Alg
         if e.field.startswith(field_prefix):
             raise
         raise ConfigError(f"run.{e.field}", f"{field_prefix} ({algo.name}): {e.message}") from None
-    claimed = [None] * len(data.tiers.epsilons) if privacy.plan is None else [float(e) for e in privacy.plan.epsilons]
+    formal = privacy.plan is not None and privacy.formal_dp
+    claimed = [float(e) for e in privacy.plan.epsilons] if formal else [None] * len(data.tiers.epsilons)
+    if privacy.plan is not None and not privacy.formal_dp:
+        label += " — no formal DP (non-private quantile)"
     return AlgoSetup(key=key, algo=algo, label=label, privacy=privacy, claimed=claimed)
 
 
@@ -200,6 +206,9 @@ def _unnpz(blob: bytes) -> dict:
         return {k: f[k] for k in f.files}
 
 
+CHECKPOINT_VERSION = 2  # 2: float64 losses and confidences (LOOA chunks too); 1: float32, LOOA losses only
+
+
 class _Checkpoints:
     """Chunk results in the run store (or nowhere, without a store)."""
 
@@ -208,10 +217,13 @@ class _Checkpoints:
         self.active = store is not None and run_id is not None
         if not self.active:
             return
-        meta = {"version": RESULTS_VERSION, "config": config.to_dict(), "layout": layout}
+        meta = {"version": CHECKPOINT_VERSION, "config": config.to_dict(), "layout": layout}
         old = store.get_artifact(run_id, "audit/meta")
         if old is not None:
             prev = json.loads(old.decode())
+            if int(prev.get("version") or 1) > CHECKPOINT_VERSION:
+                raise ConfigError("config", f"run {run_id} holds checkpoints of version {prev.get('version')}, newer "
+                                            f"than this version reads ({CHECKPOINT_VERSION})")
             if _migrated(prev.get("config")) != meta["config"] or prev.get("layout") != layout:
                 raise ConfigError("config", f"run {run_id} holds checkpoints of a different audit configuration")
         else:
@@ -367,8 +379,8 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
     n, M = setup.n, setup.n_models
     k_algo = [x.key for x in setup.algos].index(a.key)
     t0 = time.time()
-    losses = np.empty((M, n), dtype=np.float32)
-    confs = np.empty((M, n), dtype=np.float32)
+    losses = np.empty((M, n), dtype=np.float64)
+    confs = np.empty((M, n), dtype=np.float64)
     preds = []
     for c, (lo, hi) in enumerate(layout[f"{a.key}/aloo"]):
         key = f"chunk/{a.key}/aloo/{c}"
@@ -402,23 +414,23 @@ def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, 
     m = cfg.looa_models
     members = looa_membership(setup.membership[0], targets, m)
     total = len(members)
-    loss = np.empty((total, len(targets)), dtype=np.float32)
+    score = np.empty((total, len(targets)), dtype=np.float64)
     for c, (lo, hi) in enumerate(layout[f"{a.key}/looa"]):
         key = f"chunk/{a.key}/looa/{c}"
         got = ckpt.get(key)
-        if got is None:
+        if got is None or "confs" not in got:  # version-1 LOOA chunks hold losses only: trained again
             seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
-            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
-                                   prog, should_stop, score_idx=targets)
-            ckpt.put(key, losses=l)
-            got = {"losses": l}
+            l, cf, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
+                                    prog, should_stop, score_idx=targets)
+            ckpt.put(key, losses=l, confs=cf)
+            got = {"losses": l, "confs": cf}
         else:
             prog.advance(setup.steps)
-        loss[lo:hi] = got["losses"]
+        score[lo:hi] = membership_scores(cfg.score, got["losses"], got["confs"])
     rows = []
     for t, i in enumerate(targets):
-        without = -loss[:m, t]
-        with_ = -loss[(t + 1) * m:(t + 2) * m, t]
+        without = score[:m, t]
+        with_ = score[(t + 1) * m:(t + 2) * m, t]
         rows.append(LooaRecord(index=int(i), group=str(setup.groups[i]),
                                looa_advantage=_finite(stats.pa_looa(with_, without)), aloo_advantage=_finite(adv[i])))
     return dataclasses.replace(baselines, pa_looa=tuple(rows), looa_models=int(total), looa_models_per_record=2 * m)

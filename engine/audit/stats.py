@@ -31,6 +31,8 @@ __all__ = [
     "gpr_delta",
     "bootstrap_gpr",
     "null_floor",
+    "null_distribution",
+    "delta_resolved",
     "pa_ga",
     "pa_gba",
     "pa_looa",
@@ -353,16 +355,58 @@ def null_floor(scores, membership, *, threshold: str = "in_sample", n_perm: int 
     of each complementary pair is the member).  Averaged over ``n_perm``
     permutations.  The "in_sample" floor is the estimator's optimism under no
     signal (≈ sqrt(pi/8) * sqrt(1/P + 1/N) ≈ 0.06 for 2R = 400); the "held_out"
-    floor is ≈ 0.
+    floor is ≈ 0.  :func:`null_distribution` gives it per group, with the null Δ.
     """
     s, m = _as_pair(scores, membership)
+    return null_distribution(s, m, np.zeros(s.shape[1], np.int8), threshold=threshold, n_perm=n_perm,
+                             seed=seed)["floor"]
+
+
+def null_distribution(scores, membership, groups, *, threshold: str = "in_sample", n_perm: int = 20,
+                      ci: float = 0.95, seed=0) -> dict:
+    """The estimator under no signal, per group: ``n_perm`` permutations of the membership labels
+    (as in :func:`null_floor`; a permutation of each sample's column is a permutation within its group).
+
+    Returns ``{"floor": mean advantage over all samples, "groups": {g: mean GPR under the null},
+    "delta": {"value": mean null Δ, "low", "high": its percentile spread at ``ci``}, "n_perm"}``; Δ in pp.
+    A measured Δ whose CI reaches into the null Δ spread is not resolved (:func:`delta_resolved`).
+    """
+    if not 0 < ci < 1:
+        raise ValueError("ci must be in (0, 1)")
+    s, m = _as_pair(scores, membership)
+    values, idx = _group_index(groups, s.shape[1])
     rng = np.random.default_rng(seed)
-    vals = []
+    floors, gprs, deltas = [], [], []
     for _ in range(int(n_perm)):
         mp = _permute_membership(m, rng)
         adv = sample_advantage(s, mp, threshold=threshold, seed=int(rng.integers(2**63 - 1)))
-        vals.append(np.nanmean(adv))
-    return float(np.mean(vals))
+        floors.append(np.nanmean(adv))
+        with np.errstate(invalid="ignore"):
+            g = [np.nanmean(adv[ix]) if np.isfinite(adv[ix]).any() else np.nan for ix in idx]
+        gprs.append(g)
+        deltas.append(gpr_delta(dict(zip(values, g))))
+    gprs_a = np.asarray(gprs, dtype=np.float64).reshape(len(floors), len(values))
+    d = np.asarray(deltas, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    lo_q, hi_q = 100 * (1 - ci) / 2, 100 * (1 + ci) / 2
+    with np.errstate(invalid="ignore"):
+        group_floor = {v: float(np.nanmean(gprs_a[:, k])) if np.isfinite(gprs_a[:, k]).any() else float("nan")
+                       for k, v in enumerate(values)}
+    return {"floor": float(np.mean(floors)), "groups": group_floor,
+            "delta": {"value": float(d.mean()) if d.size else float("nan"),
+                      "low": float(np.percentile(d, lo_q)) if d.size else float("nan"),
+                      "high": float(np.percentile(d, hi_q)) if d.size else float("nan")},
+            "n_perm": int(n_perm)}
+
+
+def delta_resolved(delta_low, null_delta_high) -> bool | None:
+    """Δ is resolved when its CI lies above the null Δ spread (None where either is undefined)."""
+    if delta_low is None or null_delta_high is None:
+        return None
+    lo, hi = float(delta_low), float(null_delta_high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return bool(lo > hi)
 
 
 # --------------------------------------------------------------------------- #

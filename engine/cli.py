@@ -218,8 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
-    au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config")
-    au.add_argument("config")
+    au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config or a preset")
+    au.add_argument("config", nargs="?", help="JSON audit config file (or give --preset)")
+    au.add_argument("--preset", help="a named audit (engine.audit.presets): quick, quick-eps1, adult-paper, "
+                                     "mnist-paper")
     au.add_argument("--json", action="store_true", help="print the result summary as one JSON line")
     au.set_defaults(func=cmd_audit)
 

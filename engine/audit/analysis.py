@@ -62,7 +62,8 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
            "gpr": boot, "null_floor": null["floor"], "advantage_mean": float(np.nanmean(adv)),
            "null": {"groups": null["groups"], "delta": null["delta"], "n_perm": null["n_perm"]},
-           "resolved": stats.delta_resolved(boot["delta"]["low"], null["delta"]["high"]),
+           "resolved": stats.delta_resolved(boot["delta"]["low"], null["delta"]["high"])
+           if len(setup.group_names) > 1 else None,  # one group: no Δ to resolve
            "baselines": {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}}
     # accuracy on the test set, per model
     yt = setup.dataset.y_test.numpy()

@@ -178,8 +178,9 @@ def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> Alg
     return AlgoSetup(key=key, algo=algo, label=label, privacy=privacy, claimed=claimed)
 
 
-def preview_audit(config: AuditConfig) -> dict:
-    """What an audit will do (for the UI before launching): sizes, groups, per-algorithm plans."""
+def preview_audit(config: AuditConfig, *, estimate: bool = False) -> dict:
+    """What an audit will do (for the UI before launching): sizes, groups, per-algorithm plans; with
+    ``estimate`` also the runtime estimate (``engine.audit.estimate``: a few measured steps)."""
     s = prepare_audit(config)
     out = {"n_train": s.n, "n_models": s.n_models, "steps_per_model": s.steps, "chunk_models": s.chunk_models,
            "group_names": s.group_names, "group_sizes": group_sizes(s.groups, s.group_names),
@@ -188,6 +189,10 @@ def preview_audit(config: AuditConfig) -> dict:
     for a in s.algos:
         out["algorithms"].append({"key": a.key, "label": a.label, "formal_dp": a.formal_dp,
                                   "plan": plan_table(s, a)})
+    if estimate:
+        from engine.audit.estimate import estimate_runtime
+
+        out["estimate"] = estimate_runtime(s)
     return out
 
 
@@ -442,8 +447,17 @@ def _finite(x) -> float | None:
 
 
 def cli_audit(args, store) -> int:
-    """``python -m engine audit CONFIG.json [--json]``: run an audit in this process, into the store."""
-    config = load_audit_config(args.config)
+    """``python -m engine audit CONFIG.json | --preset NAME [--json]``: run an audit in this process, into the
+    store."""
+    preset_name = getattr(args, "preset", None)
+    if (args.config is None) == (preset_name is None):
+        raise ConfigError("config", "give either a config file or --preset NAME (not both)")
+    if preset_name is not None:
+        from engine.audit.presets import preset
+
+        config = preset(preset_name).validate()
+    else:
+        config = load_audit_config(args.config)
     run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
     try:
         report = execute(store, run_id, config, kind="audit", progress=not args.json)

@@ -330,7 +330,10 @@ def _bar(total):
 def _run_plan(setup: AuditSetup) -> dict:
     return {"kind": "audit", "steps_per_model": setup.steps, "n_models": setup.n_models, "n_train": setup.n,
             "chunk_models": setup.chunk_models, "tier_names": list(setup.tiers.names),
-            "algorithms": {a.key: plan_table(setup, a) for a in setup.algos}}
+            "algorithms": {a.key: plan_table(setup, a) for a in setup.algos},
+            # the Runs page's "formal DP": only when every algorithm of the audit has a formal guarantee
+            "formal_dp": all(a.formal_dp for a in setup.algos),
+            "no_formal_dp": [a.label for a in setup.algos if not a.formal_dp]}
 
 
 def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seeds, gen_seed: int, prog,

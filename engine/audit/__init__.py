@@ -6,7 +6,9 @@
     analysis.py  the report computed from the models' scores and the membership
     report.py    AuditReport / AlgorithmReport (typed, to_dict / from_dict for the store) and CLI summaries
     frames.py    the report's tidy pandas frames (what the figures draw)
-    stats.py     the statistics themselves (advantage, GPR, bootstrap, null floor, LiRA, ε lower bounds)
+    stats.py     the statistics themselves (advantage, GPR, bootstrap, null floor / null Δ, LiRA, ε lower bounds)
+    presets.py   named audits (quick, quick-eps1, adult-paper, mnist-paper)
+    estimate.py  the runtime estimate before launch (model-steps × a measured per-model-step cost)
 """
 
 from .stats import (
@@ -19,6 +21,8 @@ from .stats import (
     lira_by_group,
     lira_scores,
     logit_confidence,
+    delta_resolved,
+    null_distribution,
     null_floor,
     pa_ga,
     pa_gba,
@@ -39,6 +43,8 @@ __all__ = [
     "lira_by_group",
     "lira_scores",
     "logit_confidence",
+    "delta_resolved",
+    "null_distribution",
     "null_floor",
     "pa_ga",
     "pa_gba",

@@ -41,6 +41,26 @@ def _row(dataset, epsilon, report, seconds):
             "resolved": a.resolved, "seconds": seconds, "steps": report.steps_per_model, "n_train": report.n_train}
 
 
+def table(path) -> str:
+    """The rows of a results file as a Markdown table."""
+    def ci(v):
+        return "—" if v is None or v[0] is None else f"{v[0]:.4f} [{v[1]:.4f}, {v[2]:.4f}]"
+
+    lines = ["| data | ε | algorithm | acc | GPR per group [95 % CI] (own null floor) | Δ pp [CI] | null Δ | resolved "
+             "| wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        if "error" in r:
+            lines.append(f"| {r['dataset']} | {r['epsilon']:g} | {r['algorithm']} | error: {r['error']} |||||| ")
+            continue
+        gpr = "; ".join(f"{g}: {ci(v)} ({r['null_groups'].get(g, float('nan')):+.4f})" for g, v in r["gpr"].items())
+        d, nd = r["delta"], r["null_delta"]
+        lines.append(f"| {r['dataset']} | {r['epsilon']:g} | {r['algorithm']} | {r['accuracy']:.3f} | {gpr} | "
+                     f"{d[0]:.2f} [{d[1]:.2f}, {d[2]:.2f}] | [{nd[0]:.2f}, {nd[1]:.2f}] | "
+                     f"{'yes' if r['resolved'] else 'no'} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from engine.audit.runner import run_audit
 
@@ -49,7 +69,11 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", default="adult,mnist")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--table", help="print a results file (.jsonl) as a Markdown table and exit")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,13 +35,13 @@ def delta_frame(report) -> pd.DataFrame:
     rows = []
     for a in report.algorithms:
         d, nd = a.delta, a.null_delta
-        claimed = [c for c in a.claimed_epsilons() if c is not None]
+        claimed = [c for c in a.claimed_epsilons() if c is not None]  # one value per tier
         row = {"algorithm": a.label, "Δ (pp)": _r(d.value, 2), "Δ CI low": _r(d.low, 2), "Δ CI high": _r(d.high, 2),
                "null Δ low": _r(nd and nd.low, 2), "null Δ high": _r(nd and nd.high, 2),
                "resolved": None if a.resolved is None else ("yes" if a.resolved else "not resolved"),
                "accuracy": _r(a.accuracy.mean, 4), "null floor": _r(a.null_floor, 4),
                "formal DP": "yes" if a.formal_dp else "no",
-               "claimed ε": ", ".join(f"{c:g}" for c in claimed) if claimed else None}
+               "claimed ε": ", ".join(f"{c:.3g}" for c in claimed) if claimed else None}
         for g in report.group_names:
             row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
         rows.append(row)

@@ -248,3 +248,25 @@ def test_presets_are_valid_audits_and_the_estimate_is_measured():
     assert est["seconds"] == pytest.approx(sum(v * 8 * pv["steps_per_model"]
                                                for v in est["per_model_step_seconds"].values()))
     assert "measured" in est["how"]
+
+
+def test_cli_takes_a_preset_and_refuses_a_bad_one_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "engine", "--store", str(tmp_path / "s.sqlite"), "audit", *args],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+
+    out = cli("--preset", "nope")
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: preset: unknown preset 'nope'; known: quick")
+    cfg = tmp_path / "a.json"
+    cfg.write_text("{}")
+    out = cli(str(cfg), "--preset", "quick")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "not both" in out.stderr

@@ -104,6 +104,8 @@ def test_old_flat_audit_configs_still_load():
     ({"run.model.name": "resnet18"}, "run.model.name"),
     ({"run.data.name": "nope"}, "run.data.name"),
     ({"threshold": "both"}, "threshold"),
+    ({"score": "probability"}, "score"),
+    ({"null_perms": 0}, "null_perms"),
     ({"group_by": "age"}, "group_by"),
     ({"n_boot": 1}, "n_boot"),
     ({"confidence": 1.5}, "confidence"),

@@ -222,9 +222,10 @@ def build_tif(algo):
     return make_tif(algo.tif, alpha=algo.alpha, beta=algo.beta, power=algo.power, cut=algo.step_cut, knots=algo.knots)
 
 
-def default_count_noise_std(expected_batch: float) -> float:
-    # Andrew et al. (2021) use σ_b = expected batch / 20.
-    return max(expected_batch / 20.0, 1.0)
+def default_count_noise_std(expected_batch: float, noise_multiplier: float = 0.0) -> float:
+    """Andrew et al. (2021) use σ_b = expected batch / 20; at least the gradient noise multiplier z, so
+    the default is always feasible (2σ_b > z; z_Δ ≤ z / √(3/4))."""
+    return max(expected_batch / 20.0, float(noise_multiplier), 1.0)
 
 
 def build_mechanism(*, privacy, members, device) -> Mechanism:

@@ -18,7 +18,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine import plots
+from engine.figures.training import build_figures
+from engine.runs import run_record
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html", "csv", "json")
@@ -161,7 +162,7 @@ def load_runs(store, run_ids) -> list[dict]:
 
     out = []
     for rid in run_ids:
-        rec = plots.run_record(store, int(rid))
+        rec = run_record(store, int(rid))
         if rec is None:
             raise ConfigError("run_ids", f"no run {rid} in {store.path}")
         out.append(rec)
@@ -192,7 +193,7 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
     out.mkdir(parents=True, exist_ok=True)
     prefix = "runs-" + "-".join(str(r["id"]) for r in runs)
     paths: list[Path] = []
-    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    specs = build_figures(runs, theme=theme, skip_empty=True)
     for spec in specs:
         for fmt in formats:
             if fmt == "json":
@@ -217,7 +218,7 @@ def presentation_pack(runs: list[dict], *, width: int = 1600, height: int = 900,
     Without Chromium the static formats are left out and README.txt says why.
     """
     ok, reason = static_export_available()
-    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    specs = build_figures(runs, theme=theme, skip_empty=True)
     buf = io.BytesIO()
     notes = [f"Privacy Imbalance Lab presentation pack — runs {', '.join(str(r['id']) for r in runs)}",
              f"created {time.strftime('%Y-%m-%d %H:%M:%S')}, {width}×{height} px at scale {scale}, theme {theme}", ""]

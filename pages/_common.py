@@ -12,7 +12,9 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine import export, plots
+from engine import export
+from engine.figures.scaffold import FigureSpec, apply_theme
+from engine.runs import run_label
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig, TierConfig, TiersConfig
 from engine.jobs import JobManager
 from engine.store import ACTIVE, RunStore, default_store_path
@@ -104,7 +106,7 @@ def run_option_label(run: dict) -> str:
     cfg = run.get("config") or {}
     data = (cfg.get("data") or {}).get("name", "?")
     when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
-    return md(f"{plots.run_label(run)} · {data} · {run['status']} · {when}")
+    return md(f"{run_label(run)} · {data} · {run['status']} · {when}")
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~$:])")
@@ -123,7 +125,7 @@ def show_error(e: Exception) -> None:
 
 # --- charts and export -------------------------------------------------------------------------------
 
-def chart(spec: plots.FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
+def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
     """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
@@ -134,7 +136,7 @@ def chart(spec: plots.FigureSpec, *, key: str, export_key: str | None = None, he
             export_menu(spec, key=export_key)
 
 
-def export_menu(spec: plots.FigureSpec, *, key: str, width: int = 1200, height: int = 700, scale: float = 2.0) -> None:
+def export_menu(spec: FigureSpec, *, key: str, width: int = 1200, height: int = 700, scale: float = 2.0) -> None:
     ok, reason = export.static_export_available()
     with st.popover("Export", icon=":material/download:", key=f"pop-{key}"):
         cols = st.columns(5)
@@ -152,7 +154,7 @@ def export_menu(spec: plots.FigureSpec, *, key: str, width: int = 1200, height: 
 
 def _deferred(fig, fmt, width, height, scale):
     def make() -> bytes:  # exported figures use the light theme (slides), whatever the app theme is
-        return export.figure_bytes(plots.apply_theme(fig, "light"), fmt, width=width, height=height, scale=scale)
+        return export.figure_bytes(apply_theme(fig, "light"), fmt, width=width, height=height, scale=scale)
     return make
 
 

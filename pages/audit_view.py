@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine.audit.plots import build_audit_figures
+from engine.figures.audit import build_audit_figures
 from engine.audit.config import AUDIT_MODELS, THRESHOLDS, AuditConfig
 from engine.audit.runner import load_array, preview_audit
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig

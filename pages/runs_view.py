@@ -8,7 +8,8 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine import export, plots
+from engine import export
+from engine.runs import algorithm_label, dp_note, run_label, run_record
 from engine.store import ACTIVE
 from pages import _common as ui
 
@@ -52,10 +53,10 @@ if not runs:
     st.stop()
 df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
-    "algorithm": plots.algorithm_label(r["algorithm"]), "dataset": _dataset_name(r["config"] or {}),
+    "algorithm": algorithm_label(r["algorithm"]), "dataset": _dataset_name(r["config"] or {}),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": ui.fmt_seconds(_duration(r)),
     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-    "comparison": r["group_id"] or "", "DP": plots.dp_note(r) or "formal DP", "error": r["error"] or "",
+    "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",
 } for r in runs])
 event = st.dataframe(df, hide_index=True, width="stretch", key="runs-table", on_select="rerun",
                      selection_mode="multi-row")
@@ -69,7 +70,7 @@ if not selected:
 ids = [r["id"] for r in selected]
 c1, c2, c3 = st.columns(3)
 if c1.button("Open in Results", icon=":material/insights:", key="to-results"):
-    st.switch_page("pages/results_view.py", query_params={"runs": [plots.run_label(r) for r in selected], "all": "true"})
+    st.switch_page("pages/results_view.py", query_params={"runs": [run_label(r) for r in selected], "all": "true"})
 if any(r["status"] in ACTIVE for r in selected) and c2.button("Cancel selected", icon=":material/stop_circle:",
                                                                  key="cancel-selected"):
     for r in selected:
@@ -85,11 +86,11 @@ with c3.popover("Delete selected", icon=":material/delete:"):
         st.rerun()
 
 for r in selected:
-    with st.expander(ui.md(f"{plots.run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
+    with st.expander(ui.md(f"{run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
         if r["error"]:
             st.caption(ui.md(f"{r['status']}: {r['error']}"))
-        if plots.dp_note(r):
-            st.warning(ui.md(plots.dp_note(r)))
+        if dp_note(r):
+            st.warning(ui.md(dp_note(r)))
         config_text = json.dumps(r["config"], indent=2, sort_keys=True)
         # a quoted here-document: the shell expands nothing inside, whatever the config contains
         verb = "audit" if r["kind"] == "audit" else "run"
@@ -99,7 +100,7 @@ for r in selected:
         d1, d2 = st.columns(2)
         d1.download_button("Config (JSON)", data=config_text, file_name=f"run_{r['id']}.json",
                            mime=export.MIME["json"], key=f"cfg-{r['id']}", on_click="ignore")
-        d2.download_button("Metrics (CSV)", data=lambda rid=r["id"]: export.metrics_csv(plots.run_record(store, rid)),
+        d2.download_button("Metrics (CSV)", data=lambda rid=r["id"]: export.metrics_csv(run_record(store, rid)),
                            file_name=f"run_{r['id']}_metrics.csv", mime=export.MIME["csv"], key=f"csv-{r['id']}",
                            on_click="ignore")
         if r["plan"]:

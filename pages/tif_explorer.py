@@ -5,7 +5,9 @@ import time
 
 import streamlit as st
 
-from engine import plots
+from engine import tif_explorer
+from engine.figures.explorer import fig_bif_batch, fig_tier_rho, fig_tif
+from engine.figures.scaffold import FigureSpec
 from engine.config import ConfigError
 from engine.data import DataError, dataset_names
 from engine.importance import expected_dropped_mass, make_tif
@@ -22,7 +24,7 @@ st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to 
 @st.cache_data(show_spinner="Sampling a batch…", max_entries=32)
 def _sample(name: str, preset_name: str, batch: int, seed: int, mode: str) -> dict:
     ds = ui.dataset(name)
-    return plots.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
+    return tif_explorer.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
 
 
 controls, view = st.columns([1, 2.4], gap="large")
@@ -72,14 +74,14 @@ with controls:
 
 t0 = time.perf_counter()
 tif = make_tif(shape or "beta", alpha=alpha, beta=beta, power=power, cut=cut)
-batch_df = plots.explorer_batch(sample["losses"], sample["clip_norms"], sample["tiers"], sample["tier_names"],
+batch_df = tif_explorer.explorer_batch(sample["losses"], sample["clip_norms"], sample["tiers"], sample["tier_names"],
                                 sample["tier_epsilons"], tif=tif, tail_length=gamma)
-tiers_df = plots.explorer_tier_table(batch_df)
+tiers_df = tif_explorer.explorer_tier_table(batch_df)
 theme = ui.plot_theme()
-spec_bif = plots.FigureSpec("bif_batch", "BIF over a batch", plots.fig_bif_batch(batch_df, tif, gamma, theme=theme),
+spec_bif = FigureSpec("bif_batch", "BIF over a batch", fig_bif_batch(batch_df, tif, gamma, theme=theme),
                             batch_df)
-spec_tif = plots.FigureSpec("tif", "TIF", plots.fig_tif(tif, theme=theme), tiers_df)
-spec_rho = plots.FigureSpec("tier_rho", "Mean ρ per tier", plots.fig_tier_rho(tiers_df, theme=theme), tiers_df)
+spec_tif = FigureSpec("tif", "TIF", fig_tif(tif, theme=theme), tiers_df)
+spec_rho = FigureSpec("tier_rho", "Mean ρ per tier", fig_tier_rho(tiers_df, theme=theme), tiers_df)
 elapsed_ms = (time.perf_counter() - t0) * 1000
 
 with view:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import plots
+from engine.figures.training import LIVE_FIGURES, build_figures
+from engine.runs import algorithm_label, dp_note, run_label
 from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
                            MODELS, TIF_SHAPES)
 from engine.data import DataError, dataset_names
@@ -222,7 +223,7 @@ if current is None:
 
 def _group_label(g: str) -> str:
     members = [r for r in runs_all if r["group_id"] == g]
-    algos_ = ", ".join(plots.algorithm_label(r["algorithm"]) for r in sorted(members, key=lambda r: r["id"]))
+    algos_ = ", ".join(algorithm_label(r["algorithm"]) for r in sorted(members, key=lambda r: r["id"]))
     return f"{g} — {algos_}"
 
 
@@ -267,8 +268,8 @@ def live(group: str) -> None:
             c1, c2, c3 = st.columns([6, 1.3, 1], vertical_alignment="center")
             total = run["total_steps"] or 0
             step = run["step"] or 0
-            label = plots.run_label(run)
-            note = plots.dp_note(run)
+            label = run_label(run)
+            note = dp_note(run)
             if run["status"] == "queued":
                 pos = mgr.queue_position(run["id"])
                 text = f"{label} — queued" + (f" (#{pos} in the queue)" if pos else "")
@@ -295,7 +296,7 @@ def live(group: str) -> None:
     if cached is not None and cached[0] == sig:
         specs = cached[1]  # nothing new: resend the same figures (the browser does not redraw them)
     else:
-        specs = {s.name: s for s in plots.build_figures(records, theme=theme, names=plots.LIVE_FIGURES,
+        specs = {s.name: s for s in build_figures(records, theme=theme, names=LIVE_FIGURES,
                                                         mid_layout=mid_layout or "facet")}
         st.session_state["live-figures"] = (sig, specs)
     ui.chart(specs["mid_curves"], key="live-mid", export_key="x-mid")

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from engine import export, plots
+from engine import export
+from engine.figures.training import build_figures
 from engine.store import RunStore
 from test_plots import make_run
 
@@ -39,7 +40,7 @@ def _store_with_runs(path: Path) -> tuple[RunStore, list[int]]:
 
 @pytest.fixture()
 def figure():
-    return plots.build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
+    return build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
 
 
 @needs_chromium
@@ -102,7 +103,7 @@ def test_presentation_pack_has_every_figure_in_every_format():
     data = export.presentation_pack(runs, width=800, height=450, scale=1.0)
     z = zipfile.ZipFile(io.BytesIO(data))
     names = z.namelist()
-    specs = plots.build_figures(runs, theme="presentation", skip_empty=True)
+    specs = build_figures(runs, theme="presentation", skip_empty=True)
     for fmt, folder in (("png", "png"), ("svg", "svg"), ("pdf", "pdf"), ("html", "html"), ("csv", "data")):
         assert len([n for n in names if n.startswith(folder + "/") and n.endswith("." + fmt)]) == len(specs)
     assert "configs.json" in names and "README.txt" in names

@@ -1,0 +1,56 @@
+"""Run records and what they mean: the record the figures and exports read, its labels, and whether
+it carries a formal DP guarantee.
+
+A *run record* is the store's run dict (``RunStore.get_run``) with its evaluation list added under
+``"evals"`` (``RunStore.eval_metrics``); :func:`run_record` builds one. Labels are plain text (a run
+name is user text: figure builders escape it, see :func:`engine.figures.scaffold.esc`).
+"""
+from __future__ import annotations
+
+from engine.config import ALGORITHM_LABELS
+
+
+def run_record(store, run_id: int) -> dict | None:
+    """The store's run dict plus its evaluations under ``"evals"`` (None if the run is gone)."""
+    run = store.get_run(run_id)
+    if run is None:
+        return None
+    run = dict(run)
+    run["evals"] = store.eval_metrics(run_id)
+    return run
+
+
+def algorithm_label(algorithm: str) -> str:
+    return ALGORITHM_LABELS.get(algorithm, algorithm or "run")
+
+
+def run_label(run: dict) -> str:
+    """Short unique legend label: "INO-SGD #12" (the run's name if it has one)."""
+    base = run.get("name") or algorithm_label(run.get("algorithm", ""))
+    return f"{base} #{run['id']}"
+
+
+def formal_dp(run: dict) -> bool | None:
+    """True/False from the run's plan (False: DP-SGD-S with a non-private quantile); None if unknown."""
+    plan = run.get("plan") or {}
+    if run.get("algorithm") == "nonprivate":
+        return False
+    if "formal_dp" in plan:
+        return bool(plan["formal_dp"])
+    summary = run.get("summary") or {}
+    if "formal_dp" in summary:
+        return bool(summary["formal_dp"])
+    cfg = (run.get("config") or {}).get("algorithm") or {}
+    if cfg.get("name") == "dpsgd_s" and cfg.get("private_quantile") is False:
+        return False
+    return None
+
+
+def dp_note(run: dict) -> str:
+    """'' for a run with a formal DP guarantee; otherwise a short warning for labels and tables."""
+    if run.get("algorithm") == "nonprivate":
+        return "non-private reference (no DP)"
+    if formal_dp(run) is False:
+        return "no formal DP guarantee"
+    return ""
+

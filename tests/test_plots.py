@@ -250,3 +250,101 @@ def test_explorer_sample_on_digits():
     assert sample["expected_clip_mass"] == pytest.approx(64.0, rel=1e-3)  # SAMPLE: Σ q N C = B·C
     again = tif_explorer.explorer_sample(ds, preset("paper", ds), batch_size=64, seed=1)
     assert np.array_equal(again["batch_indices"], sample["batch_indices"])
+
+
+# --- user text is escaped in every figure (issue 9 §6) ---------------------------------------------------
+
+HOSTILE = '<a href="http://x">click</a><b>%{fullData.name}'
+ESCAPED = '&lt;a href="http://x"&gt;click&lt;/a&gt;&lt;b&gt;'
+
+
+def _strings(x):
+    """Every string in a figure dict (template excluded: it holds no user text)."""
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            if k != "template":
+                yield from _strings(v)
+    elif isinstance(x, (list, tuple, np.ndarray)):
+        for v in x:
+            yield from _strings(v)
+
+
+def assert_escaped(fig: go.Figure, what: str) -> None:
+    texts = list(_strings(fig.to_dict()))
+    raw = [t for t in texts if "<a" in t or "</a>" in t or "<b>" in t or "%{fullData" in t]
+    assert not raw, (what, raw[:3])
+    assert any(ESCAPED in t for t in texts), (what, "the user text is not shown at all")
+    assert not [t for t in texts if "&amp;lt;" in t or "&amp;gt;" in t], (what, "escaped twice")
+
+
+def hostile_run(run_id: int, algorithm: str) -> dict:
+    """A run whose name, tier names and class names are all markup."""
+    run = make_run(run_id, algorithm, fairness=True)
+    run["name"] = HOSTILE
+    for e in run["evals"]:
+        for k, t in enumerate(e["tiers"]):
+            t["name"] = f"{HOSTILE} tier {k}"
+        for c, m in enumerate(e["classes"]):
+            m["name"] = f"{HOSTILE} class {c}"
+    return run
+
+
+def test_user_text_is_escaped_in_every_training_figure():
+    runs = [hostile_run(1, "idp_sample"), hostile_run(2, "ino")]
+    assert run_label(runs[0]) == f"{HOSTILE} #1"  # labels stay raw text: the figures escape
+    for layout in ("facet", "overlay"):
+        for spec in training.build_figures(runs, mid_layout=layout):
+            assert_escaped(spec.figure, spec.name)
+    data = training.build_figures(runs, names=["accuracy"])[0].data
+    assert set(data["run"]) == {f"{HOSTILE} #1", f"{HOSTILE} #2"}  # the CSV keeps what the user wrote
+    notes = {run_label(r): "no formal DP guarantee" for r in runs}
+    assert_escaped(training.fig_epsilon_spent(frames.tier_history(runs), notes=notes), "epsilon_spent with notes")
+    err = scaffold.empty_figure(HOSTILE, "light", f"failed: {HOSTILE}")
+    assert_escaped(err, "empty figure (error text)")
+    assert err.layout.title.text == scaffold.esc(HOSTILE)
+
+
+def test_user_text_is_escaped_in_the_explorer_figures():
+    rng = np.random.default_rng(0)
+    names = [f"{HOSTILE} {k}" for k in range(3)]
+    tif = make_tif("beta", alpha=2.0, beta=1.0)
+    batch = tif_explorer.explorer_batch(rng.exponential(1.0, 30), np.ones(30), rng.integers(0, 3, 30), names,
+                                        [1.0, 2.0, 3.0], tif=tif, tail_length=10.0)
+    assert_escaped(explorer.fig_bif_batch(batch, tif, 10.0), "bif_batch")
+    assert_escaped(explorer.fig_tier_rho(tif_explorer.explorer_tier_table(batch)), "tier_rho")
+
+
+def hostile_audit() -> dict:
+    """An audit results dict (the store's summary shape) whose group, tier and algorithm names are markup."""
+    groups = [f"{HOSTILE} g{k}" for k in range(2)]
+    algos = []
+    for k, name in enumerate(("dpsgd", "nonprivate")):
+        algos.append({
+            "key": f"{name}-{k}", "name": name, "label": f"{HOSTILE} {name}", "formal_dp": name == "dpsgd",
+            "null_floor": 0.05,
+            "gpr": {"groups": {g: {"mean": 0.1 + 0.1 * j, "low": 0.05, "high": 0.3} for j, g in enumerate(groups)},
+                    "delta": {"value": 10.0, "low": 2.0, "high": 18.0}},
+            "accuracy": {"mean": 0.8, "std": 0.01, "min": 0.78, "max": 0.82, "groups": {g: 0.8 for g in groups}},
+            "epsilon": {"tiers": [{"name": f"{HOSTILE} tier", "claimed": 1.0, "target": 1.0, "lower_bound": 0.3,
+                                   "tpr": 0.2, "fpr": 0.1}], "confidence": 0.95},
+            "lira": {"groups": {g: {"auc": 0.6, "tpr_at_0.1%": 0.01, "tpr_at_1%": 0.05} for g in groups},
+                     "roc": {g: {"fpr": [1e-4, 0.1, 1.0], "tpr": [1e-3, 0.2, 1.0]} for g in groups}},
+            "histogram": {"edges": [0.0, 0.5, 1.0], "counts": {g: [3, 1] for g in groups}},
+            "baselines": {"pa_ga": 0.1, "pa_gba": {g: 0.12 for g in groups}, "looa_models_per_record": 4,
+                          "pa_looa": [{"index": 3, "group": groups[0], "aloo_advantage": 0.2, "looa_advantage": 0.1}]},
+        })
+    return {"algorithms": algos, "group_names": groups, "group_sizes": {g: 10 for g in groups},
+            "threshold": "in_sample", "n_models": 4, "n_train": 20, "group_by": "attribute",
+            "config": {"group_attribute": HOSTILE}}
+
+
+def test_user_text_is_escaped_in_every_audit_figure():
+    from engine.figures.audit import AUDIT_FIGURES, build_audit_figures
+
+    specs = build_audit_figures(hostile_audit())
+    assert [s.name for s in specs] == list(AUDIT_FIGURES)
+    for spec in specs:
+        assert not spec.data.empty, spec.name
+        assert_escaped(spec.figure, spec.name)

@@ -8,9 +8,10 @@ import streamlit as st
 from engine import tif_explorer
 from engine.figures.explorer import fig_bif_batch, fig_tier_rho, fig_tif
 from engine.figures.scaffold import FigureSpec
-from engine.config import ConfigError
+from engine.config import AlgorithmConfig, ConfigError
 from engine.data import DataError, dataset_names
-from engine.importance import expected_dropped_mass, make_tif
+from engine.importance import expected_dropped_mass
+from engine.mechanisms import build_tif, resolve_tail_length
 from engine.tiers import preset, preset_names
 from pages import _common as ui
 
@@ -65,15 +66,19 @@ except (ConfigError, DataError) as e:
 mass = sample["expected_clip_mass"]
 with controls:
     if tail_mode == "absolute":
-        gamma = st.slider("γ (clip-mass units)", 0.0, float(max(1.0, round(2 * mass, 1))), float(round(mass / 2, 1)),
-                          0.1, key="x_tail_abs", bind="query-params")
+        tail = {"tail_length": st.slider("γ (clip-mass units)", 0.0, float(max(1.0, round(2 * mass, 1))),
+                                         float(round(mass / 2, 1)), 0.1, key="x_tail_abs", bind="query-params")}
     else:
         pct = st.slider("γ, % of the expected batch clip mass", 0, 100, 50, 1, key="x_tail_pct", bind="query-params")
-        gamma = pct / 100.0 * mass
+        tail = {"tail_fraction": pct / 100.0}
+    # the INO-SGD settings a run would use: the engine's own TIF and γ (fixed once from the expected clip mass)
+    algo = AlgorithmConfig(name="ino", idp_mode=mode or "sample", tif=shape or "beta", alpha=float(alpha),
+                           beta=float(beta), power=float(power), step_cut=float(cut), **tail)
+    gamma = resolve_tail_length(algo, mass)
     st.caption(f"expected batch clip mass Σ q·N·C = {mass:.2f} · γ = {gamma:.2f}")
 
 t0 = time.perf_counter()
-tif = make_tif(shape or "beta", alpha=alpha, beta=beta, power=power, cut=cut)
+tif = build_tif(algo)
 batch_df = tif_explorer.explorer_batch(sample["losses"], sample["clip_norms"], sample["tiers"], sample["tier_names"],
                                 sample["tier_epsilons"], tif=tif, tail_length=gamma)
 tiers_df = tif_explorer.explorer_tier_table(batch_df)

@@ -156,6 +156,28 @@ def metrics_csv(run: dict) -> bytes:
     return pd.DataFrame(rows, columns=cols).to_csv(index=False).encode("utf-8")
 
 
+def audit_advantages_csv(store, run_id: int, keys) -> bytes:
+    """An audit's per-sample advantages as CSV: one column per algorithm key (artifacts ``advantage/{key}``)."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.audit.runner import load_array
+
+    cols = {}
+    for k in keys:
+        blob = store.get_artifact(run_id, f"advantage/{k}")
+        if blob is not None:
+            cols[f"advantage_{k}"] = load_array(blob)
+    df = pd.DataFrame(cols)
+    df.insert(0, "sample", np.arange(len(df)))
+    return df.to_csv(index=False).encode("utf-8")
+
+
+def results_json(results: dict) -> bytes:
+    """An audit's results (the run's summary) as indented, key-sorted JSON."""
+    return json.dumps(results, indent=2, sort_keys=True, default=str).encode("utf-8")
+
+
 def load_runs(store, run_ids) -> list[dict]:
     """Run records (run dict + evals) for the ids that exist, in the given order."""
     from engine.config import ConfigError

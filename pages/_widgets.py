@@ -10,6 +10,7 @@ from typing import Callable
 import streamlit as st
 
 from engine.config import ConfigError, TiersConfig
+from engine.data import DataError
 from engine.jobs import eta_seconds
 from engine.runs import dp_note, run_label
 from pages import _common as ui
@@ -173,6 +174,35 @@ def live_records(store, runs: list[dict]) -> list[dict]:
         if new:
             have = cache[run["id"]] = have + new
         out.append(dict(run, evals=have))
+    return out
+
+
+def dataset(name: str, max_train, errors: list[str]):
+    """The (cached) dataset, or None after showing why it cannot be loaded (the reason goes to ``errors``)."""
+    try:
+        return ui.dataset(name, int(max_train) or None)
+    except (DataError, ConfigError) as e:
+        errors.append(str(e))
+        ui.show_error(e)
+        return None
+
+
+# --- settings -------------------------------------------------------------------------------------------
+
+def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float) -> dict:
+    """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
+    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``."""
+    def number(col, label, name, **kw):
+        return col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+
+    c1, c2, c3 = st.columns(3)
+    out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
+           "batch": number(c2, "Batch size", "batch", min_value=1, value=batch, step=batch_step),
+           "lr": number(c3, "Learning rate", "lr", min_value=0.0001, value=lr, step=lr_step, format="%.4g")}
+    c1, c2, c3 = st.columns(3)
+    out.update(delta=number(c1, "δ", "delta", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e"),
+               clip=number(c2, "Clip norm C", "clip", min_value=0.001, value=1.0, step=0.1),
+               seed=number(c3, "Seed", "seed", min_value=0, value=0, step=1))
     return out
 
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
                            MODELS, TIF_SHAPES)
-from engine.data import DataError, dataset_names
+from engine.data import dataset_names
 from engine.figures.training import LIVE_FIGURES, build_figures
 from engine.jobs import new_group_id
 from engine.runs import algorithm_label
@@ -32,17 +32,8 @@ with cfg_col:
                                 bind="query-params")
     model = c3.selectbox("Model", MODELS, key="model", bind="query-params",
                          help="auto: the CNN for images, logistic regression for tabular data")
-    c1, c2, c3, c4 = st.columns(4)
-    epochs = c1.number_input("Epochs", min_value=0.1, value=3.0, step=0.5, key="epochs", bind="query-params")
-    batch = c2.number_input("Batch size", min_value=1, value=64, step=8, key="batch", bind="query-params")
-    lr = c3.number_input("Learning rate", min_value=0.0001, value=0.5, step=0.05, format="%.4g", key="lr",
-                         bind="query-params")
-    seed = c4.number_input("Seed", min_value=0, value=0, step=1, key="seed", bind="query-params")
-    c1, c2, c3 = st.columns(3)
-    delta = c1.number_input("δ", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e", key="delta",
-                            bind="query-params")
-    clip = c2.number_input("Clip norm C", min_value=0.001, value=1.0, step=0.1, key="clip", bind="query-params")
-    eval_every = c3.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=0, step=1, key="eval_every",
+    train = widgets.training_inputs(epochs=3.0, batch=64, batch_step=8, lr=0.5, lr_step=0.05)
+    eval_every = st.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=0, step=1, key="eval_every",
                                  bind="query-params")
 
 with algo_col:
@@ -79,11 +70,8 @@ st.subheader("Privacy tiers")
 # the widgets below, which would remount them and break their URL binding)
 errors: list[str] = []
 with st.container():
-    dataset = tiers_cfg = None
-    try:
-        dataset = ui.dataset(dataset_name, int(max_train) or None)
-    except (DataError, ConfigError) as e:
-        ui.show_error(e)
+    tiers_cfg = None
+    dataset = widgets.dataset(dataset_name, max_train, errors)
     if dataset is not None:
         t1, t2 = st.columns([1, 3])
         preset_name = t1.selectbox("Preset", preset_names(dataset), key="preset", bind="query-params",
@@ -115,9 +103,9 @@ with st.container():
                 algorithm=AlgorithmConfig(name="ino", idp_mode=idp_mode, tif=tif, alpha=float(alpha), beta=float(beta),
                                           power=float(power), step_cut=float(cut), tail_fraction=tail_pct / 100.0,
                                           tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q)),
-                optimizer=OptimizerConfig(lr=float(lr)),
-                epochs=float(epochs), batch_size=int(batch), delta=float(delta), clip_norm=float(clip), seed=int(seed),
-                eval_every=int(eval_every))
+                optimizer=OptimizerConfig(lr=float(train["lr"])), epochs=float(train["epochs"]),
+                batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
+                seed=int(train["seed"]), eval_every=int(eval_every))
             base_cfg.validate()
             configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
         except ConfigError as e:

@@ -9,9 +9,11 @@ from engine.figures import frames
 from engine.figures.training import RESULT_FIGURES, build_figures
 from engine.runs import dp_note, run_label, run_record
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("Results")
 ui.intro()
+url = widgets.UrlParams()
 store = ui.store()
 
 c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
@@ -28,6 +30,7 @@ default = [run_label(r) for r in sorted(candidates, key=lambda r: r["id"])
            if r["group_id"] == latest_group] if latest_group else [run_label(candidates[0])]
 picked = c1.multiselect("Runs", list(by_label), default=default, key="runs", bind="query-params",
                         help="Finished runs, newest first (any past comparison too)")
+url.check()
 if not picked:
     st.info("Pick one or more runs.")
     st.stop()

@@ -12,8 +12,10 @@ from engine import export
 from engine.runs import algorithm_label, dp_note, run_label, run_record
 from engine.store import ACTIVE
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("Runs")
+url = widgets.UrlParams()
 mgr = ui.manager()
 store = mgr.store
 
@@ -22,6 +24,7 @@ status_filter = c1.multiselect("Status", ["queued", "running", "finished", "fail
                                key="status", bind="query-params", placeholder="all")
 kind_filter = c2.segmented_control("Kind", ["train", "audit"], key="kind", bind="query-params",
                                    selection_mode="single")
+url.check()
 runs = store.list_runs(kind=kind_filter or None)
 if status_filter:
     runs = [r for r in runs if r["status"] in status_filter]

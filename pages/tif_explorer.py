@@ -14,9 +14,11 @@ from engine.importance import expected_dropped_mass
 from engine.mechanisms import build_tif, resolve_tail_length
 from engine.tiers import preset, preset_names
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("TIF explorer")
 ui.intro()
+url = widgets.UrlParams()
 st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to end as clip mass; the first γ of "
            "that mass (the easiest items) is weighted by the TIF, the rest gets weight 1. Move the sliders: "
            "nothing is trained, the batch is sampled once per dataset/tier setting and cached.")
@@ -75,6 +77,7 @@ with controls:
     algo = AlgorithmConfig(name="ino", idp_mode=mode or "sample", tif=shape or "beta", alpha=float(alpha),
                            beta=float(beta), power=float(power), step_cut=float(cut), **tail)
     gamma = resolve_tail_length(algo, mass)
+    url.check()
     st.caption(f"expected batch clip mass Σ q·N·C = {mass:.2f} · γ = {gamma:.2f}")
 
 t0 = time.perf_counter()

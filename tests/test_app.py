@@ -153,6 +153,14 @@ def test_invalid_url_values_are_warned_about_by_name(lab):
     at.run()  # defaults, which Streamlit drops from the URL: nothing to warn about
     no_exception(at)
     assert not [w for w in warnings(at) if "URL parameter" in w], warnings(at)
+    for page, params, name in (("pages/runs_view.py", {"kind": "banana"}, "kind"),
+                               ("pages/tif_explorer.py", {"x_batch": "2", "x_shape": "zigzag"}, "x_batch")):
+        at.switch_page(page)
+        at.query_params.clear()
+        at.query_params.update(params)
+        at.run()
+        no_exception(at)
+        assert any(f"URL parameter **{name}**" in w for w in warnings(at)), (page, warnings(at))
 
 
 def test_invalid_training_settings_show_the_engine_message(lab):

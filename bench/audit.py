@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 from engine.audit import stats  # noqa: E402
-from engine.audit.config import AuditConfig  # noqa: E402
+from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
 from engine.audit.report import summary_table  # noqa: E402
 from engine.audit.runner import prepare_audit, run_audit  # noqa: E402
 from engine.config import AlgorithmConfig, ModelConfig  # noqa: E402
@@ -48,14 +48,14 @@ def opacus_one_model(setup, row: int, seed: int) -> float:
 
     from engine.models import build_model
 
-    cfg, ds = setup.config, setup.dataset
+    cfg, ds = setup.config.run, setup.dataset
     algo = setup.algos[0]
     plan = algo.plan
     t0 = time.perf_counter()
     members = np.flatnonzero(setup.membership[row])
     torch.manual_seed(seed)
-    model = build_model(ModelConfig(name=cfg.model), ds.input_shape, ds.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    model = build_model(ModelConfig(name=cfg.model.name), ds.input_shape, ds.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr)
     loader = DataLoader(TensorDataset(ds.x_train[members], ds.y_train[members]), batch_size=cfg.batch_size)
     engine = PrivacyEngine(accountant="rdp")
     model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
@@ -94,9 +94,11 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     algos = tuple(AlgorithmConfig(name=a, group_by="attribute") for a in names)
-    config = AuditConfig(dataset="adult", model="lr", epsilon=10.0, group_by="attribute", group_attribute="sex",
-                         algorithms=algos, R=args.R, epochs=2.0, batch_size=256, lr=1.0, delta=1e-5, clip_norm=1.0,
-                         seed=0, looa_k=0, threads=args.threads, device=args.device).validate()
+    run = DEFAULT_RUN.replace(**{"data.name": "adult", "model.name": "lr", "epochs": 2.0, "batch_size": 256,
+                                 "optimizer.lr": 1.0, "delta": 1e-5, "clip_norm": 1.0, "seed": 0,
+                                 "threads": args.threads, "device": args.device})
+    config = AuditConfig(run=run, epsilon=10.0, group_by="attribute", group_attribute="sex", algorithms=algos,
+                         R=args.R, looa_k=0).validate()
     t0 = time.perf_counter()
     from engine.data import load_dataset
 

@@ -1,23 +1,30 @@
 """Command line: ``python -m engine {run,plan,show,list,worker}``.
 
-Configuration errors print one line (``error: <field>: <message>``) and exit with code 2.
+Configuration errors print one line (``error: <field>: <message>``) and exit with code 2; so do data
+errors, run-store errors (a corrupt, read-only, missing or full store: the line names the file) and, as a
+last resort, any other ``sqlite3.Error`` or ``OSError``. ``--debug`` adds the traceback.
+
+``list``, ``show`` and ``export`` open the store read-only (they never write, and a missing store is an
+error); a run whose worker died on this host is shown as ``interrupted`` there and recorded as such the
+next time a writer (``run``, the dashboard) opens the store.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sqlite3
 import sys
+import traceback
 
 from engine.config import ConfigError, RunConfig, load_config
+from engine.store import RunStore, StoreError, resolve_store_path
 
 EXIT_CONFIG = 2
 
 
-def _store(args):
-    from engine.store import RunStore
-
-    return RunStore(args.store)
+def _store(args, *, readonly: bool = False) -> RunStore:
+    return RunStore(args.store, readonly=readonly)
 
 
 def _fmt(x, spec=".4f"):
@@ -43,9 +50,13 @@ def cmd_run(args) -> int:
     config = load_config(args.config)
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
+    _print_data_report(config)
     store = _store(args)
+    store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
     run_id = store.create_run(config, status="queued")
-    _run_in_store(store, run_id, config, progress=not args.json)
+    from engine.lifecycle import execute
+
+    execute(store, run_id, config, kind="train", progress=not args.json)
     run = store.get_run(run_id)
     if args.json:
         print(json.dumps({"run_id": run_id, **run["summary"]}, sort_keys=True))
@@ -55,47 +66,28 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _run_in_store(store, run_id: int, config: RunConfig, *, progress: bool) -> None:
-    """Run with status bookkeeping: finished / failed (with the error text) / cancelled."""
-    from engine.train import Cancelled, sigterm_cancels, train
+def _print_data_report(config: RunConfig) -> None:
+    """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any."""
+    from engine.data import load_dataset
 
-    try:
-        with sigterm_cancels():
-            train(config, store=store, run_id=run_id, progress=progress)
-    except Cancelled as e:
-        store.set_status(run_id, "cancelled", error=str(e))
-        raise
-    except ConfigError as e:
-        store.set_status(run_id, "failed", error=str(e))
-        raise
-    except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
-        store.set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
-        raise
+    ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
+                      max_train=config.data.max_train)
+    if ds.report.skipped:
+        print(f"note: {ds.report}", file=sys.stderr)
 
 
 def cmd_worker(args) -> int:
-    """Run a queued run from the store (started by the dashboard's job manager)."""
+    """Run a queued run from the store (started by the dashboard's job manager); the standby worker
+    passes ``args.prepared`` (config → its ready preparation, or None)."""
     import torch
 
+    from engine.lifecycle import run_queued
     from engine.train import Cancelled
 
     store = _store(args)
-    run = store.get_run(args.run_id)
-    if run is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
     torch.set_num_threads(args.threads)
     try:
-        if run["kind"] == "audit":
-            from engine.audit.runner import run_audit_in_store
-
-            run_audit_in_store(store, args.run_id, run["config"])
-        else:
-            try:
-                config = RunConfig.from_dict(run["config"]).validate()
-            except ConfigError as e:
-                store.set_status(args.run_id, "failed", error=str(e))
-                raise
-            _run_in_store(store, args.run_id, config, progress=False)
+        run_queued(store, args.run_id, prepared=getattr(args, "prepared", None))
     except Cancelled:
         return 0
     return 0
@@ -112,6 +104,8 @@ def cmd_plan(args) -> int:
         config = load_config(args.config)
         ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
                           max_train=config.data.max_train)
+        if ds.report.skipped:
+            print(f"note: {ds.report}", file=sys.stderr)
         tiers = assign_tiers(config.tiers, ds, seed=config.seed)
         plan = make_plan(config, tiers.sizes, total_steps(config, len(ds.y_train)))
         names = tiers.names
@@ -141,7 +135,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_show(args) -> int:
-    store = _store(args)
+    store = _store(args, readonly=True)
     run = store.get_run(args.run_id)
     if run is None:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
@@ -152,17 +146,16 @@ def cmd_show(args) -> int:
     if run["error"]:
         print(f"error: {run['error']}")
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
-    if run["summary"] and run["kind"] == "train":
-        print(tier_table(run["summary"]))
-    elif run["summary"] and run["kind"] == "audit" and run["summary"].get("algorithms"):
-        from engine.audit.report import summary_table
+    from engine.lifecycle import JOB_KINDS
 
-        print(summary_table(run["summary"]))
+    kind = JOB_KINDS.get(run["kind"])
+    if run["summary"] and kind is not None:
+        print(kind.summary_table(run["summary"]))
     return 0
 
 
 def cmd_list(args) -> int:
-    store = _store(args)
+    store = _store(args, readonly=True)
     runs = store.list_runs()
     if args.json:
         print(json.dumps([{k: r[k] for k in ("id", "kind", "name", "algorithm", "status", "step", "total_steps")}
@@ -184,7 +177,7 @@ def cmd_audit(args) -> int:
 def cmd_export(args) -> int:
     from engine.export import export_runs
 
-    paths = export_runs(_store(args), args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
+    paths = export_runs(_store(args, readonly=True), args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
                         width=args.width, height=args.height, scale=args.scale, theme=args.theme)
     for path in paths:
         print(path)
@@ -195,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine", description="Privacy Imbalance Lab engine")
     p.add_argument("--store", default=os.environ.get("PRIVACY_LAB_STORE"),
                    help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (after its one-line message)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train one run from a JSON config")
@@ -246,18 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv=None, *, prepared=None) -> int:
+    """``prepared``: for ``worker``, config → its ready preparation or None (the standby's head start)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.prepared = prepared
     try:
         return args.func(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except Exception as e:  # noqa: BLE001 - data errors etc.: one clear line, no traceback
+    except (ConfigError, StoreError) as e:
+        message = _one_line(e)
+    except Exception as e:  # noqa: BLE001 - data errors, then the last resort: one clear line, no traceback
         from engine.data import DataError
 
         if isinstance(e, DataError):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_CONFIG
-        raise
+            message = _one_line(e)
+        elif isinstance(e, sqlite3.Error):
+            message = f"run store {resolve_store_path(args.store)}: {type(e).__name__}: {_one_line(e)}"
+        elif isinstance(e, OSError):
+            where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) not in str(e) else ""
+            message = f"{type(e).__name__}: {_one_line(e)}{where}"
+        else:
+            raise
+        message += " (run again with --debug for the traceback)" if not args.debug else ""
+    if args.debug:
+        traceback.print_exc()
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_CONFIG

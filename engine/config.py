@@ -17,7 +17,12 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+
+from engine.config_schema import (MAX_CONFIG_BYTES, ConfigError, _show, check_bool, check_choice, check_int,  # noqa: F401
+                                  check_list, check_number, check_positive, check_section, check_str,
+                                  parse_config_json, parse_section, parse_value, read_config_text)
+
+_from_dict = parse_section  # old private name, kept while other modules move to parse_section
 
 ALGORITHMS = ("nonprivate", "dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s")
 ALGORITHM_LABELS = {
@@ -36,23 +41,40 @@ OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-class ConfigError(ValueError):
-    """An invalid run configuration. ``field`` is the dotted path of the bad field."""
+# --- documented limits (a config over them is refused with a ConfigError naming the field) --------
+MAX_TOTAL_STEPS = 1_000_000  # optimizer steps of one run; RunConfig.allow_large=True lifts it
+MAX_AUDIT_MODEL_STEPS = 50_000_000  # audits: models trained × steps each (engine.audit); same override
+MAX_THREADS = 64
+MAX_BATCH_SIZE = 10_000_000
+MAX_HIDDEN_WIDTH = 65_536
+MAX_HIDDEN_LAYERS = 16
+MAX_MODEL_PARAMS = 50_000_000  # weights of the model built for the data (engine.models)
+MAX_TIERS = 1_000
+MAX_KNOTS = 1_000
+MAX_CLASS_ID = 1_000_000
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+MAX_SEED = 2**63 - 1
 
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
+
+def total_steps(epochs: float, n_train: int, batch_size: int) -> int:
+    """Optimizer steps of a run: epochs × n_train / batch_size, rounded, at least 1. The one steps
+    formula (training, audits, previews and the work cap all use it)."""
+    steps = epochs * n_train / batch_size
+    if not math.isfinite(steps):
+        raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
+    return max(1, int(round(steps)))
 
 
-def _finite_positive(value: Any, name: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(name, f"must be a finite number > 0, got {value!r}")
-
-
-def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(name, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_large: bool = False,
+               what: str = "steps") -> int:
+    """Refuse planned work over ``limit`` unless ``allow_large``: one ConfigError naming ``field``
+    (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap."""
+    if work > limit and not allow_large:
+        shown = f"{work:,}" if work < 1e12 else f"{work:.3g}"
+        raise ConfigError(field, f"plans {shown} {what}, over the limit of {limit:,}; lower it, "
+                                 f"or set \"allow_large\": true in the run config to run it anyway")
+    return work
 
 
 @dataclass(frozen=True)
@@ -64,9 +86,12 @@ class DataConfig:
     def validate(self) -> None:
         from engine.data import dataset_names
 
-        _choice(self.name, "data.name", tuple(dataset_names()))
-        if self.max_train is not None and (not isinstance(self.max_train, int) or self.max_train < 2):
-            raise ConfigError("data.max_train", f"must be an integer >= 2 or null, got {self.max_train!r}")
+        check_section(self, "data.")
+        check_choice(self.name, "data.name", tuple(dataset_names()))
+        if self.data_dir is not None:
+            check_str(self.data_dir, "data.data_dir", max_len=MAX_PATH_CHARS, nonempty=True)
+        if self.max_train is not None:
+            check_int(self.max_train, "data.max_train", 2, 10**9)
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,17 @@ class TierConfig:
     values: tuple[str, ...] = ()  # assign="attribute": sensitive-attribute values
     ratio: float | None = None  # assign="random": fraction of the training samples
     name: str = ""
+
+    def validate(self, prefix: str = "tiers.tiers[0].") -> None:
+        check_section(self, prefix)
+        check_positive(self.epsilon, prefix + "epsilon")
+        for k, c in enumerate(self.classes):
+            check_int(c, f"{prefix}classes[{k}]", 0, MAX_CLASS_ID)
+        for k, v in enumerate(self.values):
+            check_str(v, f"{prefix}values[{k}]", max_len=MAX_NAME_CHARS)
+        if self.ratio is not None:
+            check_number(self.ratio, prefix + "ratio", 0, 1, low_open=True)
+        check_str(self.name, prefix + "name", max_len=MAX_NAME_CHARS)
 
 
 # The MNIST/digits "paper" split (INO-SGD, ICLR 2026): ε = 1 for {2,5,9}, 2 for {3,7,8}, 3 for {0,1,4,6}.
@@ -96,34 +132,37 @@ class TiersConfig:
     assignment: tuple[int, ...] | None = None  # assign="explicit": tier index per training sample
 
     def validate(self) -> None:
-        _choice(self.assign, "tiers.assign", TIER_ASSIGNMENTS)
-        if not self.tiers:
-            raise ConfigError("tiers.tiers", "at least one tier is needed")
+        check_section(self, "tiers.")
+        check_choice(self.assign, "tiers.assign", TIER_ASSIGNMENTS)
+        check_list(self.tiers, "tiers.tiers", max_len=MAX_TIERS, nonempty=True)
         for k, tier in enumerate(self.tiers):
-            _finite_positive(tier.epsilon, f"tiers.tiers[{k}].epsilon")
+            tier.validate(f"tiers.tiers[{k}].")
+        if self.attribute is not None:
+            check_str(self.attribute, "tiers.attribute", max_len=MAX_NAME_CHARS, nonempty=True)
         if self.assign == "random":
-            ratios = [t.ratio for t in self.tiers]
-            for k, r in enumerate(ratios):
-                if r is None or not math.isfinite(r) or r <= 0 or r > 1:
-                    raise ConfigError(f"tiers.tiers[{k}].ratio", f"must be in (0, 1], got {r!r}")
-            if abs(sum(ratios) - 1.0) > 1e-6:
-                raise ConfigError("tiers.tiers", f"random ratios must sum to 1, got {sum(ratios):.6g}")
+            for k, t in enumerate(self.tiers):
+                if t.ratio is None:
+                    raise ConfigError(f"tiers.tiers[{k}].ratio", "must be in (0, 1] for a random split, got None")
+            total = math.fsum(t.ratio for t in self.tiers)
+            if abs(total - 1.0) > 1e-6:
+                raise ConfigError("tiers.tiers", f"random ratios must sum to 1, got {total:.6g}")
         if self.assign in ("class", "attribute"):
-            # each class (or attribute value) belongs to exactly one tier
+            # each class (or attribute value) belongs to exactly one tier; the members are typed
+            # (ints / strings) above, so the id compared here is the id training uses
             member, what = ("classes", "class") if self.assign == "class" else ("values", "value")
             seen: dict = {}
             for k, tier in enumerate(self.tiers):
                 for item in getattr(tier, member):
-                    if item in seen:
-                        raise ConfigError(f"tiers.tiers[{k}].{member}",
-                                          f"{what} {item!r} is already assigned to tier {seen[item]}")
-                    seen[item] = k
+                    key = int(item) if member == "classes" else item
+                    if key in seen:
+                        where = "this tier" if seen[key] == k else f"tier {seen[key]}"
+                        raise ConfigError(f"tiers.tiers[{k}].{member}", f"{what} {_show(item)} is already assigned to {where}")
+                    seen[key] = k
         if self.assign == "explicit":
             if not self.assignment:
                 raise ConfigError("tiers.assignment", "explicit assignment needs one tier index per training sample")
-            bad = [a for a in self.assignment if not (0 <= int(a) < len(self.tiers))]
-            if bad:
-                raise ConfigError("tiers.assignment", f"tier index {bad[0]} out of range 0..{len(self.tiers) - 1}")
+            for i, a in enumerate(self.assignment):
+                check_int(a, f"tiers.assignment[{i}]", 0, len(self.tiers) - 1)
 
 
 @dataclass(frozen=True)
@@ -132,9 +171,21 @@ class ModelConfig:
     hidden: tuple[int, ...] = (64,)  # MLP hidden widths
 
     def validate(self) -> None:
-        _choice(self.name, "model.name", MODELS)
-        if self.name == "mlp" and (not self.hidden or any(int(h) < 1 for h in self.hidden)):
-            raise ConfigError("model.hidden", f"MLP hidden widths must be integers >= 1, got {self.hidden!r}")
+        check_section(self, "model.")
+        check_choice(self.name, "model.name", MODELS)
+        check_hidden(self.hidden, "model.hidden", required=self.name == "mlp")
+
+
+def check_hidden(hidden, field: str, *, required: bool = True) -> tuple[int, ...]:
+    """MLP hidden widths: 1..MAX_HIDDEN_LAYERS integers in 1..MAX_HIDDEN_WIDTH, and the hidden-to-hidden
+    weights alone within MAX_MODEL_PARAMS (``engine.models`` checks the full model against the data)."""
+    hidden = check_list(hidden, field, max_len=MAX_HIDDEN_LAYERS, nonempty=required)
+    for k, h in enumerate(hidden):
+        check_int(h, f"{field}[{k}]", 1, MAX_HIDDEN_WIDTH)
+    inner = sum(a * b for a, b in zip(hidden, hidden[1:]))
+    if inner > MAX_MODEL_PARAMS:
+        raise ConfigError(field, f"{inner:,} hidden-layer weights, over the limit of {MAX_MODEL_PARAMS:,}")
+    return hidden
 
 
 @dataclass(frozen=True)
@@ -161,44 +212,47 @@ class AlgorithmConfig:
     quantile_lr: float = 0.2  # geometric update step of the private quantile tracker (Andrew et al. 2021)
     count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: expected batch / 20
 
-    def validate(self) -> None:
-        _choice(self.name, "algorithm.name", ALGORITHMS)
+    def validate(self, prefix: str = "algorithm.") -> None:
+        """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names
+        the fields (an audit passes ``algorithms[k].``)."""
+        p = prefix
+        check_section(self, p)
+        check_choice(self.name, p + "name", ALGORITHMS)
+        check_list(self.knots, p + "knots", max_len=MAX_KNOTS)
         if self.name == "ino":
-            _choice(self.idp_mode, "algorithm.idp_mode", ("sample", "scale"))
-            _choice(self.tif, "algorithm.tif", TIF_SHAPES)
+            check_choice(self.idp_mode, p + "idp_mode", ("sample", "scale"))
+            check_choice(self.tif, p + "tif", TIF_SHAPES)
             if self.tail_length is None and self.tail_fraction is None:
-                raise ConfigError("algorithm.tail_length", "INO-SGD needs tail_length or tail_fraction")
+                raise ConfigError(p + "tail_length", "INO-SGD needs tail_length or tail_fraction")
             if self.tail_length is not None:
-                _finite_positive(self.tail_length, "algorithm.tail_length")
+                check_positive(self.tail_length, p + "tail_length")
             elif self.tail_fraction is not None:
-                _finite_positive(self.tail_fraction, "algorithm.tail_fraction")
+                check_positive(self.tail_fraction, p + "tail_fraction")
             if self.tif == "beta":
-                _finite_positive(self.alpha, "algorithm.alpha")
-                _finite_positive(self.beta, "algorithm.beta")
+                check_positive(self.alpha, p + "alpha")
+                check_positive(self.beta, p + "beta")
             if self.tif == "power":
-                _finite_positive(self.power, "algorithm.power")
-            if self.tif == "step" and not (0 <= self.step_cut <= 1):
-                raise ConfigError("algorithm.step_cut", f"must be in [0, 1], got {self.step_cut!r}")
+                check_positive(self.power, p + "power")
+            if self.tif == "step":
+                check_number(self.step_cut, p + "step_cut", 0, 1)
             if self.tif == "piecewise":
                 from engine.importance import PiecewiseLinearTIF
 
                 try:
                     PiecewiseLinearTIF(self.knots)
-                except ValueError as e:
-                    raise ConfigError("algorithm.knots", str(e)) from None
+                except (ValueError, TypeError) as e:
+                    raise ConfigError(p + "knots", str(e)) from None
         if self.name == "dpsgd_s":
-            _finite_positive(self.tau, "algorithm.tau")
-            if not (isinstance(self.quantile, (int, float)) and 0 < self.quantile < 1):
-                raise ConfigError("algorithm.quantile", f"must be in (0, 1), got {self.quantile!r}")
-            if not (0 <= self.ema < 1):
-                raise ConfigError("algorithm.ema", f"must be in [0, 1), got {self.ema!r}")
-            _finite_positive(self.min_clip, "algorithm.min_clip")
-            _finite_positive(self.quantile_lr, "algorithm.quantile_lr")
+            check_positive(self.tau, p + "tau")
+            check_number(self.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
+            check_number(self.ema, p + "ema", 0, 1, high_open=True)
+            check_positive(self.min_clip, p + "min_clip")
+            check_positive(self.quantile_lr, p + "quantile_lr")
             if self.initial_clip is not None:
-                _finite_positive(self.initial_clip, "algorithm.initial_clip")
+                check_positive(self.initial_clip, p + "initial_clip")
             if self.count_noise_std is not None:
-                _finite_positive(self.count_noise_std, "algorithm.count_noise_std")
-            _choice(self.group_by, "algorithm.group_by", GROUP_BY)
+                check_positive(self.count_noise_std, p + "count_noise_std")
+            check_choice(self.group_by, p + "group_by", GROUP_BY)
 
 
 @dataclass(frozen=True)
@@ -208,14 +262,19 @@ class OptimizerConfig:
     momentum: float = 0.0
 
     def validate(self) -> None:
-        _choice(self.name, "optimizer.name", OPTIMIZERS)
-        _finite_positive(self.lr, "optimizer.lr")
-        if not (0 <= self.momentum < 1):
-            raise ConfigError("optimizer.momentum", f"must be in [0, 1), got {self.momentum!r}")
+        check_section(self, "optimizer.")
+        check_choice(self.name, "optimizer.name", OPTIMIZERS)
+        check_positive(self.lr, "optimizer.lr")
+        check_number(self.momentum, "optimizer.momentum", 0, 1, high_open=True)
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run. Work is bounded: a run may plan at most :data:`MAX_TOTAL_STEPS` optimizer steps
+    (:func:`total_steps`; ``epochs`` alone over it is refused before any data is loaded, the exact count
+    once the training-set size is known, see :meth:`planned_steps`). ``allow_large: true`` is the
+    explicit flag that lifts the cap (it is saved with the config, so the store shows it was asked for)."""
+
     data: DataConfig = field(default_factory=DataConfig)
     tiers: TiersConfig = field(default_factory=TiersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -230,25 +289,33 @@ class RunConfig:
     eval_every: int = 0  # steps between evaluations; 0: about 25 evaluations per run
     threads: int | None = None  # torch.set_num_threads; workers default to 1
     name: str = ""
+    allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
 
     def validate(self) -> "RunConfig":
+        check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
         self.data.validate()
         self.tiers.validate()
         self.model.validate()
         self.algorithm.validate()
         self.optimizer.validate()
-        _finite_positive(self.epochs, "epochs")
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ConfigError("batch_size", f"must be an integer >= 1, got {self.batch_size!r}")
-        if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and 0 < self.delta < 1):
-            raise ConfigError("delta", f"must be in (0, 1), got {self.delta!r}")
-        _finite_positive(self.clip_norm, "clip_norm")
-        _choice(self.device, "device", DEVICES)
-        if not isinstance(self.eval_every, int) or self.eval_every < 0:
-            raise ConfigError("eval_every", f"must be an integer >= 0, got {self.eval_every!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ConfigError("threads", f"must be an integer >= 1 or null, got {self.threads!r}")
+        check_positive(self.epochs, "epochs")
+        check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
+        # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
+        check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large)
+        check_number(self.delta, "delta", 0, 1, low_open=True, high_open=True)
+        check_positive(self.clip_norm, "clip_norm")
+        check_int(self.seed, "seed", 0, MAX_SEED)
+        check_choice(self.device, "device", DEVICES)
+        check_int(self.eval_every, "eval_every", 0, MAX_SEED)
+        if self.threads is not None:
+            check_int(self.threads, "threads", 1, MAX_THREADS)
+        check_str(self.name, "name", max_len=MAX_NAME_CHARS)
         return self
+
+    def planned_steps(self, n_train: int) -> int:
+        """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming
+        ``epochs``) over :data:`MAX_TOTAL_STEPS` unless ``allow_large``."""
+        return check_work(total_steps(self.epochs, n_train, self.batch_size), "epochs", allow_large=self.allow_large)
 
     # --- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -260,7 +327,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
-        return _from_dict(cls, d, "")
+        return parse_section(cls, d, "")
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
@@ -292,59 +359,13 @@ def _to_jsonable(x):
     return x
 
 
-_NESTED = {
-    "data": DataConfig,
-    "tiers": TiersConfig,
-    "model": ModelConfig,
-    "algorithm": AlgorithmConfig,
-    "optimizer": OptimizerConfig,
-}
-
-
-def _from_dict(cls, d: dict, prefix: str):
-    if not isinstance(d, dict):
-        raise ConfigError(prefix.rstrip(".") or "config", "must be a JSON object")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ConfigError(prefix + unknown[0], f"unknown field; allowed: {', '.join(sorted(fields))}")
-    kwargs = {}
-    for name, value in d.items():
-        path = prefix + name
-        if cls is RunConfig and name in _NESTED:
-            kwargs[name] = _from_dict(_NESTED[name], value, path + ".")
-        elif cls is TiersConfig and name == "tiers":
-            if not isinstance(value, list):
-                raise ConfigError(path, "must be a list of tiers")
-            kwargs[name] = tuple(_from_dict(TierConfig, t, f"{path}[{k}].") for k, t in enumerate(value))
-        elif isinstance(value, list):
-            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        else:
-            kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field is missing (TierConfig.epsilon)
-        raise ConfigError(prefix.rstrip(".") or "config", str(e)) from None
-
-
-def parse_config_json(text: str) -> dict:
-    """The JSON object of a configuration; ConfigError if it is not valid JSON or not an object."""
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError("config", f"not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ConfigError("config", "the top level must be a JSON object")
-    return d
-
-
-def read_config_text(path: str) -> str:
-    """A configuration file's text (JSON only: configs are never unpickled)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from None
+def parse_tiers_param(text: str) -> TiersConfig:
+    """The dashboard's ``?tiers=`` URL value (the JSON of a TiersConfig), parsed and validated by the
+    same code as a config file; one ConfigError (field ``tiers…``) for anything else."""
+    d = parse_config_json(text, what="tiers")
+    tiers = parse_section(TiersConfig, d, "tiers.")
+    tiers.validate()
+    return tiers
 
 
 def load_config(path: str) -> RunConfig:

@@ -174,7 +174,11 @@ class JobManager:
 
     # --- submitting -------------------------------------------------------------------------
     def submit(self, configs, *, group_id: str | None = None, kind: str = "train", names=None) -> list[int]:
-        """Queue one run per config (RunConfig or dict) under one group; returns the run ids."""
+        """Queue one run per config (RunConfig / AuditConfig or its dict) of a registered ``kind`` under one
+        group; returns the run ids. An unknown kind raises ConfigError before anything is queued."""
+        from engine.lifecycle import job_kind
+
+        job_kind(kind)
         group_id = group_id or new_group_id("audit" if kind == "audit" else "cmp")
         ids = []
         for k, cfg in enumerate(configs):
@@ -505,24 +509,21 @@ def _standby_main(argv=None) -> int:
     s.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     _warm_up()
-    import engine.train
     from engine.config import RunConfig
+    from engine.train import prepare
 
     prepared: dict[str, object] = {}  # config JSON -> Prepared, from "hint" lines; each used at most once
-    original_prepare = engine.train.prepare
 
-    def prepare(config):
-        hit = prepared.pop(config.to_json(), None)
-        return hit if hit is not None else original_prepare(config)
+    def ready(config):
+        return prepared.pop(config.to_json(), None)
 
-    engine.train.prepare = prepare  # train() looks prepare up in its module: the worker uses the hint
     run_line = None
     for line in sys.stdin:
         if line.startswith("hint "):
             try:
                 cfg = RunConfig.from_json(line[5:]).validate()
                 prepared.clear()
-                prepared[cfg.to_json()] = original_prepare(cfg)
+                prepared[cfg.to_json()] = prepare(cfg)
             except Exception:  # noqa: BLE001 - a bad hint only costs the speed-up; the worker reports errors
                 prepared.clear()
         elif line.startswith("run "):
@@ -541,7 +542,7 @@ def _standby_main(argv=None) -> int:
         os.close(fd)
     from engine.cli import main
 
-    return main(["--store", args.store, "worker", str(run_id), "--threads", str(args.threads)])
+    return main(["--store", args.store, "worker", str(run_id), "--threads", str(args.threads)], prepared=ready)
 
 
 if __name__ == "__main__":

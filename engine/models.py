@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from engine.config import ConfigError, ModelConfig
+from engine.config import MAX_MODEL_PARAMS, ConfigError, ModelConfig, check_hidden
 
 
 class LogisticRegression(nn.Module):
@@ -24,9 +24,9 @@ class MLP(nn.Module):
         super().__init__()
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
-        for h in hidden:
-            layers += [nn.Linear(width, int(h)), nn.Tanh()]
-            width = int(h)
+        for h in hidden:  # integers (engine.config.check_hidden)
+            layers += [nn.Linear(width, h), nn.Tanh()]
+            width = h
         layers.append(nn.Linear(width, num_classes))
         self.net = nn.Sequential(*layers)
 
@@ -147,7 +147,13 @@ def build_model(cfg: ModelConfig, input_shape: tuple, num_classes: int) -> nn.Mo
     if name == "lr":
         return LogisticRegression(features, num_classes)
     if name == "mlp":
-        return MLP(features, num_classes, cfg.hidden)
+        hidden = check_hidden(cfg.hidden, "model.hidden")
+        widths = (features, *hidden, num_classes)
+        weights = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+        if weights > MAX_MODEL_PARAMS:
+            raise ConfigError("model.hidden", f"this MLP has {weights:,} weights on {features}-feature inputs, "
+                                              f"over the limit of {MAX_MODEL_PARAMS:,}")
+        return MLP(features, num_classes, hidden)
     if len(input_shape) != 3:
         raise ConfigError("model.name", f"{name} needs image inputs (C×H×W), got shape {tuple(input_shape)}")
     c, h, w = input_shape

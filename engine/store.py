@@ -4,13 +4,31 @@ A worker process writes; any number of readers (Streamlit sessions, the CLI) rea
 same time — WAL lets readers see the last committed state without blocking the writer.
 Every write is its own short transaction, so a crash loses at most the write in flight,
 never a finished run's results.
+
+Failing safely:
+
+* ``RunStore(path, readonly=True)`` opens the file with ``mode=ro`` and writes nothing (no schema,
+  no pragma); the read commands (``list``, ``show``, ``export``) and the dashboard's read paths use it.
+  A missing store is an error there, never silently created.
+* Every SQLite/OS failure (a corrupt, truncated or zeroed file, a read-only file or folder, a directory
+  in the store's place, a full disk, a lock held too long) becomes one :class:`StoreError` whose
+  message names the file and what to do.
+* A run left ``running`` by a worker that no longer exists on this host is *shown* as ``interrupted``
+  by a read-only store (nothing written) and *recorded* as such by :meth:`RunStore.mark_dead_runs`,
+  which writers call (the dashboard's job manager, ``python -m engine run``). Runs of other hosts are
+  left alone; finished runs are never touched.
+* Terminal status writes (failed / cancelled / interrupted) are retried a few times with a short
+  backoff so that the original error survives a transient failure; :meth:`RunStore.try_set_status`
+  never raises, so the caller can still report the original error.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
+import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,6 +47,7 @@ CREATE TABLE IF NOT EXISTS runs (
     error TEXT,
     seed INTEGER,
     pid INTEGER,
+    host TEXT,
     created_at REAL NOT NULL,
     started_at REAL,
     finished_at REAL,
@@ -62,6 +81,54 @@ CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 """
 
 
+STATUS_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)  # seconds between tries of a terminal status write
+
+
+class StoreError(Exception):
+    """The run store cannot be opened, read or written. The message is one line that names the file
+    and says what to do; show it as is (CLI: ``error: ...``, exit 2; UI: ``st.error``)."""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None):
+        super().__init__(message)
+        self.path = None if path is None else Path(path)
+
+
+def _store_error(path: Path, e: BaseException) -> StoreError:
+    """One clear line for an SQLite / OS failure on the store at ``path``."""
+    text = str(e) or type(e).__name__
+    low = text.lower()
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        msg = (f"run store {path} is damaged ({text}): move it aside or restore it from a backup; "
+               "a new run creates a fresh store at that path")
+    elif "readonly" in low or "read-only" in low:
+        msg = f"run store {path} is read-only ({text}): make the file and its folder writable, or pass another --store"
+    elif "full" in low or getattr(e, "errno", None) == 28:
+        msg = f"run store {path}: the disk is full ({text}): free some space and run again"
+    elif "disk i/o" in low:
+        msg = f"run store {path}: disk I/O error ({text}): check that the disk is not full or failing, then run again"
+    elif "locked" in low or "busy" in low:
+        msg = f"run store {path} is locked by another process ({text}): wait for it to finish and try again"
+    elif "unable to open" in low or isinstance(e, OSError):
+        msg = (f"cannot open run store {path} ({text}): check that it is a readable file in an existing, "
+               "accessible folder, or pass another --store")
+    else:
+        msg = f"run store {path}: {type(e).__name__}: {text}"
+    return StoreError(msg, path)
+
+
+def resolve_store_path(path: str | os.PathLike | None = None) -> Path:
+    """The store file for ``path`` (a file, or a folder holding ``runs.sqlite``), else the default.
+    Touches nothing."""
+    p = Path(path) if path is not None else default_store_path()
+    if p.suffix == "" and (p.is_dir() or not p.exists()):
+        p = p / "runs.sqlite"  # a folder was given
+    return p
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
 def default_store_path() -> Path:
     env = os.environ.get("PRIVACY_LAB_STORE")
     if env:
@@ -82,23 +149,80 @@ def package_versions() -> dict:
 
 
 class RunStore:
-    def __init__(self, path: str | os.PathLike | None = None):
-        self.path = Path(path) if path is not None else default_store_path()
-        if self.path.suffix == "" and (self.path.is_dir() or not self.path.exists()):
-            self.path = self.path / "runs.sqlite"  # a folder was given
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    """The run store at ``path`` (a file or a folder; default :func:`default_store_path`).
+
+    ``readonly=False`` (writers): creates the file, its folder and the schema when missing.
+    ``readonly=True`` (readers): the file must exist and be a run store; nothing is ever written.
+    Either raises :class:`StoreError` with a one-line message naming the file.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False):
+        self.path = resolve_store_path(path)
+        self.readonly = bool(readonly)
+        self._immutable = False  # read-only fallback for a WAL store in a read-only folder (see _open)
+        if self.path.is_dir():
+            raise StoreError(f"run store {self.path} is a directory, not a store file: remove or rename it, "
+                             "or pass another --store", self.path)
+        if self.readonly:
+            if not self.path.exists():
+                raise StoreError(f"no run store at {self.path}: run `python -m engine run CONFIG` to create one, "
+                                 "or point --store / $PRIVACY_LAB_STORE at an existing store", self.path)
+            with self._connect() as db:
+                has_runs = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'").fetchone()
+            if not has_runs:
+                raise StoreError(f"{self.path} is not a run store (it has no runs table): pass the right --store, "
+                                 "or move the file aside", self.path)
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _store_error(self.path, e) from e
         with self._connect() as db:
             db.executescript(_SCHEMA)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}
+            if "host" not in columns:  # stores made before the host was recorded
+                db.execute("ALTER TABLE runs ADD COLUMN host TEXT")
 
-    @contextmanager
-    def _connect(self):
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
+    @classmethod
+    def open_readonly(cls, path: str | os.PathLike | None = None) -> "RunStore":
+        return cls(path, readonly=True)
+
+    def _open(self) -> sqlite3.Connection:
+        if not self.readonly:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
             db.execute("PRAGMA foreign_keys=ON")
+            return db
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+        if self._immutable:
+            uri += "&immutable=1"
+        db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        try:
+            db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError as e:
+            # A WAL store in a read-only folder without its -shm file cannot be opened mode=ro; when no
+            # -wal file holds uncheckpointed commits, the main file is the whole store: read it immutable.
+            wal = Path(str(self.path) + "-wal")
+            db.close()
+            if self._immutable or "unable to open" not in str(e) or (wal.exists() and wal.stat().st_size > 0):
+                raise
+            self._immutable = True
+            return self._open()
+        return db
+
+    @contextmanager
+    def _connect(self):
+        try:
+            db = self._open()
+        except (sqlite3.Error, OSError) as e:
+            raise _store_error(self.path, e) from e
+        try:
             yield db
+        except sqlite3.Error as e:
+            raise _store_error(self.path, e) from e
         finally:
             db.close()
 
@@ -112,7 +236,10 @@ class RunStore:
                 # A signal (e.g. SIGTERM → Cancelled) can land right after COMMIT: only roll back an
                 # open transaction, so the original exception is the one that propagates.
                 if db.in_transaction:
-                    db.execute("ROLLBACK")
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # closing the connection rolls back as well; keep the original error
                 raise
             return cur
 
@@ -137,21 +264,60 @@ class RunStore:
         return int(cur.lastrowid)
 
     def start_run(self, run_id: int, *, pid: int, total_steps: int | None = None, plan: dict | None = None) -> None:
+        """The run is running in process ``pid`` of this host (recorded, so a dead worker is noticed)."""
         self._write(
-            "UPDATE runs SET status='running', pid=?, started_at=?, updated_at=?, total_steps=?, plan_json=?,"
-            " error=NULL WHERE id=?",
-            (pid, time.time(), time.time(), total_steps, json.dumps(plan) if plan is not None else None, run_id),
+            "UPDATE runs SET status='running', pid=?, host=?, started_at=?, updated_at=?, total_steps=?,"
+            " plan_json=?, error=NULL WHERE id=?",
+            (pid, this_host(), time.time(), time.time(), total_steps,
+             json.dumps(plan) if plan is not None else None, run_id),
         )
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
-        self._write("UPDATE runs SET pid=?, updated_at=? WHERE id=?", (pid, time.time(), run_id))
+        self._write("UPDATE runs SET pid=?, host=?, updated_at=? WHERE id=?",
+                    (pid, this_host() if pid else None, time.time(), run_id))
 
     def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
+        """Set a run's status (and error text). A terminal status (failed, cancelled, interrupted) is
+        retried a few times with a short backoff before the :class:`StoreError` is raised."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         done = None if status in ACTIVE else time.time()
-        self._write("UPDATE runs SET status=?, error=COALESCE(?, error), finished_at=COALESCE(?, finished_at),"
-                    " updated_at=? WHERE id=?", (status, error, done, time.time(), run_id))
+        args = (status, error, done, time.time(), run_id)
+        sql = ("UPDATE runs SET status=?, error=COALESCE(?, error), finished_at=COALESCE(?, finished_at),"
+               " updated_at=? WHERE id=?")
+        if status in ACTIVE or status == "finished":
+            self._write(sql, args)
+            return
+        for delay in STATUS_RETRY_DELAYS:
+            try:
+                self._write(sql, args)
+                return
+            except StoreError as e:
+                if "locked" in str(e):  # the connection already waited 30 s for the lock
+                    raise
+                time.sleep(delay)
+                self._free_wal()
+        self._write(sql, args)
+
+    def try_set_status(self, run_id: int, status: str, error: str | None = None) -> bool:
+        """:meth:`set_status` (with its retries) that never raises a :class:`StoreError`: for recording
+        why a run ended while another error is propagating. False when even the retries failed."""
+        try:
+            self.set_status(run_id, status, error=error)
+            return True
+        except StoreError:
+            return False
+
+    def _free_wal(self) -> None:
+        """On a full disk, moving the WAL into the main file and truncating it can free the few pages a
+        status update needs. Best effort."""
+        if self.readonly:
+            return
+        try:
+            with self._connect() as db:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except StoreError:
+            pass
 
     def finish_run(self, run_id: int, summary: dict) -> None:
         self._write("UPDATE runs SET status='finished', summary_json=?, finished_at=?, updated_at=? WHERE id=?",
@@ -169,7 +335,7 @@ class RunStore:
     def get_run(self, run_id: int) -> dict | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-        return _row(row) if row else None
+        return self._view(_row(row)) if row else None
 
     def list_runs(self, *, kind: str | None = None, group_id: str | None = None,
                   status: str | None = None) -> list[dict]:
@@ -180,7 +346,14 @@ class RunStore:
                 args.append(val)
         with self._connect() as db:
             rows = db.execute(sql + " ORDER BY id DESC", args).fetchall()
-        return [_row(r) for r in rows]
+        runs = [self._view(_row(r)) for r in rows]
+        return runs if status is None else [r for r in runs if r["status"] == status]
+
+    def _view(self, run: dict) -> dict:
+        """A read-only store cannot record a dead worker: it shows the run as interrupted instead."""
+        if self.readonly and worker_gone(run):
+            run.update(status="interrupted", error=_dead_message(run) + " (not yet recorded in the store)")
+        return run
 
     # --- metrics ----------------------------------------------------------------------
     def log_steps(self, run_id: int, rows) -> None:
@@ -226,15 +399,32 @@ class RunStore:
 
     # --- recovery ---------------------------------------------------------------------
     def mark_dead_runs(self, is_alive=None) -> list[int]:
-        """Runs left 'running' by a process that no longer exists become 'interrupted'."""
-        is_alive = is_alive or pid_alive
+        """Runs left 'running' by a process of this host that no longer exists become 'interrupted'
+        (only while still 'running': a run that finished meanwhile is never touched)."""
         dead = []
         for run in self.list_runs(status="running"):
-            if not run["pid"] or not is_alive(run["pid"]):
-                dead.append(run["id"])
-                self.set_status(run["id"], "interrupted",
-                                error=f"worker process {run['pid']} ended without finishing the run")
+            if worker_gone(run, is_alive):
+                cur = self._write("UPDATE runs SET status='interrupted', error=?, finished_at=?, updated_at=?"
+                                  " WHERE id=? AND status='running'",
+                                  (_dead_message(run), time.time(), time.time(), run["id"]))
+                if cur.rowcount:
+                    dead.append(run["id"])
         return dead
+
+
+def worker_gone(run: dict, is_alive=None) -> bool:
+    """A 'running' run whose worker process (on this host; runs of other hosts are never judged)
+    has ended."""
+    if run.get("status") != "running":
+        return False
+    host = run.get("host")
+    if host is not None and host != this_host():
+        return False
+    return not run.get("pid") or not (is_alive or pid_alive)(run["pid"])
+
+
+def _dead_message(run: dict) -> str:
+    return f"worker process {run.get('pid')} ended without finishing the run"
 
 
 def pid_alive(pid: int) -> bool:

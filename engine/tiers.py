@@ -40,7 +40,10 @@ def tier_names(tiers: TiersConfig) -> tuple[str, ...]:
 
 
 def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignment:
-    """Per-sample tier indices; raises ConfigError for empty tiers or unassigned classes/values."""
+    """Per-sample tier indices; raises ConfigError for empty tiers or unassigned classes/values.
+
+    ``tiers.validate()`` runs first, so classes are ints, values strings and assignments in-range
+    ints: nothing here converts a value validation has not typed."""
     tiers.validate()
     y_train = dataset.y_train.numpy()
     y_test = dataset.y_test.numpy()
@@ -49,11 +52,11 @@ def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignmen
     if tiers.assign == "class":
         lookup = np.full(dataset.num_classes, -1)
         for k, t in enumerate(tiers.tiers):
-            for c in t.classes:
-                if not (0 <= int(c) < dataset.num_classes):
-                    raise ConfigError(f"tiers.tiers[{k}].classes",
+            for j, c in enumerate(t.classes):
+                if not (0 <= c < dataset.num_classes):
+                    raise ConfigError(f"tiers.tiers[{k}].classes[{j}]",
                                       f"class {c} out of range 0..{dataset.num_classes - 1} for {dataset.name}")
-                lookup[int(c)] = k
+                lookup[c] = k
         missing = [c for c in range(dataset.num_classes) if lookup[c] < 0]
         if missing:
             raise ConfigError("tiers.tiers", f"class {missing[0]} is assigned to no tier")
@@ -66,7 +69,7 @@ def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignmen
         values = {}
         for k, t in enumerate(tiers.tiers):
             for v in t.values:
-                values[str(v)] = k
+                values[v] = k
         present = sorted(set(map(str, dataset.sensitive_train[attr])))
         missing = [v for v in present if v not in values]
         if missing:

@@ -81,7 +81,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def total_steps(config: RunConfig, n_train: int) -> int:
-    return max(1, int(round(config.epochs * n_train / config.batch_size)))
+    """Steps of this run (engine.config.total_steps), refused over the work cap (RunConfig.planned_steps)."""
+    return config.planned_steps(n_train)
 
 
 def make_plan(config: RunConfig, tier_sizes, steps: int):

@@ -7,10 +7,10 @@ import time
 import streamlit as st
 
 from engine import export
-from engine.audit.config import AUDIT_MODELS, THRESHOLDS, AuditConfig
+from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, THRESHOLDS, AuditConfig
+from engine.audit.report import as_report
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
 from engine.data import DATASETS, dataset_names
-from engine.figures import audit_frames
 from engine.figures.audit import build_audit_figures
 from engine.tiers import preset, preset_names
 from pages import _common as ui
@@ -101,12 +101,14 @@ elif not errors:
     try:
         extra = {"ino": {"tail_fraction": tail_pct / 100.0}, "dpsgd_s": {"group_by": group_by}}  # (clips per group)
         algo_cfgs = [AlgorithmConfig(name=a, **extra.get(a, {})) for a in algos]
-        config = AuditConfig(dataset=dataset_name, max_train=int(max_train) or None, model=model, tiers=tiers_cfg,
-                             epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
-                             algorithms=tuple(algo_cfgs), R=int(R), epochs=float(train["epochs"]),
-                             batch_size=int(train["batch"]), lr=float(train["lr"]), delta=float(train["delta"]),
-                             clip_norm=float(train["clip"]), seed=int(train["seed"]),
-                             threshold=threshold, n_boot=int(n_boot), looa_k=int(looa_k)).validate()
+        run = DEFAULT_RUN.replace(**{"data.name": dataset_name, "data.max_train": int(max_train) or None,
+                                     "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(train["lr"]),
+                                     "epochs": float(train["epochs"]), "batch_size": int(train["batch"]),
+                                     "delta": float(train["delta"]), "clip_norm": float(train["clip"]),
+                                     "seed": int(train["seed"])})
+        config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
+                             algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, n_boot=int(n_boot),
+                             looa_k=int(looa_k)).validate()
     except ConfigError as e:
         errors.append(str(e))
         ui.show_error(e)
@@ -135,7 +137,8 @@ def _label(i: int) -> str:
     cfg = by_id[i].get("config") or {}
     algos = ", ".join(a["name"] if isinstance(a, dict) else str(a) for a in cfg.get("algorithms") or [])
     when = time.strftime("%m-%d %H:%M", time.localtime(by_id[i].get("created_at") or 0))
-    return f"#{i} · {cfg.get('dataset', '?')} · R={cfg.get('R', '?')} · {algos} · {when}"
+    dataset = ((cfg.get("run") or {}).get("data") or {}).get("name") or cfg.get("dataset", "?")
+    return f"#{i} · {dataset} · R={cfg.get('R', '?')} · {algos} · {when}"
 
 
 active = [r["id"] for r in audits if ui.is_active(r)]
@@ -153,17 +156,17 @@ def view(run_id: int) -> None:
         return
     with st.container(key="audit-status"):
         widgets.status_row(run, widgets.audit_progress_text(run, mgr), mgr, key_prefix="a-", resume=True)
-    results = run.get("summary") or {}
-    if not audit_frames.has_results(results):
+    report = as_report(run["summary"]) if run.get("summary") else None
+    if report is None or not report.algorithms:
         if ui.is_active(run):
             st.caption("The figures appear as soon as the first algorithm's models are trained and analysed.")
         return
-    algos = audit_frames.algorithms(results)
-    if audit_frames.is_partial(results):
-        st.caption(ui.md(f"Partial results (done: {', '.join(algos['label'])}); the rest is still training."))
+    if report.partial:
+        st.caption(ui.md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
+                         "the rest is still training."))
     theme = ui.plot_theme()
-    sig = (run_id, theme, len(algos), audit_frames.is_partial(results))
-    specs = widgets.cached_figures("audit-figures", sig, lambda: build_audit_figures(results, theme=theme))
+    sig = (run_id, theme, len(report.algorithms), report.partial)
+    specs = widgets.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
     ui.chart(specs["gpr_bars"], key="audit-gpr", export_key="ax-gpr")
     c1, c2 = st.columns([3, 2])
     with c1:
@@ -176,9 +179,9 @@ def view(run_id: int) -> None:
     with st.expander("Baselines (PA-GA, PA-GBA, PA-LOOA)", expanded=False):
         ui.chart(specs["baselines"], key="audit-baselines", export_key="ax-base")
     c1, c2 = st.columns(2)
-    c1.download_button("Results (JSON)", data=export.results_json(results), file_name=f"audit-{run_id}.json",
+    c1.download_button("Results (JSON)", data=export.results_json(run["summary"]), file_name=f"audit-{run_id}.json",
                        mime="application/json", key=f"a-json-{run_id}", on_click="ignore", icon=":material/download:")
-    keys = list(algos["key"])
+    keys = [a.key for a in report.algorithms]
     c2.download_button("Per-sample advantages (CSV)", data=lambda: export.audit_advantages_csv(store, run_id, keys),
                        file_name=f"audit-{run_id}-advantages.csv", mime="text/csv", key=f"a-csv-{run_id}",
                        on_click="ignore", icon=":material/download:")

@@ -130,6 +130,16 @@ def test_standby_and_cold_workers_finish_identically_and_errors_fail_cleanly(man
     assert mgr.log_path(warm).exists()
 
 
+def test_submit_refuses_an_unknown_kind_before_queueing(tmp_path):
+    from engine.config import ConfigError
+
+    mgr = JobManager(tmp_path / "runs.sqlite", autostart=False, prewarm=False)
+    with pytest.raises(ConfigError) as e:
+        mgr.submit([TINY], kind="nope")
+    assert e.value.field == "kind" and mgr.store.list_runs() == []
+    mgr.shutdown()
+
+
 def test_resume_requeues_an_ended_grouped_run(tmp_path):
     store = RunStore(tmp_path / "runs.sqlite")
     rid = store.create_run(TINY, group_id="g-resume")

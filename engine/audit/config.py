@@ -1,13 +1,32 @@
-"""The audit's configuration: one frozen :class:`AuditConfig` (JSON round-trip, ConfigError naming the field)."""
+"""The audit's configuration: one frozen :class:`AuditConfig` that contains the :class:`RunConfig` its
+models train with, plus the audit's own fields. JSON round-trip; every ConfigError names a dotted field.
+
+    {"run": {"data": {"name": "adult", "data_dir": null, "max_train": null},
+             "model": {"name": "lr", "hidden": [64]}, "tiers": null,
+             "optimizer": {"name": "sgd", "lr": 1.0, "momentum": 0.0},
+             "epochs": 2.0, "batch_size": 256, "delta": 1e-05, "clip_norm": 1.0, "seed": 0,
+             "device": "auto", "threads": null},
+     "epsilon": 10.0, "algorithms": [...], "R": 16, "group_by": "attribute", "group_attribute": null,
+     "threshold": "in_sample", "n_boot": 1000, "confidence": 0.95, "null_perms": 1,
+     "looa_k": 2, "looa_models": 16, "chunk_models": null, "memory_budget_gib": 1.0, "name": ""}
+
+``run.tiers = null`` means one tier holding everyone at ``epsilon``. A ``run`` object in JSON only
+needs the fields that differ from the audit's defaults (:data:`DEFAULT_RUN`; one level deep:
+``{"run": {"data": {"max_train": 500}}}`` keeps Adult). ``run.algorithm``, ``run.eval_every`` and
+``run.name`` are not part of an audit (the audit lists its ``algorithms`` and has its own ``name``).
+Configs of the earlier flat shape (``dataset``, ``lr``, ``epochs`` … at the top) still load
+(:func:`migrate_flat`), so audits already in a run store keep working.
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 
-from engine.config import (ALGORITHMS, DEVICES, GROUP_BY, AlgorithmConfig, ConfigError, TiersConfig,
-                           parse_config_json, read_config_text)
+from engine.config import (ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
+                           OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_choice, check_int,
+                           check_number, check_positive, check_str, parse_config_json, parse_section,
+                           read_config_text)
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
 THRESHOLDS = ("in_sample", "held_out")
@@ -18,70 +37,64 @@ DEFAULT_ALGORITHMS = (
     AlgorithmConfig(name="dpsgd"),
     AlgorithmConfig(name="nonprivate"),
 )
-
-
-def _positive(value, name):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(name, f"must be a finite number > 0, got {value!r}")
-
-
-def _int_at_least(value, name, low, high=None):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        rng = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ConfigError(name, f"must be an integer {rng}, got {value!r}")
+# The audit's own defaults for the models it trains (RunConfig's defaults are the dashboard's digits run).
+DEFAULT_RUN = RunConfig(data=DataConfig(name="adult"), tiers=None, model=ModelConfig(name="lr"),
+                        optimizer=OptimizerConfig(lr=1.0), epochs=2.0, batch_size=256, delta=1e-5, clip_norm=1.0,
+                        seed=0, device="auto", threads=None)
+# RunConfig fields that an audit does not use: not written, refused when read.
+_NOT_IN_AUDIT = {"algorithm": "an audit lists its algorithms in the top-level 'algorithms'",
+                 "eval_every": "an audit evaluates every model once, at the end",
+                 "name": "an audit's name is the top-level 'name'"}
+# The earlier flat audit config: top-level key → path in the run.
+_FLAT = {"dataset": ("data", "name"), "data_dir": ("data", "data_dir"), "max_train": ("data", "max_train"),
+         "model": ("model", "name"), "hidden": ("model", "hidden"), "lr": ("optimizer", "lr"),
+         "epochs": ("epochs",), "batch_size": ("batch_size",), "delta": ("delta",), "clip_norm": ("clip_norm",),
+         "seed": ("seed",), "device": ("device",), "threads": ("threads",), "tiers": ("tiers",)}
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """One PA-ALOOA audit. ``tiers=None`` means a single tier holding everyone at ``epsilon``."""
+    """One PA-ALOOA audit. ``run.tiers=None`` means a single tier holding everyone at ``epsilon``."""
 
-    dataset: str = "adult"
-    data_dir: str | None = None
-    max_train: int | None = None  # stratified subsample of the training set (quick audits)
-    model: str = "lr"  # lr | mlp | cnn
-    hidden: tuple[int, ...] = (64,)  # MLP widths
-    tiers: TiersConfig | None = None
-    epsilon: float = 10.0  # the single tier's ε when tiers is None
-    group_by: str = "attribute"  # GPR groups: class | attribute | tier
-    group_attribute: str | None = None  # None: the dataset's default sensitive attribute
+    run: RunConfig = DEFAULT_RUN  # data, model, tiers, optimizer, epochs, batch, δ, clip, seed, device, threads
+    epsilon: float = 10.0  # the single tier's ε when run.tiers is None
     algorithms: tuple[AlgorithmConfig, ...] = DEFAULT_ALGORITHMS
     R: int = 16  # 2R models per algorithm
-    epochs: float = 2.0
-    batch_size: int = 256
-    lr: float = 1.0
-    delta: float = 1e-5
-    clip_norm: float = 1.0
-    seed: int = 0
+    group_by: str = "attribute"  # GPR groups: class | attribute | tier
+    group_attribute: str | None = None  # None: the dataset's default sensitive attribute
     threshold: str = "in_sample"  # in_sample (the design's estimator) | held_out (unbiased)
     n_boot: int = 1000
     confidence: float = 0.95  # bootstrap CIs and Clopper-Pearson ε lower bounds
     null_perms: int = 1
     looa_k: int = 2  # PA-LOOA: records audited one at a time
     looa_models: int = 16  # PA-LOOA: models with / without each record
-    device: str = "auto"
-    threads: int | None = None
     chunk_models: int | None = None  # models trained at once; None: from the memory budget
     memory_budget_gib: float = 1.0  # working set of one training step of a chunk
     name: str = ""
 
     def validate(self) -> "AuditConfig":
-        from engine.data import dataset_names
-
-        if self.dataset not in dataset_names():
-            raise ConfigError("dataset", f"unknown value {self.dataset!r}; allowed: {', '.join(dataset_names())}")
-        if self.max_train is not None:
-            _int_at_least(self.max_train, "max_train", 8)
-        if self.model not in AUDIT_MODELS:
-            raise ConfigError("model", f"unknown value {self.model!r}; allowed: {', '.join(AUDIT_MODELS)}")
-        if self.model == "mlp" and (not self.hidden or any(not isinstance(h, int) or h < 1 for h in self.hidden)):
-            raise ConfigError("hidden", f"MLP hidden widths must be integers >= 1, got {self.hidden!r}")
-        if self.tiers is not None:
-            self.tiers.validate()  # fields named tiers.…
-        else:
-            _positive(self.epsilon, "epsilon")
-        if self.group_by not in GROUP_BY:
-            raise ConfigError("group_by", f"unknown value {self.group_by!r}; allowed: {', '.join(GROUP_BY)}")
-        if not self.algorithms:
+        run = self.run
+        if not isinstance(run, RunConfig):
+            raise ConfigError("run", f"must be a run configuration, got {type(run).__name__}")
+        if run.tiers is None:
+            check_positive(self.epsilon, "epsilon")
+        checked = run if run.tiers is not None else dataclasses.replace(run, tiers=single_tier(self.epsilon, (0,)))
+        try:  # the run's own checks (with a stand-in single tier when tiers is None)
+            checked.validate()
+        except ConfigError as e:
+            raise e.under("run.") from None
+        check_choice(run.model.name, "run.model.name", AUDIT_MODELS)
+        if run.data.max_train is not None:
+            check_int(run.data.max_train, "run.data.max_train", 8)
+        check_choice(run.optimizer.name, "run.optimizer.name", ("sgd",))  # the ensembles train with plain SGD
+        if run.optimizer.momentum != 0:
+            raise ConfigError("run.optimizer.momentum", f"the audit trains with plain SGD: must be 0, got "
+                                                        f"{run.optimizer.momentum!r}")
+        check_int(run.seed, "run.seed", 0)
+        check_choice(self.group_by, "group_by", GROUP_BY)
+        if self.group_attribute is not None:
+            check_str(self.group_attribute, "group_attribute", max_len=200)
+        if not isinstance(self.algorithms, tuple) or not self.algorithms:
             raise ConfigError("algorithms", "at least one algorithm is needed")
         for k, algo in enumerate(self.algorithms):
             if not isinstance(algo, AlgorithmConfig):
@@ -90,39 +103,29 @@ class AuditConfig:
                 algo.validate()
             except ConfigError as e:
                 raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
-        _int_at_least(self.R, "R", 2, 100_000)
-        _positive(self.epochs, "epochs")
-        _int_at_least(self.batch_size, "batch_size", 1)
-        _positive(self.lr, "lr")
-        if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and 0 < self.delta < 1):
-            raise ConfigError("delta", f"must be in (0, 1), got {self.delta!r}")
-        _positive(self.clip_norm, "clip_norm")
-        _int_at_least(self.seed, "seed", 0)
-        if self.threshold not in THRESHOLDS:
-            raise ConfigError("threshold", f"unknown value {self.threshold!r}; allowed: {', '.join(THRESHOLDS)}")
-        _int_at_least(self.n_boot, "n_boot", 10, 1_000_000)
-        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
-            raise ConfigError("confidence", f"must be in (0, 1), got {self.confidence!r}")
-        _int_at_least(self.null_perms, "null_perms", 1, 1000)
-        _int_at_least(self.looa_k, "looa_k", 0, 1000)
+        check_int(self.R, "R", 2, 100_000)
+        check_choice(self.threshold, "threshold", THRESHOLDS)
+        check_int(self.n_boot, "n_boot", 10, 1_000_000)
+        check_number(self.confidence, "confidence", 0, 1, low_open=True, high_open=True)
+        check_int(self.null_perms, "null_perms", 1, 1000)
+        check_int(self.looa_k, "looa_k", 0, 1000)
         if self.looa_k:
-            _int_at_least(self.looa_models, "looa_models", 2, 100_000)
-        if self.device not in DEVICES:
-            raise ConfigError("device", f"unknown value {self.device!r}; allowed: {', '.join(DEVICES)}")
-        if self.threads is not None:
-            _int_at_least(self.threads, "threads", 1)
+            check_int(self.looa_models, "looa_models", 2, 100_000)
         if self.chunk_models is not None:
-            _int_at_least(self.chunk_models, "chunk_models", 1)
-        _positive(self.memory_budget_gib, "memory_budget_gib")
-        if not isinstance(self.name, str):
-            raise ConfigError("name", "must be a string")
+            check_int(self.chunk_models, "chunk_models", 1)
+        check_positive(self.memory_budget_gib, "memory_budget_gib")
+        check_str(self.name, "name", max_len=200)
         return self
+
+    def run_for(self, algorithm: AlgorithmConfig, tiers: TiersConfig) -> RunConfig:
+        """The run one of the audit's models is: this audit's run with ``algorithm`` and the resolved tiers."""
+        return dataclasses.replace(self.run, algorithm=algorithm, tiers=tiers)
 
     # --- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["tiers"] = None if self.tiers is None else _jsonable(dataclasses.asdict(self.tiers))
-        d["algorithms"] = [_jsonable(dataclasses.asdict(a)) for a in self.algorithms]
+        d["run"] = _run_dict(self.run)
+        d["algorithms"] = [dataclasses.asdict(a) for a in self.algorithms]
         return _jsonable(d)
 
     def to_json(self) -> str:
@@ -131,46 +134,83 @@ class AuditConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "AuditConfig":
-        from engine.config import _from_dict
-
+        """Parse (not validate) an audit config; the earlier flat shape is migrated first."""
         if not isinstance(d, dict):
             raise ConfigError("config", "must be a JSON object")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ConfigError(unknown[0], f"unknown field; allowed: {', '.join(sorted(fields))}")
-        kw = {}
-        for key, value in d.items():
-            if key == "tiers":
-                kw[key] = None if value is None else _from_dict(TiersConfig, value, "tiers.")
-            elif key == "algorithms":
-                if not isinstance(value, list):
-                    raise ConfigError("algorithms", "must be a list of algorithm names or objects")
-                algos = []
-                for k, a in enumerate(value):
-                    if isinstance(a, str):
-                        if a not in ALGORITHMS:
-                            raise ConfigError(f"algorithms[{k}]",
-                                              f"unknown algorithm {a!r}; allowed: {', '.join(ALGORITHMS)}")
-                        algos.append(AlgorithmConfig(name=a))
-                    else:
-                        try:
-                            algos.append(_from_dict(AlgorithmConfig, a, f"algorithms[{k}]."))
-                        except ConfigError as e:
-                            raise ConfigError(e.field, e.message) from None
-                kw[key] = tuple(algos)
-            elif key == "hidden" and isinstance(value, list):
-                kw[key] = tuple(value)
-            else:
-                kw[key] = value
-        return cls(**kw)
+        return parse_section(cls, migrate_flat(d), "", parsers={"run": _parse_run, "algorithms": _parse_algorithms})
 
     @classmethod
     def from_json(cls, text: str) -> "AuditConfig":
         return cls.from_dict(parse_config_json(text))
 
     def replace(self, **changes) -> "AuditConfig":
-        return dataclasses.replace(self, **changes)
+        """Copy with fields changed; ``run.``-dotted keys change the run: ``replace(**{"run.epochs": 6.0})``."""
+        run_changes = {k[4:]: v for k, v in changes.items() if k.startswith("run.")}
+        out = dataclasses.replace(self, **{k: v for k, v in changes.items() if not k.startswith("run.")})
+        return dataclasses.replace(out, run=out.run.replace(**run_changes)) if run_changes else out
+
+
+def single_tier(epsilon: float, classes) -> TiersConfig:
+    """One tier holding every class at ``epsilon`` (the audit's tiers when ``run.tiers`` is None)."""
+    return TiersConfig(assign="class", tiers=(TierConfig(epsilon=float(epsilon), classes=tuple(classes),
+                                                         name=f"all (ε={epsilon:g})"),))
+
+
+def migrate_flat(d: dict) -> dict:
+    """An audit config dict of the earlier flat shape (``dataset``, ``lr``, ``tiers`` … at the top level)
+    in the nested shape (``run.data.name``, ``run.optimizer.lr``, ``run.tiers`` …). Nested dicts pass
+    through unchanged; a dict mixing ``run`` with flat keys is refused, naming the flat key."""
+    flat = [k for k in d if k in _FLAT]
+    if not flat:
+        return d
+    if "run" in d:
+        key = sorted(flat)[0]
+        raise ConfigError(key, f"moved to run.{'.'.join(_FLAT[key])}; give it inside 'run'")
+    out = {k: v for k, v in d.items() if k not in _FLAT}
+    run: dict = {}
+    for key in flat:
+        path = _FLAT[key]
+        if len(path) == 1:
+            run[path[0]] = d[key]
+        else:
+            run.setdefault(path[0], {})[path[1]] = d[key]
+    out["run"] = run
+    return out
+
+
+def _parse_run(value, path: str) -> RunConfig:
+    if not isinstance(value, dict):
+        raise ConfigError(path, "must be a JSON object")
+    for key in value:
+        if key in _NOT_IN_AUDIT:
+            raise ConfigError(f"{path}.{key}", f"not part of an audit: {_NOT_IN_AUDIT[key]}")
+    merged = _run_dict(DEFAULT_RUN)
+    for key, v in value.items():  # the audit's defaults under what is given, one level deep
+        merged[key] = {**merged[key], **v} if isinstance(v, dict) and isinstance(merged.get(key), dict) and \
+            key != "tiers" else v
+    return parse_section(RunConfig, merged, path + ".", parsers={"tiers": _parse_tiers})
+
+
+def _run_dict(run: RunConfig) -> dict:
+    return {k: v for k, v in _jsonable(dataclasses.asdict(run)).items() if k not in _NOT_IN_AUDIT}
+
+
+def _parse_tiers(value, path: str) -> TiersConfig | None:
+    return None if value is None else parse_section(TiersConfig, value, path + ".")
+
+
+def _parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(path, "must be a list of algorithm names or objects")
+    algos = []
+    for k, a in enumerate(value):
+        if isinstance(a, str):
+            if a not in ALGORITHMS:
+                raise ConfigError(f"{path}[{k}]", f"unknown algorithm {a!r}; allowed: {', '.join(ALGORITHMS)}")
+            algos.append(AlgorithmConfig(name=a))
+        else:
+            algos.append(parse_section(AlgorithmConfig, a, f"{path}[{k}]."))
+    return tuple(algos)
 
 
 def _jsonable(x):

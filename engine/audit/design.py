@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.audit.config import AuditConfig
-from engine.config import ConfigError, TierConfig, TiersConfig
+from engine.audit.config import AuditConfig, single_tier
+from engine.config import ConfigError, TiersConfig
 
 
 def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
-    if config.tiers is not None:
-        return config.tiers
-    return TiersConfig(assign="class", tiers=(
-        TierConfig(epsilon=float(config.epsilon), classes=tuple(range(dataset.num_classes)),
-                   name=f"all (ε={config.epsilon:g})"),))
+    if config.run.tiers is not None:
+        return config.run.tiers
+    return single_tier(config.epsilon, range(dataset.num_classes))
 
 
 def group_attribute_values(config: AuditConfig, dataset, field_name: str) -> np.ndarray:

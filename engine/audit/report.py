@@ -1,8 +1,22 @@
-"""Statistics of an audit from its scores and membership, and the summaries read from the results."""
+"""The typed audit report: built once from the models' scores and the membership design, read by the
+CLI tables, the figures and the page through attributes and tidy frames (never key paths).
+
+    AuditReport             one audit: sizes, groups, tiers, timing, one AlgorithmReport per algorithm
+      .algorithms[k]        AlgorithmReport: gpr (per group, with CI), delta (pp, with CI), null_floor,
+                            baselines (PA-GA, PA-GBA, PA-LOOA), accuracy, lira (per group AUC + ROC),
+                            epsilon (per tier: claimed ε, empirical lower bound), histogram, plan, timing
+      .gpr_frame() …        tidy pandas frames (engine.audit.frames): gpr, delta, accuracy, epsilon, roc,
+                            histogram, baselines
+      .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
+                            (the shape of RESULTS_VERSION 1; a running audit's partial summary too)
+
+``from_dict(to_dict(r)) == r``. Values that are undefined (an empty group, no finite score) are None.
+"""
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,6 +28,287 @@ _HIST_BINS = 40
 _ROC_POINTS = 160
 
 
+# ================================================================================================
+# the report types
+# ================================================================================================
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its bootstrap confidence interval (None where undefined)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+
+
+@dataclass(frozen=True)
+class TierEpsilon:
+    """One privacy tier: the ε the plan guarantees and the audit's empirical lower bound."""
+
+    name: str
+    claimed: float | None  # None: no formal guarantee (non-private)
+    target: float | None
+    lower_bound: float | None
+    tpr: float | None = None
+    fpr: float | None = None
+    tp: int | None = None
+    fn: int | None = None
+    fp: int | None = None
+    tn: int | None = None
+
+
+@dataclass(frozen=True)
+class LooaRecord:
+    """PA-LOOA on one record, next to its PA-ALOOA advantage."""
+
+    index: int
+    group: str
+    looa_advantage: float | None
+    aloo_advantage: float | None
+
+
+@dataclass(frozen=True)
+class Baselines:
+    pa_ga: float | None
+    pa_gba: dict  # group -> advantage
+    pa_looa: tuple[LooaRecord, ...] | None = None  # None: PA-LOOA not run (looa_k = 0)
+    looa_models: int | None = None
+    looa_models_per_record: int | None = None
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Test accuracy over the models: mean, sd, range, and the mean per group (where test groups exist)."""
+
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    groups: dict = field(default_factory=dict)  # group -> accuracy
+
+
+@dataclass(frozen=True)
+class LiraGroup:
+    auc: float | None
+    tpr_at_0_1pct: float | None
+    tpr_at_1pct: float | None
+    roc_fpr: tuple[float, ...] = ()
+    roc_tpr: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Histogram:
+    edges: tuple[float, ...]
+    counts: dict  # group -> tuple of bin counts
+
+
+@dataclass(frozen=True)
+class AlgorithmReport:
+    key: str
+    name: str
+    label: str
+    formal_dp: bool
+    gpr: dict  # group -> Estimate (value = the group's mean per-sample advantage)
+    delta: Estimate  # (max − min GPR) × 100, in pp
+    null_floor: float | None
+    baselines: Baselines
+    accuracy: Accuracy
+    lira: dict  # group -> LiraGroup
+    epsilon: tuple[TierEpsilon, ...]
+    histogram: Histogram
+    algorithm: dict = field(default_factory=dict)  # the AlgorithmConfig as JSON
+    plan: tuple[dict, ...] | None = None  # per tier: sample_rate, clip_norm, noise, ε
+    info: dict = field(default_factory=dict)
+    advantage_mean: float | None = None
+    n_boot: int | None = None
+    ci: float | None = None
+    epsilon_confidence: float | None = None
+    epsilon_delta: float | None = None
+    train_seconds: float | None = None
+    stats_seconds: float | None = None
+
+    def to_dict(self) -> dict:
+        b = self.baselines
+        baselines = {"pa_ga": b.pa_ga, "pa_gba": dict(b.pa_gba)}
+        if b.pa_looa is not None:
+            baselines.update(pa_looa=[dataclasses.asdict(r) for r in b.pa_looa], looa_models=b.looa_models,
+                             looa_models_per_record=b.looa_models_per_record)
+        out = {"key": self.key, "name": self.name, "label": self.label, "formal_dp": self.formal_dp,
+               "algorithm": dict(self.algorithm), "plan": None if self.plan is None else [dict(p) for p in self.plan],
+               "info": dict(self.info),
+               "gpr": {"groups": {g: {"mean": e.value, "low": e.low, "high": e.high} for g, e in self.gpr.items()},
+                       "delta": {"value": self.delta.value, "low": self.delta.low, "high": self.delta.high},
+                       "n_boot": self.n_boot, "ci": self.ci},
+               "null_floor": self.null_floor, "advantage_mean": self.advantage_mean, "baselines": baselines,
+               "accuracy": {"mean": self.accuracy.mean, "std": self.accuracy.std, "min": self.accuracy.min,
+                            "max": self.accuracy.max, "groups": dict(self.accuracy.groups)},
+               "lira": {"groups": {g: {"auc": v.auc, "tpr_at_0.1%": v.tpr_at_0_1pct, "tpr_at_1%": v.tpr_at_1pct}
+                                   for g, v in self.lira.items()},
+                        "roc": {g: {"fpr": list(v.roc_fpr), "tpr": list(v.roc_tpr)} for g, v in self.lira.items()}},
+               "epsilon": {"tiers": [dataclasses.asdict(t) for t in self.epsilon],
+                           "confidence": self.epsilon_confidence, "delta": self.epsilon_delta},
+               "histogram": {"edges": list(self.histogram.edges),
+                             "counts": {g: list(c) for g, c in self.histogram.counts.items()}}}
+        for k in ("train_seconds", "stats_seconds"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AlgorithmReport":
+        g = d.get("gpr") or {}
+        b = d.get("baselines") or {}
+        acc = d.get("accuracy") or {}
+        lira = d.get("lira") or {}
+        rocs = lira.get("roc") or {}
+        eps = d.get("epsilon") or {}
+        hist = d.get("histogram") or {}
+        looa = b.get("pa_looa")
+        return cls(
+            key=d["key"], name=d.get("name", d["key"]), label=d.get("label", d["key"]),
+            formal_dp=bool(d.get("formal_dp")),
+            gpr={k: Estimate(v.get("mean"), v.get("low"), v.get("high")) for k, v in (g.get("groups") or {}).items()},
+            delta=Estimate(*(((g.get("delta") or {}).get(k)) for k in ("value", "low", "high"))),
+            null_floor=d.get("null_floor"),
+            baselines=Baselines(pa_ga=b.get("pa_ga"), pa_gba=dict(b.get("pa_gba") or {}),
+                                pa_looa=None if looa is None else tuple(_make(LooaRecord, r) for r in looa),
+                                looa_models=b.get("looa_models"),
+                                looa_models_per_record=b.get("looa_models_per_record")),
+            accuracy=Accuracy(acc.get("mean"), acc.get("std"), acc.get("min"), acc.get("max"),
+                              dict(acc.get("groups") or {})),
+            lira={k: LiraGroup(v.get("auc"), v.get("tpr_at_0.1%"), v.get("tpr_at_1%"),
+                               tuple((rocs.get(k) or {}).get("fpr") or ()), tuple((rocs.get(k) or {}).get("tpr") or ()))
+                  for k, v in (lira.get("groups") or {}).items()},
+            epsilon=tuple(_make(TierEpsilon, t) for t in eps.get("tiers") or ()),
+            histogram=Histogram(tuple(hist.get("edges") or ()),
+                                {k: tuple(c) for k, c in (hist.get("counts") or {}).items()}),
+            algorithm=dict(d.get("algorithm") or {}),
+            plan=None if d.get("plan") is None else tuple(dict(p) for p in d["plan"]),
+            info=dict(d.get("info") or {}), advantage_mean=d.get("advantage_mean"), n_boot=g.get("n_boot"),
+            ci=g.get("ci"), epsilon_confidence=eps.get("confidence"), epsilon_delta=eps.get("delta"),
+            train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"))
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    dataset: str
+    n_train: int
+    R: int
+    n_models: int
+    threshold: str
+    group_by: str
+    group_names: tuple[str, ...]
+    group_sizes: dict  # group -> training samples
+    tier_names: tuple[str, ...]
+    tier_sizes: tuple[int, ...]
+    algorithms: tuple[AlgorithmReport, ...] = ()
+    config: dict = field(default_factory=dict)  # the AuditConfig as JSON (as stored; see audit_config)
+    steps_per_model: int | None = None
+    device: str | None = None
+    chunk_models: int | None = None
+    seconds: float | None = None
+    train_seconds: float | None = None
+    stats_seconds: float | None = None
+    partial: bool = False  # a running (or stopped) audit: not every algorithm is there yet
+    version: int = RESULTS_VERSION
+
+    @property
+    def audit_config(self):
+        """The typed AuditConfig (configs stored in the earlier flat shape are migrated)."""
+        from engine.audit.config import AuditConfig
+
+        return AuditConfig.from_dict(self.config)
+
+    def algorithm(self, key: str) -> AlgorithmReport:
+        for a in self.algorithms:
+            if a.key == key:
+                return a
+        raise KeyError(f"no algorithm {key!r} in this audit; there are: {', '.join(a.key for a in self.algorithms)}")
+
+    # --- tidy frames (what the figures, CSV exports and tables show) ---------------------------------
+    def gpr_frame(self):
+        from engine.audit import frames
+
+        return frames.gpr_frame(self)
+
+    def delta_frame(self):
+        from engine.audit import frames
+
+        return frames.delta_frame(self)
+
+    def accuracy_frame(self):
+        from engine.audit import frames
+
+        return frames.accuracy_frame(self)
+
+    def epsilon_frame(self):
+        from engine.audit import frames
+
+        return frames.epsilon_frame(self)
+
+    def roc_frame(self):
+        from engine.audit import frames
+
+        return frames.roc_frame(self)
+
+    def histogram_frame(self):
+        from engine.audit import frames
+
+        return frames.histogram_frame(self)
+
+    def baselines_frame(self):
+        from engine.audit import frames
+
+        return frames.baselines_frame(self)
+
+    # --- the store's JSON ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = {"kind": "audit", "version": self.version, "config": self.config, "dataset": self.dataset,
+               "n_train": self.n_train, "R": self.R, "n_models": self.n_models, "steps_per_model": self.steps_per_model,
+               "threshold": self.threshold, "group_by": self.group_by, "group_names": list(self.group_names),
+               "group_sizes": dict(self.group_sizes), "tier_names": list(self.tier_names),
+               "tier_sizes": list(self.tier_sizes), "device": self.device, "chunk_models": self.chunk_models,
+               "algorithms": [a.to_dict() for a in self.algorithms]}
+        for k in ("seconds", "train_seconds", "stats_seconds"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        if self.partial:
+            out["partial"] = True
+        return json_clean(out)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AuditReport":
+        """An audit's results dict (the run's summary, finished or partial) as a report."""
+        if isinstance(d, AuditReport):
+            return d
+        if not isinstance(d, dict) or d.get("kind", "audit") != "audit":
+            raise ValueError("not an audit results dict")
+        return cls(dataset=d.get("dataset", ""), n_train=d.get("n_train", 0), R=d.get("R", 0),
+                   n_models=d.get("n_models", 0), threshold=d.get("threshold", ""), group_by=d.get("group_by", ""),
+                   group_names=tuple(d.get("group_names") or ()), group_sizes=dict(d.get("group_sizes") or {}),
+                   tier_names=tuple(d.get("tier_names") or ()), tier_sizes=tuple(d.get("tier_sizes") or ()),
+                   algorithms=tuple(AlgorithmReport.from_dict(a) for a in d.get("algorithms") or ()),
+                   config=dict(d.get("config") or {}), steps_per_model=d.get("steps_per_model"),
+                   device=d.get("device"), chunk_models=d.get("chunk_models"), seconds=d.get("seconds"),
+                   train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
+                   partial=bool(d.get("partial", False)), version=d.get("version", RESULTS_VERSION))
+
+
+def _make(cls, d: dict):
+    """A record type from a stored dict, ignoring keys it does not know (older / newer results)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def as_report(results) -> AuditReport:
+    """An AuditReport from a report or a stored results dict."""
+    return results if isinstance(results, AuditReport) else AuditReport.from_dict(results)
+
+
+# ================================================================================================
+# building the report from scores and membership
+# ================================================================================================
+
 def plan_table(setup, a):
     if a.plan is None:
         return None
@@ -24,24 +319,28 @@ def plan_table(setup, a):
             for k in range(len(p.sample_rates))]
 
 
-def results_header(setup) -> dict:
+def empty_report(setup) -> AuditReport:
+    """The audit's report before any algorithm is done: what the design fixes."""
     cfg = setup.config
-    return {"kind": "audit", "version": RESULTS_VERSION, "config": cfg.to_dict(), "dataset": cfg.dataset,
-            "n_train": setup.n, "R": cfg.R, "n_models": setup.n_models, "steps_per_model": setup.steps,
-            "threshold": cfg.threshold, "group_by": cfg.group_by, "group_names": list(setup.group_names),
-            "group_sizes": group_sizes(setup.groups, setup.group_names), "tier_names": list(setup.tiers.names),
-            "tier_sizes": list(setup.tiers.sizes), "device": str(setup.device), "chunk_models": setup.chunk_models,
-            "algorithms": []}
+    return AuditReport(config=cfg.to_dict(), dataset=cfg.run.data.name, n_train=setup.n, R=cfg.R,
+                       n_models=setup.n_models, steps_per_model=setup.steps, threshold=cfg.threshold,
+                       group_by=cfg.group_by, group_names=tuple(setup.group_names),
+                       group_sizes=group_sizes(setup.groups, setup.group_names), tier_names=tuple(setup.tiers.names),
+                       tier_sizes=tuple(int(s) for s in setup.tiers.sizes), device=str(setup.device),
+                       chunk_models=setup.chunk_models)
 
 
-def algorithm_statistics(setup, a, losses, confs, preds) -> dict:
+def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, np.ndarray]:
+    """One algorithm's statistics from its models' per-sample losses / confidences on the training set
+    and their test predictions; returns the report and the per-sample advantage."""
     cfg = setup.config
+    run = cfg.run
     mem = setup.membership
     scores = -losses.astype(np.float64)
     groups = setup.groups
-    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=cfg.seed)
-    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=cfg.seed)
-    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=cfg.seed + 1)
+    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed)
+    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
+    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=run.seed + 1)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
            "gpr": boot, "null_floor": floor, "advantage_mean": float(np.nanmean(adv)),
@@ -70,22 +369,21 @@ def algorithm_statistics(setup, a, losses, confs, preds) -> dict:
     res["lira"] = {"groups": lira_groups, "roc": rocs}
     # per-tier empirical ε lower bound (threshold attack on −loss, selection and counting on disjoint models)
     tier_lab = np.asarray(setup.tiers.train)
-    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=cfg.delta, confidence=cfg.confidence,
-                                             seed=cfg.seed)
+    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
+                                             seed=run.seed)
     tiers = []
     for k, name in enumerate(setup.tiers.names):
         r = lb.get(k, {})
         tiers.append({"name": name, "claimed": a.claimed[k], "target": float(setup.tiers.epsilons[k]),
                       "lower_bound": r.get("epsilon_lb"), "tpr": r.get("tpr"), "fpr": r.get("fpr"),
                       "tp": r.get("tp"), "fn": r.get("fn"), "fp": r.get("fp"), "tn": r.get("tn")})
-    res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": cfg.delta}
+    res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": run.delta}
     # per-sample advantage histogram per group
     lo = min(0.0, float(np.nanmin(adv))) if np.isfinite(adv).any() else 0.0
     edges = np.linspace(lo, 1.0, _HIST_BINS + 1)
     res["histogram"] = {"edges": edges.tolist(), "counts": {
         g: np.histogram(adv[(groups == g) & np.isfinite(adv)], bins=edges)[0].tolist() for g in setup.group_names}}
-    res["_advantage"] = adv.astype(np.float32)
-    return res
+    return AlgorithmReport.from_dict(json_clean(res)), adv.astype(np.float32)
 
 
 def _thin_roc(fpr, tpr, points: int = _ROC_POINTS) -> dict:
@@ -112,45 +410,44 @@ def json_clean(x):
     return x
 
 
-def compact_summary(results: dict) -> dict:
-    """The headline numbers of an audit (what ``--json`` prints)."""
-    out = {k: results.get(k) for k in ("dataset", "n_train", "R", "n_models", "threshold", "group_by", "seconds",
-                                       "train_seconds", "stats_seconds")}
-    algos = []
-    for r in results.get("algorithms", []):
-        g = r["gpr"]
-        algos.append({
-            "key": r["key"], "label": r["label"], "formal_dp": r["formal_dp"],
-            "accuracy": r["accuracy"]["mean"],
-            "gpr": {k: v["mean"] for k, v in g["groups"].items()},
-            "gpr_ci": {k: [v["low"], v["high"]] for k, v in g["groups"].items()},
-            "delta_pp": g["delta"]["value"], "delta_ci": [g["delta"]["low"], g["delta"]["high"]],
-            "null_floor": r["null_floor"], "pa_ga": r["baselines"]["pa_ga"],
-            "lira_auc": {k: v["auc"] for k, v in r["lira"]["groups"].items()},
-            "epsilon": [{"tier": t["name"], "claimed": t["claimed"], "lower_bound": t["lower_bound"]}
-                        for t in r["epsilon"]["tiers"]],
-        })
-    out["algorithms"] = algos
+# ================================================================================================
+# summaries (CLI)
+# ================================================================================================
+
+def compact_summary(results) -> dict:
+    """The headline numbers of an audit (what ``--json`` prints); ``results``: a report or its dict."""
+    r = as_report(results)
+    out = {"dataset": r.dataset, "n_train": r.n_train, "R": r.R, "n_models": r.n_models, "threshold": r.threshold,
+           "group_by": r.group_by, "seconds": r.seconds, "train_seconds": r.train_seconds,
+           "stats_seconds": r.stats_seconds}
+    out["algorithms"] = [{
+        "key": a.key, "label": a.label, "formal_dp": a.formal_dp, "accuracy": a.accuracy.mean,
+        "gpr": {g: e.value for g, e in a.gpr.items()}, "gpr_ci": {g: [e.low, e.high] for g, e in a.gpr.items()},
+        "delta_pp": a.delta.value, "delta_ci": [a.delta.low, a.delta.high], "null_floor": a.null_floor,
+        "pa_ga": a.baselines.pa_ga, "lira_auc": {g: v.auc for g, v in a.lira.items()},
+        "epsilon": [{"tier": t.name, "claimed": t.claimed, "lower_bound": t.lower_bound} for t in a.epsilon],
+    } for a in r.algorithms]
     return out
 
 
-def summary_table(results: dict) -> str:
-    groups = results["group_names"]
-    lines = [f"PA-ALOOA on {results['dataset']} (n={results['n_train']}, 2R={results['n_models']} models per "
-             f"algorithm, threshold {results['threshold']}, groups by {results['group_by']})"]
-    head = f"{'algorithm':<22} {'acc':>6} " + " ".join(f"{('GPR ' + g)[:14]:>14}" for g in groups) + \
-        f" {'Δ pp [CI]':>20} {'floor':>6} {'ε LB / claimed':>18}"
-    lines.append(head)
-    for r in results["algorithms"]:
-        gp = r["gpr"]["groups"]
-        d = r["gpr"]["delta"]
-        eps = ", ".join(f"{_f(t['lower_bound'], '.2f')}/{_f(t['claimed'], '.2f')}" for t in r["epsilon"]["tiers"])
-        lines.append(f"{r['label'][:22]:<22} {r['accuracy']['mean']:>6.3f} "
-                     + " ".join(f"{_f(gp[g]['mean'], '.4f'):>14}" for g in groups)
-                     + f" {_f(d['value'], '.2f')} [{_f(d['low'], '.2f')}, {_f(d['high'], '.2f')}]".rjust(21)
-                     + f" {_f(r['null_floor'], '.3f'):>6} {eps:>18}")
-    lines.append(f"{results['seconds']:.1f} s ({results['train_seconds']:.1f} s training, "
-                 f"{results['stats_seconds']:.1f} s statistics)")
+def summary_table(results) -> str:
+    """The audit as a text table (``python -m engine audit`` / ``show``); ``results``: a report or its dict."""
+    r = as_report(results)
+    groups = r.group_names
+    lines = [f"PA-ALOOA on {r.dataset} (n={r.n_train}, 2R={r.n_models} models per algorithm, threshold "
+             f"{r.threshold}, groups by {r.group_by})" + ("  [partial]" if r.partial else "")]
+    lines.append(f"{'algorithm':<22} {'acc':>6} " + " ".join(f"{('GPR ' + g)[:14]:>14}" for g in groups)
+                 + f" {'Δ pp [CI]':>20} {'floor':>6} {'ε LB / claimed':>18}")
+    for a in r.algorithms:
+        d = a.delta
+        eps = ", ".join(f"{_f(t.lower_bound, '.2f')}/{_f(t.claimed, '.2f')}" for t in a.epsilon)
+        lines.append(f"{a.label[:22]:<22} {_f(a.accuracy.mean, '.3f'):>6} "
+                     + " ".join(f"{_f(a.gpr[g].value if g in a.gpr else None, '.4f'):>14}" for g in groups)
+                     + f" {_f(d.value, '.2f')} [{_f(d.low, '.2f')}, {_f(d.high, '.2f')}]".rjust(21)
+                     + f" {_f(a.null_floor, '.3f'):>6} {eps:>18}")
+    if r.seconds is not None:
+        lines.append(f"{r.seconds:.1f} s ({_f(r.train_seconds, '.1f')} s training, "
+                     f"{_f(r.stats_seconds, '.1f')} s statistics)")
     return "\n".join(lines)
 
 

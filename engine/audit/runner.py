@@ -27,9 +27,10 @@ exactly the results of an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import os
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,12 +46,12 @@ from engine.audit.design import (chunk_layout, derived_seed, group_labels, group
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
                                    per_model_step_bytes, train_ensemble)
-from engine.audit.report import (RESULTS_VERSION, algorithm_statistics, compact_summary, json_clean, plan_table,
-                                 results_header, summary_table)
-from engine.config import (ALGORITHM_LABELS, AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig,
-                           RunConfig, TiersConfig)
+from engine.audit.report import (RESULTS_VERSION, AuditReport, Baselines, LooaRecord, algorithm_report,
+                                 compact_summary, empty_report, plan_table, summary_table)
+from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
+from engine.lifecycle import execute, store_lifecycle
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length
-from engine.train import Cancelled, make_plan, sigterm_cancels
+from engine.train import Cancelled, make_plan
 
 
 # ================================================================================================
@@ -96,13 +97,6 @@ class AuditSetup:
         return int(self.membership.shape[0])
 
 
-def _run_config(config: AuditConfig, tiers: TiersConfig, algo: AlgorithmConfig) -> RunConfig:
-    return RunConfig(data=DataConfig(name=config.dataset, data_dir=config.data_dir, max_train=config.max_train),
-                     tiers=tiers, model=ModelConfig(name=config.model, hidden=tuple(config.hidden)), algorithm=algo,
-                     optimizer=OptimizerConfig(lr=config.lr), epochs=config.epochs, batch_size=config.batch_size,
-                     delta=config.delta, clip_norm=config.clip_norm, seed=config.seed, device=config.device)
-
-
 def prepare_audit(config: AuditConfig) -> AuditSetup:
     """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
     from engine.data import load_dataset
@@ -110,30 +104,37 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     from engine.train import resolve_device
 
     config.validate()
-    device = resolve_device(config.device)
-    ds = load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed, max_train=config.max_train)
+    run = config.run
+    device = resolve_device(run.device)
+    ds = load_dataset(run.data.name, data_dir=run.data.data_dir, seed=run.seed, max_train=run.data.max_train)
     n = len(ds.y_train)
     if n < 8:
-        raise ConfigError("max_train", f"an audit needs at least 8 training samples, got {n}")
+        raise ConfigError("run.data.max_train", f"an audit needs at least 8 training samples, got {n}")
     half = n / 2
-    if config.batch_size > n // 2:
-        raise ConfigError("batch_size", f"must be at most half the training set ({n // 2}) since each model "
-                                        f"trains on one half, got {config.batch_size}")
+    if run.batch_size > n // 2:
+        raise ConfigError("run.batch_size", f"must be at most half the training set ({n // 2}) since each model "
+                                        f"trains on one half, got {run.batch_size}")
     tiers_cfg = resolved_tiers(config, ds)
-    tiers = assign_tiers(tiers_cfg, ds, seed=config.seed)
+    try:
+        tiers = assign_tiers(tiers_cfg, ds, seed=run.seed)
+    except ConfigError as e:
+        raise (e.under("run.") if run.tiers is not None else ConfigError("epsilon", e.message)) from None
     groups, group_names, test_groups = group_labels(config, ds, tiers, config.group_by, "group_by")
-    model_cfg = ModelConfig(name=config.model, hidden=tuple(config.hidden))
+    model_cfg = run.model
     from engine.models import build_model
 
-    build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
-    steps = max(1, int(round(config.epochs * half / config.batch_size)))
+    try:
+        build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
+    except ConfigError as e:
+        raise e.under("run.") from None
+    steps = max(1, int(round(run.epochs * half / run.batch_size)))
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
-    membership = stats.complementary_membership(n, config.R, seed=config.seed)
+    membership = stats.complementary_membership(n, config.R, seed=run.seed)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, half))
     budget = int(config.memory_budget_gib * (1 << 30)) if config.memory_budget_gib else DEFAULT_BUDGET_BYTES
-    expected_batch = max(a.plan.expected_batch_size if a.plan is not None else config.batch_size for a in algos)
+    expected_batch = max(a.plan.expected_batch_size if a.plan is not None else run.batch_size for a in algos)
     on_cpu = device.type == "cpu"  # CPU: cache-sized chunks; GPU: as many models as the budget holds
     chunk = config.chunk_models or models_per_chunk(
         model_cfg, ds.input_shape, ds.num_classes, expected_batch, budget_bytes=budget, cap=200 if on_cpu else 400,
@@ -148,14 +149,14 @@ def _algo_setup(config, k, key, algo, tiers_cfg, tiers, ds, steps, half_sizes, h
     label = ALGORITHM_LABELS.get(algo.name, algo.name)
     if algo.name == "ino":
         label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
-    rc = _run_config(config, tiers_cfg, algo)
+    rc = config.run_for(algo, tiers_cfg)
     try:
         plan = make_plan(rc, half_sizes, steps)
     except ConfigError as e:
-        raise ConfigError(e.field, f"{field_prefix} ({algo.name}): {e.message}") from None
+        raise ConfigError(f"run.{e.field}", f"{field_prefix} ({algo.name}): {e.message}") from None
     n = len(ds.y_train)
     if plan is None:
-        rates = np.full(n, min(1.0, config.batch_size / half))
+        rates = np.full(n, min(1.0, config.run.batch_size / half))
         return AlgoSetup(key=key, algo=algo, label=label, plan=None, sample_rates=rates, sample_clips=None,
                          formal_dp=False, claimed=[None] * len(tiers.epsilons))
     rates = np.asarray(plan.sample_rates, dtype=float)[tiers.train]
@@ -199,7 +200,7 @@ def _mechanism(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, sampler: Po
     expected_groups = (members * a.sample_rates[None, :]) @ onehot  # (M, K) Σ q_i over members of group k
     algo = a.algo
     return BatchedGroupAdaptive(groups=s["groups"], n_groups=k, noise_multiplier=s["noise_multiplier"],
-                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.clip_norm,
+                                expected_group_batch=expected_groups, initial=algo.initial_clip or cfg.run.clip_norm,
                                 tau=algo.tau, quantile=algo.quantile, ema=algo.ema, min_clip=algo.min_clip,
                                 private=algo.private_quantile, quantile_lr=algo.quantile_lr,
                                 count_noise_std=s["count_noise_std"], device=dev)
@@ -245,7 +246,7 @@ class _Checkpoints:
         old = store.get_artifact(run_id, "audit/meta")
         if old is not None:
             prev = json.loads(old.decode())
-            if prev.get("config") != meta["config"] or prev.get("layout") != layout:
+            if _migrated(prev.get("config")) != meta["config"] or prev.get("layout") != layout:
                 raise ConfigError("config", f"run {run_id} holds checkpoints of a different audit configuration")
         else:
             store.put_artifact(run_id, "audit/meta", json.dumps(meta, sort_keys=True).encode())
@@ -259,6 +260,14 @@ class _Checkpoints:
     def put(self, key: str, **arrays):
         if self.active:
             self.store.put_artifact(self.run_id, key, _npz(**arrays))
+
+
+def _migrated(config_dict):
+    """A stored audit config in today's shape (checkpoints written before the nested config still match)."""
+    try:
+        return AuditConfig.from_dict(config_dict).to_dict()
+    except (ConfigError, TypeError):
+        return config_dict
 
 
 class _Progress:
@@ -282,8 +291,8 @@ class _Progress:
 # ================================================================================================
 
 def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, progress: bool = False,
-              should_stop=None) -> dict:
-    """Run (or resume) an audit and return its results dict (JSON-able; also the run's summary).
+              should_stop=None) -> AuditReport:
+    """Run (or resume) an audit and return its report (``report.to_dict()`` is the run's summary).
 
     With ``store`` and ``run_id`` the run's status, progress, chunk checkpoints, per-sample
     advantages (artifacts ``advantage/<key>``) and results go to the store; a run that was
@@ -291,50 +300,31 @@ def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, pro
     from its last completed chunk when run again with the same id.
     """
     started = time.time()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    in_store = store is not None and run_id is not None
-    try:
+    if config.run.threads is not None:
+        torch.set_num_threads(config.run.threads)
+    with store_lifecycle(store, run_id, sigterm=False) as life:
         setup = prepare_audit(config)
         layout = chunk_layout(setup)
         ckpt = _Checkpoints(store, run_id, config, layout)
         total = sum(len(v) for v in layout.values()) * setup.steps
-        if in_store:
-            store.start_run(run_id, pid=os.getpid(), total_steps=total, plan=_run_plan(setup))
+        life.start(total_steps=total, plan=_run_plan(setup))
         bar = _bar(total) if progress else None
-        prog = _Progress(store if in_store else None, run_id, total, bar)
-        results = results_header(setup)
+        prog = _Progress(store if life.active else None, run_id, total, bar)
+        report = empty_report(setup)
         for a in setup.algos:
-            res = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
-            results["algorithms"].append(res)
-            results["seconds"] = time.time() - started
-            if in_store:
-                store.set_summary(run_id, json_clean(dict(results, partial=True)))
-                adv = res.pop("_advantage")
+            res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+            report = dataclasses.replace(report, algorithms=report.algorithms + (res,),
+                                         seconds=time.time() - started)
+            if life.active:
+                store.set_summary(run_id, dataclasses.replace(report, partial=True).to_dict())
                 store.put_artifact(run_id, f"advantage/{a.key}", _npy(adv))
-            else:
-                res.pop("_advantage")
         if bar is not None:
             bar.close()
-        results["seconds"] = time.time() - started
-        results["train_seconds"] = sum(r["train_seconds"] for r in results["algorithms"])
-        results["stats_seconds"] = sum(r["stats_seconds"] for r in results["algorithms"])
-        results = json_clean(results)
-        if in_store:
-            store.finish_run(run_id, results)
-        return results
-    except Cancelled as e:
-        if in_store:
-            store.set_status(run_id, "cancelled", error=str(e))
-        raise
-    except ConfigError as e:
-        if in_store:
-            store.set_status(run_id, "failed", error=str(e))
-        raise
-    except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
-        if in_store:
-            store.set_status(run_id, "failed", error=f"{type(e).__name__}: {e}")
-        raise
+        report = dataclasses.replace(report, seconds=time.time() - started,
+                                     train_seconds=sum(r.train_seconds for r in report.algorithms),
+                                     stats_seconds=sum(r.stats_seconds for r in report.algorithms))
+        life.finish(report.to_dict())
+        return report
 
 
 def _npy(arr) -> bytes:
@@ -365,12 +355,12 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
     """Train one chunk of models; returns (losses, confs) on ``score_idx`` (all samples) and test accuracy."""
     ds, dev = setup.dataset, setup.device
     x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
-    model_cfg = ModelConfig(name=setup.config.model, hidden=tuple(setup.config.hidden))
+    model_cfg = setup.config.run.model
     ens = Ensemble(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
     sampler = PoissonSampler(members, a.sample_rates, dev)
     mech = _mechanism(setup, a, members, sampler)
     gen = torch.Generator(device=dev).manual_seed(gen_seed)
-    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.lr,
+    train_ensemble(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr,
                    expected_batch=sampler.expected_batch, gen=gen, should_stop=should_stop,
                    on_step=lambda _s: prog.advance())
     chunk = _eval_chunk(setup, len(init_seeds))
@@ -400,13 +390,14 @@ def _on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
-    model_cfg = ModelConfig(name=setup.config.model, hidden=tuple(setup.config.hidden))
+    model_cfg = setup.config.run.model
     ds = setup.dataset
     per_sample = per_model_step_bytes(model_cfg, ds.input_shape, ds.num_classes, 1) // 2
     return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
 
 
-def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop) -> dict:
+def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop):
+    """Train (or load) the algorithm's 2R models chunk by chunk; returns (AlgorithmReport, per-sample advantage)."""
     cfg = setup.config
     n, M = setup.n, setup.n_models
     k_algo = [x.key for x in setup.algos].index(a.key)
@@ -418,9 +409,9 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
         key = f"chunk/{a.key}/aloo/{c}"
         got = ckpt.get(key)
         if got is None:
-            seeds = [derived_seed(cfg.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
+            seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
             l, cf, p = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
-                                    derived_seed(cfg.seed, 2, k_algo, c), prog, should_stop)
+                                    derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
             ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16))
             got = {"losses": l, "confs": cf, "preds": p}
         else:
@@ -429,19 +420,18 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
         preds.append(np.asarray(got["preds"]))
     train_seconds = time.time() - t0
     t1 = time.time()
-    res = algorithm_statistics(setup, a, losses, confs, np.concatenate(preds, 0))
+    res, adv = algorithm_report(setup, a, losses, confs, np.concatenate(preds, 0))
     stats_seconds = time.time() - t1
     # PA-LOOA on the records the ALOOA advantage ranks riskiest (outside model 0's half)
     if cfg.looa_k:
         t2 = time.time()
-        res["baselines"].update(_looa(setup, a, res["_advantage"], layout, ckpt, prog, should_stop, k_algo))
+        res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv, layout, ckpt, prog, should_stop,
+                                                       k_algo))
         train_seconds += time.time() - t2
-    res["train_seconds"] = train_seconds
-    res["stats_seconds"] = stats_seconds
-    return res
+    return dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds), adv
 
 
-def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
+def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo) -> Baselines:
     cfg = setup.config
     targets = looa_targets(setup.membership[0], adv, cfg.looa_k)
     m = cfg.looa_models
@@ -452,8 +442,8 @@ def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
         key = f"chunk/{a.key}/looa/{c}"
         got = ckpt.get(key)
         if got is None:
-            seeds = [derived_seed(cfg.seed, 3, j) for j in range(lo, hi)]
-            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.seed, 4, k_algo, c),
+            seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
+            l, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
                                    prog, should_stop, score_idx=targets)
             ckpt.put(key, losses=l)
             got = {"losses": l}
@@ -464,21 +454,14 @@ def _looa(setup, a, adv, layout, ckpt, prog, should_stop, k_algo) -> dict:
     for t, i in enumerate(targets):
         without = -loss[:m, t]
         with_ = -loss[(t + 1) * m:(t + 2) * m, t]
-        rows.append({"index": int(i), "group": str(setup.groups[i]), "looa_advantage": stats.pa_looa(with_, without),
-                     "aloo_advantage": float(adv[i])})
-    return {"pa_looa": rows, "looa_models": int(total), "looa_models_per_record": 2 * m}
+        rows.append(LooaRecord(index=int(i), group=str(setup.groups[i]),
+                               looa_advantage=_finite(stats.pa_looa(with_, without)), aloo_advantage=_finite(adv[i])))
+    return dataclasses.replace(baselines, pa_looa=tuple(rows), looa_models=int(total), looa_models_per_record=2 * m)
 
 
-def run_audit_in_store(store, run_id: int, config_dict: dict) -> dict:
-    """Worker entry point: run (or resume) the queued audit ``run_id``; SIGTERM → status cancelled."""
-    try:
-        config = AuditConfig.from_dict(config_dict).validate()
-    except ConfigError as e:
-        store.set_status(run_id, "failed", error=str(e))
-        raise
-
-    with sigterm_cancels():
-        return run_audit(config, store=store, run_id=run_id, progress=False)
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def cli_audit(args, store) -> int:
@@ -486,19 +469,13 @@ def cli_audit(args, store) -> int:
     config = load_audit_config(args.config)
     run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
     try:
-        results = run_audit_in_store(store, run_id, config.to_dict()) if args.json else \
-            _with_progress(store, run_id, config)
+        report = execute(store, run_id, config, kind="audit", progress=not args.json)
     except Cancelled:
         print(f"audit {run_id} cancelled", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"run_id": run_id, **compact_summary(results)}, sort_keys=True))
+        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
     else:
         print(f"audit run {run_id} — finished")
-        print(summary_table(results))
+        print(summary_table(report))
     return 0
-
-
-def _with_progress(store, run_id, config):
-    with sigterm_cancels():
-        return run_audit(config, store=store, run_id=run_id, progress=True)

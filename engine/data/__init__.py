@@ -2,7 +2,7 @@
 
 Public API::
 
-    DataError, Dataset, DatasetInfo, DATASETS, data_dir, load_dataset, dataset_names, clear_cache
+    DataError, Dataset, DatasetInfo, LoadReport, DATASETS, data_dir, load_dataset, dataset_names, clear_cache
 
 Files live in ``data_dir()/<folder>/`` (``mnist/``, ``cifar10/``, ``cifar100/``, ``adult/``,
 ``bank_marketing/``, ``credit_default/``, ``german_credit/``, ``law_school/``, ``utkface/``);
@@ -12,7 +12,8 @@ checksum matched. See the module docstrings of ``images``, ``cifar`` and ``tabul
 exact preprocessing of each dataset.
 """
 
-from .base import DataError, Dataset, DatasetInfo
+from .base import Dataset, DatasetInfo, LoadReport
+from .errors import DataError
 from .files import data_dir
 from .registry import DATASETS, clear_cache, dataset_names, load_dataset
 
@@ -20,6 +21,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "DatasetInfo",
+    "LoadReport",
     "DATASETS",
     "data_dir",
     "load_dataset",

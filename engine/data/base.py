@@ -1,4 +1,5 @@
-"""Core types of the dataset layer: :class:`DataError`, :class:`Dataset`, :class:`DatasetInfo`."""
+"""Core types of the dataset layer: :class:`Dataset`, :class:`DatasetInfo`, :class:`LoadReport`
+(and :class:`DataError`, defined in :mod:`engine.data.errors`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,53 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .errors import DataError
+from .files import data_dir as _resolve_data_dir
+from .files import dataset_files_present
 
-class DataError(Exception):
-    """A dataset cannot be loaded. The message is meant to be shown to the user as is:
-    it names the missing or bad file, the folder where it is expected and what to do."""
+__all__ = ["DataError", "Dataset", "DatasetInfo", "LoadReport", "RawData"]
+
+# reason -> (singular, plural) as shown to the user
+SKIP_REASONS = {
+    "malformed_name": ("malformed name", "malformed names"),
+    "decompression_bomb": ("decompression bomb", "decompression bombs"),
+    "unreadable": ("unreadable file", "unreadable files"),
+}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Files a loader skipped (one bad file never stops a folder dataset), counted per reason.
+
+    ``str(report)`` is the line shown to the user (CLI: a ``note:`` on stderr; UI: ``st.info``),
+    e.g. ``skipped 3 files in /data/utkface: 2 malformed names, 1 decompression bomb``.
+    """
+
+    skipped: tuple[tuple[str, int], ...] = ()  # (reason, count), reasons from SKIP_REASONS, count > 0
+    examples: tuple[str, ...] = ()  # a few skipped file names
+    folder: str | None = None
+
+    @classmethod
+    def from_counts(cls, counts: dict[str, int], examples=(), folder=None) -> "LoadReport":
+        return cls(tuple((k, int(n)) for k, n in counts.items() if n), tuple(examples)[:10],
+                   None if folder is None else str(folder))
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.skipped)
+
+    def count(self, reason: str) -> int:
+        return dict(self.skipped).get(reason, 0)
+
+    def __str__(self) -> str:
+        if not self.skipped:
+            return "no files skipped"
+        parts = ", ".join(f"{n} {SKIP_REASONS.get(r, (r, r))[n != 1]}" for r, n in self.skipped)
+        where = f" in {self.folder}" if self.folder else ""
+        return f"skipped {self.total} file{'s' if self.total != 1 else ''}{where}: {parts}"
+
+    def to_dict(self) -> dict:
+        return {"skipped": dict(self.skipped), "examples": list(self.examples), "folder": self.folder}
 
 
 @dataclass(eq=False)
@@ -42,6 +86,7 @@ class Dataset:
     kind: str
     feature_names: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    report: LoadReport = field(default_factory=LoadReport)  # files skipped while loading
 
     @property
     def input_shape(self) -> tuple:
@@ -77,14 +122,10 @@ class DatasetInfo:
     num_classes: int | None = None
 
     def expected_dir(self, data_dir: str | Path | None = None) -> Path | None:
-        from .files import data_dir as _resolve
-
-        return None if self.folder is None else _resolve(data_dir) / self.folder
+        return None if self.folder is None else _resolve_data_dir(data_dir) / self.folder
 
     def is_available(self, data_dir: str | Path | None = None) -> bool:
         """Cheap presence check (no checksum, no download)."""
-        from .files import dataset_files_present
-
         return dataset_files_present(self, data_dir)
 
 
@@ -106,3 +147,4 @@ class RawData:
     feature_names: list[str] = field(default_factory=list)
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    report: LoadReport = field(default_factory=LoadReport)

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import DataError, RawData
-from .files import KnownFile, locate_files
+from .base import RawData
+from .errors import DataError
+from .files import KnownFile, locate_files, read_capped
 from .images import channel_normalizer
 
 CIFAR10_FILE = "cifar-10-python.tar.gz"
@@ -104,11 +105,8 @@ def read_cifar_tarball(
 ) -> dict[str, dict]:
     """Verify the tarball at ``path`` and return ``{member: unpickled dict}`` for ``members``."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"Cannot read {path}: {e}") from e
-    verify_tarball(data, path.name, checksums)  # BEFORE anything is unpickled
+    data = read_capped(path)  # refused before reading when larger than any data file can be
+    verify_tarball(data, path.name, checksums)  # BEFORE anything is decompressed or unpickled
     wanted = set(members)
     raw: dict[str, bytes] = {}
     try:

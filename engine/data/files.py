@@ -1,26 +1,34 @@
 """Locating, downloading and checksum-verifying data files.
 
 * :func:`data_dir`: explicit argument > ``$PRIVACY_LAB_DATA_DIR`` > ``~/.cache/privacy-imbalance-lab/data``.
-* Every known file has a pinned sha256 (:data:`KNOWN_FILES`). A file is verified when first read;
-  successful verifications are cached per (path, mtime, size) so later loads stay fast.
-  A ``.gz`` file whose bytes differ but whose *decompressed* content has the pinned raw sha256
-  (i.e. the same data re-compressed) is accepted, and so is the uncompressed file itself
-  (e.g. ``adult.data`` instead of ``adult.data.gz``).
-* A missing file with a known direct URL is downloaded (urllib, 10 s socket timeout) and its
-  sha256 checked before it is kept. ``PRIVACY_LAB_OFFLINE=1`` disables downloads.
+* Every known file has a pinned sha256 and decompressed size (:data:`KNOWN_FILES`). A file is
+  verified when first read; successful verifications are cached per (path, mtime, size).
+* Checksum first, decompression after: the sha256 of the *stored* bytes is compared before anything
+  is decompressed, and decompression streams under a cap (the pinned size of the original, else
+  :data:`MAX_DECOMPRESSED_BYTES`), so a decompression bomb is refused quickly with little memory.
+  Files larger than a known file can be are refused before they are read.
+  Accepted variants: the uncompressed original itself (``adult.data`` for ``adult.data.gz``, checked
+  against the pinned raw sha256), and a re-compressed ``.gz`` whose gzip trailer states the original's
+  size; only that one is decompressed (under the cap) to compare the raw sha256.
+* A missing file with a known direct URL is downloaded (urllib, 10 s socket timeout) into a temporary
+  folder, its sha256 checked, and only then moved into place (the data folder is created at that
+  moment, not before). ``PRIVACY_LAB_OFFLINE=1`` disables downloads.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
+import shutil
+import stat
+import tempfile
 import threading
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import DataError
+from .errors import DataError
 
 ENV_VAR = "PRIVACY_LAB_DATA_DIR"
 OFFLINE_ENV_VAR = "PRIVACY_LAB_OFFLINE"
@@ -28,6 +36,9 @@ DEFAULT_DATA_DIR = Path("~/.cache/privacy-imbalance-lab/data")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSETS_DIR = REPO_ROOT / "assets"
 DOWNLOAD_TIMEOUT_S = 10.0
+MAX_DECOMPRESSED_BYTES = 256 << 20  # decompression cap of a file whose original size is not pinned
+MAX_FILE_BYTES = 512 << 20  # largest data file read or downloaded at all (CIFAR tarballs are 170 MB)
+_CHUNK = 1 << 20
 
 
 def data_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -53,6 +64,7 @@ class KnownFile:
     url_is_raw: bool = False  # True: the URL serves the uncompressed content (saved without ".gz")
     info_url: str | None = None  # page to point users at
     md5: str | None = None  # extra check (CIFAR)
+    raw_size: int | None = None  # size in bytes of the decompressed content (".gz" files): the cap
 
     @property
     def raw_name(self) -> str | None:
@@ -75,24 +87,28 @@ KNOWN_FILES: dict[str, KnownFile] = {
         "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
         "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
         url=f"{_MNIST_URL}/train-images-idx3-ubyte.gz",
+        raw_size=47040016,
     ),
     "mnist/train-labels-idx1-ubyte.gz": KnownFile(
         "train-labels-idx1-ubyte.gz",
         "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
         "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
         url=f"{_MNIST_URL}/train-labels-idx1-ubyte.gz",
+        raw_size=60008,
     ),
     "mnist/t10k-images-idx3-ubyte.gz": KnownFile(
         "t10k-images-idx3-ubyte.gz",
         "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
         "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
         url=f"{_MNIST_URL}/t10k-images-idx3-ubyte.gz",
+        raw_size=7840016,
     ),
     "mnist/t10k-labels-idx1-ubyte.gz": KnownFile(
         "t10k-labels-idx1-ubyte.gz",
         "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
         "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
         url=f"{_MNIST_URL}/t10k-labels-idx1-ubyte.gz",
+        raw_size=10008,
     ),
     "adult/adult.data.gz": KnownFile(
         "adult.data.gz",
@@ -101,6 +117,7 @@ KNOWN_FILES: dict[str, KnownFile] = {
         url=f"{_UCI}/adult/adult.data",
         url_is_raw=True,
         info_url="https://archive.ics.uci.edu/dataset/2/adult",
+        raw_size=3974305,
     ),
     "adult/adult.test.gz": KnownFile(
         "adult.test.gz",
@@ -109,12 +126,14 @@ KNOWN_FILES: dict[str, KnownFile] = {
         url=f"{_UCI}/adult/adult.test",
         url_is_raw=True,
         info_url="https://archive.ics.uci.edu/dataset/2/adult",
+        raw_size=2003153,
     ),
     "bank_marketing/bank-full.csv.gz": KnownFile(
         "bank-full.csv.gz",
         "a33820520e31d26b498e31003e99eb0e477690b699a38eade375acf3b3004dcd",
         "d1513ec63b385506f7cfce9f2c5caa9fe99e7ba4e8c3fa264b3aaf0f849ed32d",
         info_url="https://archive.ics.uci.edu/dataset/222/bank+marketing (bank.zip inside the archive)",
+        raw_size=4610348,
     ),
     "credit_default/default_of_credit_card_clients.csv.gz": KnownFile(
         "default_of_credit_card_clients.csv.gz",
@@ -124,6 +143,7 @@ KNOWN_FILES: dict[str, KnownFile] = {
             "https://archive.ics.uci.edu/dataset/350/default+of+credit+card+clients "
             "(the .xls exported as a plain-integer CSV with the ID,...,'default payment next month' header)"
         ),
+        raw_size=2867208,
     ),
     "german_credit/german.data.gz": KnownFile(
         "german.data.gz",
@@ -132,12 +152,14 @@ KNOWN_FILES: dict[str, KnownFile] = {
         url=f"{_UCI}/statlog/german/german.data",
         url_is_raw=True,
         info_url="https://archive.ics.uci.edu/dataset/144/statlog+german+credit+data",
+        raw_size=79793,
     ),
     "law_school/law_data.csv.gz": KnownFile(
         "law_data.csv.gz",
         "b13c2b601ddbfbcb15b9caf2910396a7ddcb61a2028f88ca3dd3431d340e13fb",
         "cbf494af5e0ac317015cf64945a20587c08ec77118e183d3ddb0026719956d88",
         info_url="https://github.com/mkusner/counterfactual-fairness (law_data.csv, Kusner et al. 2017)",
+        raw_size=1087804,
     ),
 }
 
@@ -160,34 +182,86 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _maybe_gunzip(data: bytes, path: Path) -> bytes:
-    if data[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise DataError(f"{path} is not a valid gzip file ({e}). Delete it and fetch it again.") from e
+def read_capped(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, refused (before reading) when larger than ``limit``."""
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError(f"{path} is not a regular file; replace it with the original data file.")
+        if st.st_size > limit:
+            raise DataError(f"{path} is {st.st_size} bytes, more than the {limit} bytes this data file can have; "
+                            "it is not the original: delete it and get the original.")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise DataError(f"Cannot read {path}: {e}") from e
+    if len(data) > limit:
+        raise DataError(f"{path} grew beyond {limit} bytes while being read; delete it and get the original.")
     return data
+
+
+def gzip_stated_size(data: bytes) -> int | None:
+    """The decompressed size (mod 2**32) a gzip file's trailer states (ISIZE; a hint, never trusted alone)."""
+    return int.from_bytes(data[-4:], "little") if data[:2] == b"\x1f\x8b" and len(data) >= 18 else None
+
+
+def gunzip_capped(data: bytes, limit: int, path: Path) -> bytes:
+    """Decompress gzip ``data`` (one or more members), streaming: refused as soon as the output
+    exceeds ``limit`` bytes, so a decompression bomb costs at most ``limit`` bytes of memory."""
+    out = bytearray()
+    rest = data
+    try:
+        while rest:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            buf = rest
+            while buf and not d.eof:
+                out += d.decompress(buf, min(_CHUNK, limit + 1 - len(out)) or 1)
+                if len(out) > limit:
+                    raise DataError(
+                        f"{path} decompresses to more than {limit} bytes, the size of the original; refused "
+                        "(a decompression bomb or a different file). Delete it and get the original.")
+                buf = d.unconsumed_tail
+            if not d.eof:
+                raise DataError(f"{path} is a truncated gzip file. Delete it and fetch it again.")
+            rest = d.unused_data
+    except zlib.error as e:
+        raise DataError(f"{path} is not a valid gzip file ({e}). Delete it and fetch it again.") from e
+    return bytes(out)
 
 
 def read_verified(path: Path, kf: KnownFile) -> bytes:
     """Read ``path`` (the stored ``.gz`` or its uncompressed variant), check it against ``kf``
-    and return the *decompressed* content. Raises :class:`DataError` on a mismatch."""
+    and return the *decompressed* content. Raises :class:`DataError` on a mismatch.
+
+    The checksum of the stored bytes is compared first; decompression comes after, under a cap."""
     path = Path(path)
+    cap = kf.raw_size or MAX_DECOMPRESSED_BYTES
+    data = read_capped(path, min(MAX_FILE_BYTES, cap + (1 << 20)) if kf.raw_size else MAX_FILE_BYTES)
     try:
         key = _stat_key(path)
-        data = path.read_bytes()
     except OSError as e:
         raise DataError(f"Cannot read {path}: {e}") from e
-    raw = _maybe_gunzip(data, path)
+    is_gz = data[:2] == b"\x1f\x8b"
     if _VERIFIED.get(key):
-        return raw
-    ok = sha256_bytes(data) == kf.sha256
-    if not ok and kf.raw_sha256:
-        ok = sha256_bytes(raw) == kf.raw_sha256
-    if not ok:
+        return gunzip_capped(data, cap, path) if is_gz else data
+    sha = sha256_bytes(data)
+    raw, note = None, ""
+    if sha == kf.sha256:  # the pinned file itself: only now is it decompressed
+        raw = gunzip_capped(data, cap, path) if is_gz else data
+    elif kf.raw_sha256 and not is_gz:
+        raw = data if sha == kf.raw_sha256 else None  # the uncompressed original
+    elif kf.raw_sha256 and is_gz:  # maybe the original re-compressed: its trailer must state the original size
+        stated = gzip_stated_size(data)
+        if kf.raw_size is None or stated == kf.raw_size % (1 << 32):
+            content = gunzip_capped(data, cap, path)
+            raw = content if sha256_bytes(content) == kf.raw_sha256 else None
+        else:
+            note = f"; it states a decompressed size of {stated} bytes, the original has {kf.raw_size}: not decompressed"
+    if raw is None:
         raise DataError(
-            f"Checksum mismatch for {path}: its sha256 is {sha256_bytes(data)}, expected "
-            f"{kf.sha256}" + (f" (or decompressed content {kf.raw_sha256})" if kf.raw_sha256 else "")
+            f"Checksum mismatch for {path}: its sha256 is {sha}, expected "
+            f"{kf.sha256}" + (f" (or decompressed content {kf.raw_sha256})" if kf.raw_sha256 else "") + note
             + ". The file is corrupt or a different version; delete it and get the original"
             + (f" from {kf.where}." if kf.where else ".")
         )
@@ -197,27 +271,38 @@ def read_verified(path: Path, kf: KnownFile) -> bytes:
 
 
 def download_file(url: str, dest: Path, sha256: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
-    """Download ``url`` to ``dest`` (via a temporary ``.part`` file), keeping it only when its
-    sha256 equals ``sha256``. Raises on any failure. Tests monkeypatch this to forbid network use."""
+    """Download ``url`` into a temporary folder and move it to ``dest`` only when its sha256 equals
+    ``sha256`` (``dest``'s folder is created only then). Raises on any failure, leaving nothing
+    behind. Tests monkeypatch this to forbid network use."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".part{os.getpid()}")
+    tmp_dir = Path(tempfile.mkdtemp(prefix="privacy-lab-download-"))
+    tmp = tmp_dir / dest.name
     h = hashlib.sha256()
+    size = 0
     try:
         req = urllib.request.Request(url, headers={"User-Agent": "privacy-imbalance-lab"})
         with urllib.request.urlopen(req, timeout=timeout) as resp, open(tmp, "wb") as out:
             while True:
-                chunk = resp.read(1 << 20)
+                chunk = resp.read(_CHUNK)
                 if not chunk:
                     break
+                size += len(chunk)
+                if size > MAX_FILE_BYTES:
+                    raise DataError(f"download of {url} exceeds {MAX_FILE_BYTES} bytes; refused")
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
             raise DataError(f"downloaded {url} but its sha256 {h.hexdigest()} != expected {sha256}")
-        os.replace(tmp, dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(f".{dest.name}.part{os.getpid()}")
+        try:
+            shutil.move(str(tmp), str(part))  # a copy when the temporary folder is on another file system
+            os.replace(part, dest)  # atomic: readers see the whole file or none
+        finally:
+            if part.exists():
+                part.unlink()
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return dest
 
 

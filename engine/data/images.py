@@ -5,16 +5,19 @@ Normalisation (documented in ``Dataset.meta["normalization"]``):
 * digits: ``x / 16`` (pixel range of load_digits is 0..16); no mean/std step.
 * MNIST: ``(x / 255 - 0.1307) / 0.3081``.
 * UTKFace: ``(x / 255 - mean_c) / std_c`` with per-channel mean/std of the *training* split.
+  Bad files in the folder are skipped and counted in ``Dataset.report`` (malformed names, images over
+  :data:`UTK_MAX_PIXELS` or refused by Pillow as decompression bombs, unreadable files).
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from .base import DataError, RawData
+from .base import DataError, LoadReport, RawData
 from .files import KNOWN_FILES, locate_files, read_verified
 
 SPLIT_SEED = 0  # fixed seed of every train/test split made here
@@ -109,6 +112,7 @@ UTK_PATTERN = re.compile(r"^(\d{1,3})_([01])_([0-4])_(\d{8,17})\.jpg(?:\.chip\.j
 UTK_RACES = ("White", "Black", "Asian", "Indian", "Others")
 UTK_GENDERS = ("male", "female")
 UTK_SIZE = 32
+UTK_MAX_PIXELS = 4096 * 4096  # a UTKFace image is 200x200; anything this large is refused before decoding
 
 
 def parse_utk_name(name: str) -> tuple[int, int, int] | None:
@@ -136,27 +140,36 @@ def load_utkface_raw(root: Path) -> RawData:
         raise DataError("Dataset 'utkface' needs Pillow to read JPEGs: pip install pillow") from e
 
     images, genders, races = [], [], []
-    malformed: list[str] = []
-    unreadable: list[str] = []
+    skipped: dict[str, list[str]] = {"malformed_name": [], "decompression_bomb": [], "unreadable": []}
     for p in sorted(q for q in folder.rglob("*") if q.is_file()):
         parsed = parse_utk_name(p.name)
         if parsed is None:
-            malformed.append(p.name)
+            skipped["malformed_name"].append(p.name)
             continue
         try:
-            with Image.open(p) as im:
-                im.draft("RGB", (2 * UTK_SIZE, 2 * UTK_SIZE))  # fast JPEG DCT downscale
-                arr = np.asarray(im.convert("RGB").resize((UTK_SIZE, UTK_SIZE), Image.BILINEAR), dtype=np.uint8)
-        except (OSError, UnidentifiedImageError, ValueError):
-            unreadable.append(p.name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(p) as im:  # reads the header only
+                    if im.width * im.height > UTK_MAX_PIXELS:
+                        raise Image.DecompressionBombError(f"{im.width}x{im.height} pixels")
+                    im.draft("RGB", (2 * UTK_SIZE, 2 * UTK_SIZE))  # fast JPEG DCT downscale
+                    arr = np.asarray(im.convert("RGB").resize((UTK_SIZE, UTK_SIZE), Image.BILINEAR),
+                                     dtype=np.uint8)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            skipped["decompression_bomb"].append(p.name)
+            continue
+        except (OSError, UnidentifiedImageError, ValueError, SyntaxError, MemoryError):
+            skipped["unreadable"].append(p.name)
             continue
         images.append(arr.transpose(2, 0, 1))
         genders.append(parsed[1])
         races.append(parsed[2])
+    report = LoadReport.from_counts({k: len(v) for k, v in skipped.items()},
+                                    [n for v in skipped.values() for n in v], folder)
     if len(images) < 2:
         raise DataError(
             f"Dataset 'utkface': found {len(images)} usable image(s) in {folder}/ "
-            f"({len(malformed)} file(s) with malformed names, {len(unreadable)} unreadable). "
+            f"({report if report.skipped else 'no other files'}). "
             "Expected JPEGs named [age]_[gender]_[race]_[date].jpg."
         )
     x = np.stack(images)
@@ -174,8 +187,10 @@ def load_utkface_raw(root: Path) -> RawData:
         meta={
             "normalization": {"scale": 255.0, "mean": mean.tolist(), "std": std.tolist()},
             "n_images": len(images),
-            "n_malformed_names": len(malformed),
-            "malformed_examples": malformed[:10],
-            "n_unreadable": len(unreadable),
+            "n_malformed_names": report.count("malformed_name"),
+            "malformed_examples": skipped["malformed_name"][:10],
+            "n_unreadable": report.count("unreadable"),
+            "n_decompression_bombs": report.count("decompression_bomb"),
         },
+        report=report,
     )

@@ -149,6 +149,7 @@ def _full_cached(name: str, root: str, fp: tuple) -> Dataset:
         kind=info.kind,
         feature_names=list(raw.feature_names),
         meta={**raw.meta, "seed": None, "max_train": None, "data_dir": root},
+        report=raw.report,
     )
 
 
@@ -172,6 +173,7 @@ def _load_cached(name: str, root: str, fp: tuple, seed: int, max_train: int | No
         kind=full.kind,
         feature_names=list(full.feature_names),
         meta={**full.meta, "seed": seed, "max_train": max_train, "train_indices": sel},
+        report=full.report,
     )
 
 

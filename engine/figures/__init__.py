@@ -5,7 +5,7 @@
   escaping rule for user text in titles, legends and hover text;
 * :mod:`engine.figures.frames` / :mod:`engine.figures.training` — training runs: frames, figures and
   :func:`~engine.figures.training.build_figures` (dashboard, ``python -m engine export``, packs);
-* :mod:`engine.figures.audit_frames` / :mod:`engine.figures.audit` — a privacy audit's results;
+* :mod:`engine.figures.audit` — a privacy audit (frames on :class:`engine.audit.report.AuditReport`);
 * :mod:`engine.figures.explorer` — the TIF explorer (its compute is :mod:`engine.tif_explorer`).
 
 Run records and their labels live in :mod:`engine.runs`. Figure builders never read the store, never

@@ -1,6 +1,6 @@
-"""Figures of a privacy audit: pure Plotly builders over the frames of :mod:`engine.figures.audit_frames`.
-
-Nothing here reads the store or calls Streamlit. :func:`build_audit_figures` returns
+"""Figures of a privacy audit: pure Plotly builders over the tidy frames of the typed
+:class:`~engine.audit.report.AuditReport` (each builder takes a report or the stored results dict, a
+running audit's partial one too). Nothing here reads the store or calls Streamlit. :func:`build_audit_figures` returns
 :class:`~engine.figures.scaffold.FigureSpec` s, so the dashboard's export menu (PNG/SVG/PDF/HTML + CSV of
 the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.figures import audit_frames as af
+from engine.audit.report import AuditReport, as_report
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns,
                                      facet_grid, fig_table, group_color)
 
@@ -22,15 +22,13 @@ AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_
 NO_RESULTS = "No audit results yet"
 
 
-def _colors(results: dict) -> dict:
+def _colors(report: AuditReport) -> dict:
     """Escaped algorithm label → colour."""
-    algos = af.algorithms(results)
-    return {esc(label): algo_color(name, k) for k, (name, label) in enumerate(zip(algos["name"], algos["label"]))}
+    return {esc(a.label): algo_color(a.name, k) for k, a in enumerate(report.algorithms)}
 
 
-def _group_title(results: dict) -> str:
-    d = af.design(results)
-    by, attr = d["group_by"], d["group_attribute"]
+def _group_title(report: AuditReport) -> str:
+    by, attr = report.group_by or "group", report.config.get("group_attribute")
     return {"attribute": f"sensitive attribute{(' ' + esc(attr)) if attr else ''}", "class": "class",
             "tier": "privacy tier"}.get(by, esc(by))
 
@@ -47,15 +45,15 @@ def _grid(labels: list, title: str, theme: str):
     return fig, rows, cols
 
 
-def fig_gpr_bars(results: dict, *, theme: str = "light", title: str | None = None) -> go.Figure:
-    d = af.design(results)
-    title = title or (f"Group privacy risk (PA-ALOOA, {str(d['threshold']).replace('_', '-')} "
-                      f"thresholds, 2R = {d['n_models'] or '?'})")
-    df = af.gpr_frame(results)
+def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> go.Figure:
+    report = as_report(results)
+    title = title or (f"Group privacy risk (PA-ALOOA, {(report.threshold or 'in_sample').replace('_', '-')} "
+                      f"thresholds, 2R = {report.n_models or '?'})")
+    df = report.gpr_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     fig = _top(title, theme)
-    colors = _colors(results)
+    colors = _colors(report)
     for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
         fig.add_trace(go.Bar(x=g["group"], y=g["gpr"], name=label, marker_color=colors.get(label),
                              error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).clip(lower=0),
@@ -67,28 +65,30 @@ def fig_gpr_bars(results: dict, *, theme: str = "light", title: str | None = Non
     if floor is not None:
         fig.add_hline(y=floor, line=dict(dash="dash", color="#888", width=2),
                       annotation_text=f"null floor (permuted labels) ≈ {floor:.3f}", annotation_position="top left")
-    fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(results))
+    fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(report))
     fig.update_xaxes(type="category")
     return fig
 
 
-def fig_delta_table(results: dict, *, theme: str = "light",
+def fig_delta_table(results, *, theme: str = "light",
                     title: str = "Δ = (max − min GPR) × 100, in pp") -> go.Figure:
-    df = af.delta_frame(results)
+    report = as_report(results)
+    df = report.delta_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     return fig_table(df, theme=theme, title=title)
 
 
-def fig_accuracy(results: dict, *, theme: str = "light",
+def fig_accuracy(results, *, theme: str = "light",
                  title: str = "Test accuracy per algorithm (mean ± sd over models)") -> go.Figure:
-    df = af.accuracy_frame(results)
+    report = as_report(results)
+    df = report.accuracy_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     fig = _top(title, theme)
     df = escape_columns(df, "label", "group")
     overall = df[df["group"] == "all"]
-    colors = _colors(results)
+    colors = _colors(report)
     fig.add_trace(go.Bar(x=overall["label"], y=overall["accuracy"], name="all", showlegend=False,
                          marker_color=[colors.get(lab) for lab in overall["label"]],
                          error_y=dict(type="data", array=overall["std"].fillna(0)),
@@ -104,15 +104,16 @@ def fig_accuracy(results: dict, *, theme: str = "light",
     return fig
 
 
-def fig_epsilon_bounds(results: dict, *, theme: str = "light",
+def fig_epsilon_bounds(results, *, theme: str = "light",
                        title: str = "Per-tier empirical ε lower bound vs claimed ε") -> go.Figure:
-    df = af.epsilon_frame(results)
+    report = as_report(results)
+    df = report.epsilon_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     conf = df["confidence"].dropna()
     title += f" ({int(round(100 * conf.iloc[0]))}% Clopper–Pearson)" if len(conf) else ""
     fig = _top(title, theme)
-    colors = _colors(results)
+    colors = _colors(report)
     for label, d in escape_columns(df, "label", "tier").groupby("label", sort=False):
         fig.add_trace(go.Bar(x=d["tier"], y=d["lower_bound"], name=f"{label}: lower bound", offsetgroup=label,
                              marker_color=colors.get(label), legendgroup=label, texttemplate="%{y:.2f}",
@@ -133,8 +134,9 @@ def fig_epsilon_bounds(results: dict, *, theme: str = "light",
     return fig
 
 
-def fig_lira_roc(results: dict, *, theme: str = "light", title: str = "LiRA ROC per group (log-log)") -> go.Figure:
-    df = af.roc_frame(results)
+def fig_lira_roc(results, *, theme: str = "light", title: str = "LiRA ROC per group (log-log)") -> go.Figure:
+    report = as_report(results)
+    df = report.roc_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     df = escape_columns(df, "label", "group")
@@ -162,17 +164,17 @@ def fig_lira_roc(results: dict, *, theme: str = "light", title: str = "LiRA ROC 
     return fig
 
 
-def fig_advantage_hist(results: dict, *, theme: str = "light",
+def fig_advantage_hist(results, *, theme: str = "light",
                        title: str = "Per-sample membership advantage (fraction of each group)") -> go.Figure:
-    df = af.histogram_frame(results)
+    report = as_report(results)
+    df = report.histogram_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     df = escape_columns(df, "label", "group")
     labels = list(dict.fromkeys(df["label"]))
     fig, rows, cols = _grid(labels, title, theme)
     groups = list(dict.fromkeys(df["group"]))
-    algos = af.algorithms(results)
-    floor = {esc(lab): f for lab, f in zip(algos["label"], algos["null_floor"])}
+    floor = {esc(a.label): a.null_floor for a in report.algorithms}
     for i, label in enumerate(labels):
         r, c = i // cols + 1, i % cols + 1
         d = df[df["label"] == label]
@@ -183,7 +185,7 @@ def fig_advantage_hist(results: dict, *, theme: str = "light",
                                  showlegend=i == 0, marker_color=group_color(k), opacity=0.55,
                                  hovertemplate=f"group {g}: %{{y:.3f}} at advantage %{{x:.3f}}<extra>{label}</extra>"),
                           row=r, col=c)
-        if np.isfinite(floor.get(label, np.nan)):
+        if floor.get(label) is not None and np.isfinite(floor[label]):
             fig.add_vline(x=floor[label], line=dict(dash="dash", color="#888"), row=r, col=c)
         fig.update_xaxes(title_text="advantage (TPR − FPR)" if r == rows else None, row=r, col=c)
     fig.update_yaxes(title_text="fraction of group", col=1)
@@ -191,36 +193,29 @@ def fig_advantage_hist(results: dict, *, theme: str = "light",
     return fig
 
 
-def fig_baselines(results: dict, *, theme: str = "light",
+def fig_baselines(results, *, theme: str = "light",
                   title: str = "Baselines: PA-GA, PA-GBA and PA-LOOA next to PA-ALOOA") -> go.Figure:
-    df = af.baselines_frame(results)
+    report = as_report(results)
+    df = report.baselines_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     return fig_table(df, theme=theme, title=title)
 
 
-def build_audit_figures(results: dict, *, theme: str = "light", names=None) -> list[FigureSpec]:
+def build_audit_figures(results, *, theme: str = "light", names=None) -> list[FigureSpec]:
     """Every audit figure with the data it shows (for the UI, CSV/PNG export and presentation packs)."""
-    names = list(names) if names is not None else list(AUDIT_FIGURES)
+    report = as_report(results)
+    figures = {"gpr_bars": ("Group privacy risk", fig_gpr_bars, report.gpr_frame),
+               "delta_table": ("Δ table", fig_delta_table, report.delta_frame),
+               "accuracy": ("Accuracy", fig_accuracy, report.accuracy_frame),
+               "epsilon_bounds": ("ε lower bounds", fig_epsilon_bounds, report.epsilon_frame),
+               "lira_roc": ("LiRA ROC", fig_lira_roc, report.roc_frame),
+               "advantage_hist": ("Advantage histogram", fig_advantage_hist, report.histogram_frame),
+               "baselines": ("Baselines", fig_baselines, report.baselines_frame)}
     out = []
-    for name in names:
-        if name == "gpr_bars":
-            out.append(FigureSpec(name, "Group privacy risk", fig_gpr_bars(results, theme=theme), af.gpr_frame(results)))
-        elif name == "delta_table":
-            out.append(FigureSpec(name, "Δ table", fig_delta_table(results, theme=theme), af.delta_frame(results)))
-        elif name == "accuracy":
-            out.append(FigureSpec(name, "Accuracy", fig_accuracy(results, theme=theme), af.accuracy_frame(results)))
-        elif name == "epsilon_bounds":
-            out.append(FigureSpec(name, "ε lower bounds", fig_epsilon_bounds(results, theme=theme),
-                                  af.epsilon_frame(results)))
-        elif name == "lira_roc":
-            out.append(FigureSpec(name, "LiRA ROC", fig_lira_roc(results, theme=theme), af.roc_frame(results)))
-        elif name == "advantage_hist":
-            out.append(FigureSpec(name, "Advantage histogram", fig_advantage_hist(results, theme=theme),
-                                  af.histogram_frame(results)))
-        elif name == "baselines":
-            out.append(FigureSpec(name, "Baselines", fig_baselines(results, theme=theme), af.baselines_frame(results)))
-        else:
+    for name in (list(names) if names is not None else list(AUDIT_FIGURES)):
+        if name not in figures:
             raise ValueError(f"unknown audit figure {name!r}; allowed: {', '.join(AUDIT_FIGURES)}")
+        title, fig, frame = figures[name]
+        out.append(FigureSpec(name, title, fig(report, theme=theme), frame()))
     return out
-

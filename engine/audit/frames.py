@@ -1,0 +1,113 @@
+"""Tidy pandas frames of an :class:`~engine.audit.report.AuditReport` (one row per algorithm × group,
+tier, ROC point, histogram bin or attack): what the audit figures draw and the CSV exports hold.
+Call them as report methods (``report.gpr_frame()``)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+
+def _nan(x):
+    return float("nan") if x is None else float(x)
+
+
+def _r(x, nd):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), nd)
+
+
+def gpr_frame(report) -> pd.DataFrame:
+    rows = []
+    for a in report.algorithms:
+        for g in report.group_names:
+            e = a.gpr.get(g)
+            rows.append({"algorithm": a.key, "label": a.label, "group": g, "n": report.group_sizes.get(g),
+                         "gpr": _nan(e and e.value), "low": _nan(e and e.low), "high": _nan(e and e.high),
+                         "null_floor": _nan(a.null_floor), "threshold": report.threshold})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "n", "gpr", "low", "high", "null_floor",
+                                       "threshold"])
+
+
+def delta_frame(report) -> pd.DataFrame:
+    """One row per algorithm: Δ (pp) with its CI, accuracy, floor and the GPR of each group."""
+    rows = []
+    for a in report.algorithms:
+        d = a.delta
+        row = {"algorithm": a.label, "Δ (pp)": _r(d.value, 2), "Δ CI low": _r(d.low, 2), "Δ CI high": _r(d.high, 2),
+               "accuracy": _r(a.accuracy.mean, 4), "null floor": _r(a.null_floor, 4),
+               "formal DP": "yes" if a.formal_dp else "no"}
+        for g in report.group_names:
+            row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def accuracy_frame(report) -> pd.DataFrame:
+    rows = []
+    for a in report.algorithms:
+        acc = a.accuracy
+        rows.append({"algorithm": a.key, "label": a.label, "group": "all", "accuracy": _nan(acc.mean),
+                     "std": _nan(acc.std), "min": _nan(acc.min), "max": _nan(acc.max)})
+        for g, v in acc.groups.items():
+            rows.append({"algorithm": a.key, "label": a.label, "group": g, "accuracy": _nan(v),
+                         "std": float("nan"), "min": float("nan"), "max": float("nan")})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "accuracy", "std", "min", "max"])
+
+
+def epsilon_frame(report) -> pd.DataFrame:
+    rows = []
+    for a in report.algorithms:
+        for t in a.epsilon:
+            rows.append({"algorithm": a.key, "label": a.label, "tier": t.name, "claimed": _nan(t.claimed),
+                         "target": _nan(t.target), "lower_bound": _nan(t.lower_bound), "tpr": _nan(t.tpr),
+                         "fpr": _nan(t.fpr), "formal_dp": a.formal_dp, "confidence": a.epsilon_confidence})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "tier", "claimed", "target", "lower_bound", "tpr", "fpr",
+                                       "formal_dp", "confidence"])
+
+
+def roc_frame(report) -> pd.DataFrame:
+    rows = []
+    for a in report.algorithms:
+        for g, v in a.lira.items():
+            for f, t in zip(v.roc_fpr, v.roc_tpr):
+                rows.append({"algorithm": a.key, "label": a.label, "group": g, "fpr": f, "tpr": t,
+                             "auc": _nan(v.auc), "tpr_at_0.1%": _nan(v.tpr_at_0_1pct),
+                             "tpr_at_1%": _nan(v.tpr_at_1pct)})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "fpr", "tpr", "auc", "tpr_at_0.1%", "tpr_at_1%"])
+
+
+def histogram_frame(report) -> pd.DataFrame:
+    rows = []
+    for a in report.algorithms:
+        edges = a.histogram.edges
+        for g, counts in a.histogram.counts.items():
+            total = max(1, sum(counts))
+            for k, c in enumerate(counts):
+                rows.append({"algorithm": a.key, "label": a.label, "group": g, "bin_low": edges[k],
+                             "bin_high": edges[k + 1], "count": int(c), "fraction": c / total,
+                             "group_size": report.group_sizes.get(g)})
+    return pd.DataFrame(rows, columns=["algorithm", "label", "group", "bin_low", "bin_high", "count", "fraction",
+                                       "group_size"])
+
+
+def baselines_frame(report) -> pd.DataFrame:
+    """PA-ALOOA's per-group GPR next to PA-GA, PA-GBA (per group) and PA-LOOA (per audited record)."""
+    rows = []
+    sizes = report.group_sizes
+    for a in report.algorithms:
+        b = a.baselines
+        for g in report.group_names:
+            rows.append({"algorithm": a.label, "attack": "PA-ALOOA (per sample)", "target": f"group {g}",
+                         "advantage": _r(a.gpr[g].value if g in a.gpr else None, 4), "models": report.n_models,
+                         "records covered": sizes.get(g)})
+        rows.append({"algorithm": a.label, "attack": "PA-GA (one threshold per model)", "target": "all",
+                     "advantage": _r(b.pa_ga, 4), "models": report.n_models, "records covered": report.n_train})
+        for g, v in b.pa_gba.items():
+            rows.append({"algorithm": a.label, "attack": "PA-GBA (per model and group)", "target": f"group {g}",
+                         "advantage": _r(v, 4), "models": report.n_models, "records covered": sizes.get(g)})
+        for rec in b.pa_looa or ():
+            rows.append({"algorithm": a.label, "attack": "PA-LOOA (one record)",
+                         "target": f"record {rec.index} ({rec.group}); ALOOA {_r(rec.aloo_advantage, 3)}",
+                         "advantage": _r(rec.looa_advantage, 4), "models": b.looa_models_per_record,
+                         "records covered": 1})
+    return pd.DataFrame(rows, columns=["algorithm", "attack", "target", "advantage", "models", "records covered"])

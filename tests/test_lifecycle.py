@@ -1,0 +1,135 @@
+"""One registry of job kinds and one store lifecycle for every run: worker, CLI, job manager."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import ConfigError, RunConfig
+from engine.lifecycle import JOB_KINDS, execute, job_kind, run_queued, store_lifecycle
+from engine.store import RunStore
+from engine.train import Cancelled
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
+
+
+@pytest.fixture()
+def store(tmp_path):
+    return RunStore(tmp_path / "runs.sqlite")
+
+
+def test_registry_knows_train_and_audit_and_names_an_unknown_kind():
+    assert set(JOB_KINDS) == {"train", "audit"}
+    assert job_kind("audit").name == "audit"
+    for bad in ("nope", None, 3):
+        with pytest.raises(ConfigError) as e:
+            job_kind(bad)
+        assert e.value.field == "kind" and "known: train, audit" in e.value.message
+    assert job_kind("train").parse(TINY.to_dict()) == TINY
+    with pytest.raises(ConfigError) as e:  # each kind parses (and validates) its own config shape
+        job_kind("train").parse({"epochs": 0})
+    assert e.value.field == "epochs"
+
+
+def test_success_finishes(store):
+    rid = store.create_run(TINY, status="queued")
+    with store_lifecycle(store, rid, sigterm=False) as life:
+        life.start(total_steps=3, plan={"p": 1})
+        assert store.get_run(rid)["status"] == "running" and store.get_run(rid)["pid"] == os.getpid()
+        life.finish({"accuracy": 0.5})
+    run = store.get_run(rid)
+    assert run["status"] == "finished" and run["summary"] == {"accuracy": 0.5} and run["error"] is None
+
+
+@pytest.mark.parametrize("exc, error", [
+    (RuntimeError("boom"), "RuntimeError: boom"),
+    (ConfigError("run.data.name", "unknown value 'x'"), "run.data.name: unknown value 'x'"),
+    (KeyboardInterrupt(), "KeyboardInterrupt: "),
+])
+def test_an_exception_marks_failed_with_its_message(store, exc, error):
+    rid = store.create_run(TINY, status="queued")
+    with pytest.raises(type(exc)):
+        with store_lifecycle(store, rid, sigterm=False) as life:
+            life.start(total_steps=3)
+            raise exc
+    run = store.get_run(rid)
+    assert run["status"] == "failed" and run["error"] == error
+
+
+def test_cancelled_marks_cancelled_and_sigterm_cancels(store):
+    rid = store.create_run(TINY, status="queued")
+    with pytest.raises(Cancelled):
+        with store_lifecycle(store, rid, sigterm=False):
+            raise Cancelled("stopped at step 4")
+    assert store.get_run(rid)["status"] == "cancelled" and store.get_run(rid)["error"] == "stopped at step 4"
+    rid = store.create_run(TINY, status="queued")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Cancelled):
+        with store_lifecycle(store, rid) as life:
+            life.start(total_steps=1)
+            os.kill(os.getpid(), signal.SIGTERM)  # what the job manager's Cancel sends
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    assert store.get_run(rid)["status"] == "cancelled" and "signal" in store.get_run(rid)["error"]
+
+
+def test_an_ended_run_is_not_overwritten_and_no_store_is_a_no_op(store):
+    rid = store.create_run(TINY, status="queued")
+    with pytest.raises(ValueError):
+        with store_lifecycle(store, rid, sigterm=False) as life:
+            life.finish({"done": True})
+            raise ValueError("after the finish (e.g. printing the summary)")
+    assert store.get_run(rid)["status"] == "finished"
+    with pytest.raises(ValueError):
+        with store_lifecycle(None, None, sigterm=False) as life:
+            assert not life.active
+            life.start(total_steps=1)
+            life.finish({})
+            raise ValueError("no store: nothing to record")
+
+
+def test_execute_and_run_queued_train_through_the_lifecycle(store):
+    rid = store.create_run(TINY, status="queued")
+    result = execute(store, rid, TINY, kind="train")
+    assert store.get_run(rid)["status"] == "finished" and result.summary == store.get_run(rid)["summary"]
+    # the worker entry: kind and config from the store; a prepared run is used when offered
+    from engine.train import prepare
+
+    ready = prepare(TINY)
+    asked = []
+
+    def prepared(config):
+        asked.append(config)
+        return ready
+
+    rid2 = store.create_run(TINY, status="queued", group_id="g")
+    out = run_queued(store, rid2, prepared=prepared)
+    assert asked == [TINY] and store.get_run(rid2)["status"] == "finished"
+    assert out.summary["accuracy"] == result.summary["accuracy"]  # prepare is deterministic: same run
+    bad = store.create_run(TINY.replace(batch_size=5000), status="queued", group_id="g")
+    with pytest.raises(ConfigError):
+        run_queued(store, bad)
+    assert store.get_run(bad)["status"] == "failed" and store.get_run(bad)["error"].startswith("batch_size:")
+    with pytest.raises(ConfigError) as e:
+        run_queued(store, 9999)
+    assert e.value.field == "run_id"
+
+
+def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
+    rid = store.create_run({"x": 1}, kind="nope", group_id="g")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    out = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "worker", str(rid)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: kind: unknown job kind 'nope'; known: train, audit"]
+    run = store.get_run(rid)
+    assert run["status"] == "failed" and run["error"] == "kind: unknown job kind 'nope'; known: train, audit"
+    shown = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "show", str(rid)], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "kind=nope" in shown.stdout and "failed" in shown.stdout

@@ -242,26 +242,6 @@ def rows_to_tiers(df: pd.DataFrame, base: TiersConfig) -> TiersConfig:
     return base
 
 
-def tiers_from_param(text: str) -> TiersConfig:
-    """A tiers config from the URL (JSON, validated by the engine; never anything else).
-
-    The one call site of the URL parser: becomes ``engine.config.parse_tiers_param(text)`` (h3) when that
-    lands; until then any decoding failure is one ConfigError too (never a traceback)."""
-    if len(text) > 100_000:
-        raise ConfigError("tiers", f"the URL's tier setting is too long ({len(text)} characters)")
-    try:
-        d = json.loads(text)
-        cfg = RunConfig.from_dict({"tiers": d})
-    except ConfigError:
-        raise
-    except json.JSONDecodeError as e:
-        raise ConfigError("tiers", f"the URL's tier setting is not valid JSON: {e}") from None
-    except (RecursionError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise ConfigError("tiers", f"the URL's tier setting is not a tier config: {type(e).__name__}") from None
-    cfg.tiers.validate()
-    return cfg.tiers
-
-
 def tiers_to_param(tiers: TiersConfig) -> str:
     return json.dumps(RunConfig(tiers=tiers).to_dict()["tiers"], separators=(",", ":"), ensure_ascii=False)
 

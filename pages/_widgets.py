@@ -9,7 +9,7 @@ from typing import Callable
 
 import streamlit as st
 
-from engine.config import ConfigError, TiersConfig
+from engine.config import ConfigError, TiersConfig, parse_tiers_param
 from engine.data import DataError
 from engine.jobs import eta_seconds
 from engine.runs import dp_note, run_label
@@ -69,13 +69,13 @@ def _same(raw: list[str], value, label) -> bool:
 
 
 def tiers_from_url(url: UrlParams, base: TiersConfig) -> tuple[TiersConfig, str | None]:
-    """The ``?tiers=`` setting (validated by the engine) or ``base``; an invalid value is warned about
+    """The ``?tiers=`` setting (``engine.config.parse_tiers_param``: the config file's own checks) or ``base``; an invalid value is warned about
     and removed from the URL. Returns (tiers, the URL text in use or None)."""
     custom = st.query_params.get("tiers")
     if not custom:
         return base, None
     try:
-        return ui.tiers_from_param(custom), custom
+        return parse_tiers_param(custom), custom
     except ConfigError as e:
         url.warn("tiers", f"{e}; using the preset instead")
         st.query_params.pop("tiers", None)

@@ -117,6 +117,7 @@ def warnings(at: AppTest) -> list[str]:
     ("[" * 100_000, "tiers"),  # deeper than the JSON decoder recurses
     ('{"assign": "class", "tiers": [{"epsilon": ' + "9" * 5000 + '}]}', "tiers"),  # an int too long to convert
     ("[1, 2]", "tiers"),
+    ('{"assign": "class", "tiers": [{"epsilon": 1, "classes": "0123456789"}]}', "tiers.tiers[0].classes"),
 ])
 def test_an_invalid_tiers_url_is_warned_about_and_the_preset_used(lab, text, message):
     at, _ = lab
@@ -193,4 +194,6 @@ def test_rows_to_tiers_rejects_two_budgets_in_one_tier():
     rows.loc[0, "ε"] = 5.0  # class 0 is in tier 3 (ε = 3)
     with pytest.raises(ConfigError, match="two different ε"):
         ui.rows_to_tiers(rows, base)
-    assert ui.tiers_from_param(ui.tiers_to_param(base)) == base
+    from engine.config import parse_tiers_param
+
+    assert parse_tiers_param(ui.tiers_to_param(base)) == base  # the URL form round-trips

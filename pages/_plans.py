@@ -23,6 +23,17 @@ def _audit_preview(config_json: str) -> dict:
     return preview_audit(AuditConfig.from_json(config_json))
 
 
+def _planned(preview, config, errors: list[str]) -> dict | None:
+    """The engine's preview of ``config`` (cached), or None after showing why there is none."""
+    try:
+        with st.spinner("Planning…"):
+            return preview(config.to_json())
+    except (ConfigError, DataError) as e:
+        errors.append(str(e))
+        ui.show_error(e)
+        return None
+
+
 def plan_frame(p: dict) -> pd.DataFrame:
     """One row per tier: owners, target ε and, for private runs, planned ε, q, C and σ."""
     plan = p.get("plan")
@@ -45,12 +56,8 @@ def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
     with st.expander("Privacy plan (per-tier q, C, σ) — computed before launching", expanded=True):
         for tab, cfg in zip(st.tabs([ui.algo_label(c.algorithm.name) for c in configs]), configs):
             with tab:
-                try:
-                    with st.spinner("Planning…"):
-                        p = _run_preview(cfg.to_json())
-                except (ConfigError, DataError) as e:
-                    errors.append(str(e))
-                    ui.show_error(e)
+                p = _planned(_run_preview, cfg, errors)
+                if p is None:
                     continue
                 previews[cfg.algorithm.name] = p
                 plan = p.get("plan")
@@ -70,14 +77,8 @@ def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
 
 def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
     """The audit's plan (models, steps, groups, per-algorithm tiers) in an expander; None if it fails."""
-    if config is None:
-        return None
-    try:
-        with st.spinner("Planning…"):
-            p = _audit_preview(config.to_json())
-    except (ConfigError, DataError) as e:
-        errors.append(str(e))
-        ui.show_error(e)
+    p = None if config is None else _planned(_audit_preview, config, errors)
+    if p is None:
         return None
     with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "
                      f"{p['n_train']} samples" + (f" + {p['looa_models']} PA-LOOA models each" if p["looa_models"] else ""),

@@ -70,13 +70,13 @@ def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> 
     return fig
 
 
+def _table(df, title: str, theme: str) -> go.Figure:
+    return empty_figure(title, theme, NO_RESULTS, legend="top") if df.empty else fig_table(df, theme=theme, title=title)
+
+
 def fig_delta_table(results, *, theme: str = "light",
                     title: str = "Δ = (max − min GPR) × 100, in pp") -> go.Figure:
-    report = as_report(results)
-    df = report.delta_frame()
-    if df.empty:
-        return empty_figure(title, theme, NO_RESULTS, legend="top")
-    return fig_table(df, theme=theme, title=title)
+    return _table(as_report(results).delta_frame(), title, theme)
 
 
 def fig_accuracy(results, *, theme: str = "light",
@@ -195,11 +195,7 @@ def fig_advantage_hist(results, *, theme: str = "light",
 
 def fig_baselines(results, *, theme: str = "light",
                   title: str = "Baselines: PA-GA, PA-GBA and PA-LOOA next to PA-ALOOA") -> go.Figure:
-    report = as_report(results)
-    df = report.baselines_frame()
-    if df.empty:
-        return empty_figure(title, theme, NO_RESULTS, legend="top")
-    return fig_table(df, theme=theme, title=title)
+    return _table(as_report(results).baselines_frame(), title, theme)
 
 
 def build_audit_figures(results, *, theme: str = "light", names=None) -> list[FigureSpec]:

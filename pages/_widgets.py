@@ -5,14 +5,17 @@ the tier editor, and figures cached between live refreshes. Pages are layout plu
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import streamlit as st
 
+from engine import export
+from engine.audit.config import AuditConfig
 from engine.config import ConfigError, TiersConfig, parse_tiers_param
 from engine.data import DataError
 from engine.jobs import eta_seconds
-from engine.runs import dp_note, run_label
+from engine.runs import algorithm_label, dp_note, run_label
 from pages import _common as ui
 
 
@@ -110,6 +113,23 @@ def run_picker(label: str, options: list, *, key: str, param: str, default, form
     return current
 
 
+def comparison_label(group: str, runs: list[dict]) -> str:
+    """A comparison (group id) and its algorithms, for a picker."""
+    members = sorted((r for r in runs if r["group_id"] == group), key=lambda r: r["id"])
+    return f"{group} — {', '.join(algorithm_label(r['algorithm']) for r in members)}"
+
+
+def audit_label(run: dict) -> str:
+    """An audit for a picker: id, dataset, R, algorithms, when (no status: the badge below is live)."""
+    when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
+    try:
+        cfg = AuditConfig.from_dict(run.get("config") or {})  # (migrates configs stored flat)
+        what = f"{cfg.run.data.name} · R={cfg.R} · {', '.join(a.name for a in cfg.algorithms)}"
+    except (ConfigError, TypeError, ValueError):
+        what = "(unreadable config)"
+    return f"#{run['id']} · {what} · {when}"
+
+
 # --- run status ---------------------------------------------------------------------------------------
 
 def progress_text(run: dict, mgr) -> str:
@@ -204,6 +224,17 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
                clip=number(c2, "Clip norm C", "clip", min_value=0.001, value=1.0, step=0.1),
                seed=number(c3, "Seed", "seed", min_value=0, value=0, step=1))
     return out
+
+
+def audit_downloads(run: dict, report, store) -> None:
+    """The audit's results (JSON, as stored) and per-sample advantages (CSV) as downloads."""
+    rid, keys = run["id"], [a.key for a in report.algorithms]
+    c1, c2 = st.columns(2)
+    c1.download_button("Results (JSON)", data=export.results_json(run["summary"]), file_name=f"audit-{rid}.json",
+                       mime="application/json", key=f"a-json-{rid}", on_click="ignore", icon=":material/download:")
+    c2.download_button("Per-sample advantages (CSV)", data=lambda: export.audit_advantages_csv(store, rid, keys),
+                       file_name=f"audit-{rid}-advantages.csv", mime="text/csv", key=f"a-csv-{rid}",
+                       on_click="ignore", icon=":material/download:")
 
 
 # --- tiers ------------------------------------------------------------------------------------------------

@@ -2,11 +2,8 @@
 read GPR per group, the Δ table, accuracy, per-tier ε lower bounds, LiRA ROC and advantage histograms."""
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
-from engine import export
 from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, THRESHOLDS, AuditConfig
 from engine.audit.report import as_report
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
@@ -132,18 +129,9 @@ if not audits:
 by_id = {r["id"]: r for r in audits}
 
 
-def _label(i: int) -> str:
-    # no status here: it changes while the page shows it (the badge below is live)
-    cfg = by_id[i].get("config") or {}
-    algos = ", ".join(a["name"] if isinstance(a, dict) else str(a) for a in cfg.get("algorithms") or [])
-    when = time.strftime("%m-%d %H:%M", time.localtime(by_id[i].get("created_at") or 0))
-    dataset = ((cfg.get("run") or {}).get("data") or {}).get("name") or cfg.get("dataset", "?")
-    return f"#{i} · {dataset} · R={cfg.get('R', '?')} · {algos} · {when}"
-
-
 active = [r["id"] for r in audits if ui.is_active(r)]
 current = widgets.run_picker("Audit", list(by_id), key="a_pick", param="audit", default=(active or list(by_id))[0],
-                             format_func=_label, url=url, cast=int)
+                             format_func=lambda i: widgets.audit_label(by_id[i]), url=url, cast=int)
 url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
 any_active = ui.is_active(by_id[current])
 
@@ -178,13 +166,7 @@ def view(run_id: int) -> None:
     ui.chart(specs["advantage_hist"], key="audit-hist", export_key="ax-hist")
     with st.expander("Baselines (PA-GA, PA-GBA, PA-LOOA)", expanded=False):
         ui.chart(specs["baselines"], key="audit-baselines", export_key="ax-base")
-    c1, c2 = st.columns(2)
-    c1.download_button("Results (JSON)", data=export.results_json(run["summary"]), file_name=f"audit-{run_id}.json",
-                       mime="application/json", key=f"a-json-{run_id}", on_click="ignore", icon=":material/download:")
-    keys = [a.key for a in report.algorithms]
-    c2.download_button("Per-sample advantages (CSV)", data=lambda: export.audit_advantages_csv(store, run_id, keys),
-                       file_name=f"audit-{run_id}-advantages.csv", mime="text/csv", key=f"a-csv-{run_id}",
-                       on_click="ignore", icon=":material/download:")
+    widgets.audit_downloads(run, report, store)
     if any_active and not ui.is_active(run):
         st.rerun()  # finished: one full rerun stops the polling
 

@@ -9,7 +9,6 @@ from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig
 from engine.data import dataset_names
 from engine.figures.training import LIVE_FIGURES, build_figures
 from engine.jobs import new_group_id
-from engine.runs import algorithm_label
 from engine.tiers import preset, preset_names
 from pages import _common as ui
 from pages import _plans, _widgets as widgets
@@ -136,17 +135,11 @@ if not groups:
     st.info("No runs yet: launch a comparison above. Runs keep going in the background when you close the tab.")
     st.stop()
 active = [r["group_id"] for r in runs_all if r["group_id"] and ui.is_active(r)]
-
-
-def _group_label(g: str) -> str:
-    members = sorted((r for r in runs_all if r["group_id"] == g), key=lambda r: r["id"])
-    return f"{g} — {', '.join(algorithm_label(r['algorithm']) for r in members)}"
-
-
 h1, h2 = st.columns([3, 1])
 h1.subheader("Live view")
 current = widgets.run_picker("Comparison", groups, key="group_pick", param="group", default=(active or groups)[0],
-                             format_func=_group_label, url=url, where=h2, label_visibility="collapsed")
+                             format_func=lambda g: widgets.comparison_label(g, runs_all), url=url, where=h2,
+                             label_visibility="collapsed")
 mid_layout = h2.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
                                   bind="query-params", label_visibility="collapsed")
 url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped

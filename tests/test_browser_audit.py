@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from engine.audit.config import AuditConfig
 from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, shot, wait_until  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -42,7 +43,8 @@ def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pyt
     launch.click()
     run = wait_until(lambda: [r for r in store.list_runs(kind="audit") if r["id"] not in before], UI,
                      "the audit in the store")[0]
-    assert run["config"]["dataset"] == "digits" and run["config"]["R"] == 2 and run["config"]["looa_k"] == 0
+    cfg = AuditConfig.from_dict(run["config"])
+    assert cfg.run.data.name == "digits" and cfg.R == 2 and cfg.looa_k == 0
     wait_until(lambda: store.get_run(run["id"])["status"] in ("finished", "failed", "interrupted"), RUN,
                "the audit to end")
     assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]

@@ -54,3 +54,26 @@ def dp_note(run: dict) -> str:
         return "no formal DP guarantee"
     return ""
 
+
+
+def run_config(run: dict):
+    """The run's typed configuration: a RunConfig (kind "train") or an AuditConfig (kind "audit", flat configs
+    of older stores migrated); None if the stored config cannot be read."""
+    from engine.config import ConfigError, RunConfig
+
+    try:
+        if run.get("kind") == "audit":
+            from engine.audit.config import AuditConfig
+
+            return AuditConfig.from_dict(run.get("config") or {})
+        return RunConfig.from_dict(run.get("config") or {})
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def dataset_name(run: dict) -> str | None:
+    """The dataset a run (or an audit's models) trains on."""
+    cfg = run_config(run)
+    if cfg is None:
+        return None
+    return (cfg.run if run.get("kind") == "audit" else cfg).data.name

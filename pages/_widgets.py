@@ -11,11 +11,10 @@ from typing import Callable
 import streamlit as st
 
 from engine import export
-from engine.audit.config import AuditConfig
 from engine.config import ConfigError, TiersConfig, parse_tiers_param
 from engine.data import DataError
 from engine.jobs import eta_seconds
-from engine.runs import algorithm_label, dp_note, run_label
+from engine.runs import algorithm_label, dp_note, run_config, run_label
 from pages import _common as ui
 
 
@@ -122,11 +121,8 @@ def comparison_label(group: str, runs: list[dict]) -> str:
 def audit_label(run: dict) -> str:
     """An audit for a picker: id, dataset, R, algorithms, when (no status: the badge below is live)."""
     when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
-    try:
-        cfg = AuditConfig.from_dict(run.get("config") or {})  # (migrates configs stored flat)
-        what = f"{cfg.run.data.name} · R={cfg.R} · {', '.join(a.name for a in cfg.algorithms)}"
-    except (ConfigError, TypeError, ValueError):
-        what = "(unreadable config)"
+    cfg = run_config(run)  # an AuditConfig (configs stored flat are migrated)
+    what = f"{cfg.run.data.name} · R={cfg.R} · {', '.join(a.name for a in cfg.algorithms)}" if cfg else "(unreadable config)"
     return f"#{run['id']} · {what} · {when}"
 
 

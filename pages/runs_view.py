@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from engine import export
-from engine.runs import algorithm_label, dp_note, run_label, run_record
+from engine.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
 from engine.store import ACTIVE
 from pages import _common as ui
 from pages import _widgets as widgets
@@ -29,11 +29,6 @@ runs = store.list_runs(kind=kind_filter or None)
 if status_filter:
     runs = [r for r in runs if r["status"] in status_filter]
 any_active = any(r["status"] in ACTIVE for r in runs)
-
-
-def _dataset_name(config: dict) -> str | None:
-    # training configs nest the dataset under data.name; audit configs keep it at the top level
-    return (config.get("data") or {}).get("name") or config.get("dataset")
 
 
 def _duration(r: dict) -> float | None:
@@ -56,7 +51,7 @@ if not runs:
     st.stop()
 df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
-    "algorithm": algorithm_label(r["algorithm"]), "dataset": _dataset_name(r["config"] or {}),
+    "algorithm": algorithm_label(r["algorithm"]), "dataset": dataset_name(r),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": ui.fmt_seconds(_duration(r)),
     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
     "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",

@@ -348,3 +348,15 @@ def test_user_text_is_escaped_in_every_audit_figure():
     for spec in specs:
         assert not spec.data.empty, spec.name
         assert_escaped(spec.figure, spec.name)
+
+
+def test_dataset_name_of_runs_and_audits_old_and_new():
+    from engine.audit.config import AuditConfig
+    from engine.runs import dataset_name
+
+    assert dataset_name(make_run(1, "ino")) == "digits"
+    audit = {"id": 2, "kind": "audit", "config": AuditConfig().replace(**{"run.data.name": "digits"}).to_dict()}
+    assert dataset_name(audit) == "digits"
+    flat = {"id": 3, "kind": "audit", "config": {"dataset": "digits", "R": 3}}  # an older store's flat audit config
+    assert dataset_name(flat) == "digits"
+    assert dataset_name({"id": 4, "kind": "train", "config": {"epochs": "many"}}) is None  # unreadable: no crash

@@ -40,8 +40,8 @@ def formal_dp(run: dict) -> bool | None:
     summary = run.get("summary") or {}
     if "formal_dp" in summary:
         return bool(summary["formal_dp"])
-    cfg = (run.get("config") or {}).get("algorithm") or {}
-    if cfg.get("name") == "dpsgd_s" and cfg.get("private_quantile") is False:
+    cfg = run_config(run) if run.get("kind", "train") == "train" else None
+    if cfg is not None and cfg.algorithm.name == "dpsgd_s" and not cfg.algorithm.private_quantile:
         return False
     return None
 

@@ -14,7 +14,7 @@ import streamlit as st
 
 from engine import export
 from engine.figures.scaffold import FigureSpec, apply_theme
-from engine.runs import run_label
+from engine.runs import dataset_name, run_label
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig, TierConfig, TiersConfig
 from engine.jobs import JobManager
 from engine.store import ACTIVE, RunStore, default_store_path
@@ -103,8 +103,7 @@ def fmt_seconds(s) -> str:
 
 
 def run_option_label(run: dict) -> str:
-    cfg = run.get("config") or {}
-    data = (cfg.get("data") or {}).get("name", "?")
+    data = dataset_name(run) or "?"
     when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
     return md(f"{run_label(run)} · {data} · {run['status']} · {when}")
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from engine.runs import algorithm_label, dp_note, run_label
+from engine.runs import algorithm_label, dp_note, run_config, run_label
 
 
 def _tier_order(evals_tiers: list[dict]) -> dict[str, int]:
@@ -54,16 +54,16 @@ def tier_history(runs: list[dict]) -> pd.DataFrame:
 
 def class_tier_lookup(run: dict) -> dict[int, tuple[str, float]]:
     """class index → (tier name, ε) for class-assigned tiers; {} otherwise."""
-    tiers_cfg = (run.get("config") or {}).get("tiers") or {}
-    if tiers_cfg.get("assign", "class") != "class":
+    cfg = run_config(run)
+    if cfg is None or cfg.tiers.assign != "class":
         return {}
     evals = run.get("evals") or []
     names = [t["name"] for t in (evals[-1].get("tiers") if evals else [])]
     out = {}
-    for k, t in enumerate(tiers_cfg.get("tiers") or []):
-        name = names[k] if k < len(names) else (t.get("name") or f"tier {k}")
-        for c in t.get("classes") or []:
-            out[int(c)] = (name, float(t["epsilon"]))
+    for k, t in enumerate(cfg.tiers.tiers):
+        name = names[k] if k < len(names) else (t.name or f"tier {k}")
+        for c in t.classes:
+            out[int(c)] = (name, float(t.epsilon))
     return out
 
 
@@ -180,7 +180,8 @@ def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
     pairs = []
     idps = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale")]
     for ino in (r for r in runs if r.get("algorithm") == "ino"):
-        mode = ((ino.get("config") or {}).get("algorithm") or {}).get("idp_mode", "sample")
+        cfg = run_config(ino)
+        mode = cfg.algorithm.idp_mode if cfg is not None else "sample"
         want = "idp_scale" if mode == "scale" else "idp_sample"
         cands = [r for r in idps if r["algorithm"] == want] or idps
         if not cands:

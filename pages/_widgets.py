@@ -71,8 +71,8 @@ def _same(raw: list[str], value, label) -> bool:
 
 
 def tiers_from_url(url: UrlParams, base: TiersConfig) -> tuple[TiersConfig, str | None]:
-    """The ``?tiers=`` setting (``engine.config.parse_tiers_param``: the config file's own checks) or ``base``; an invalid value is warned about
-    and removed from the URL. Returns (tiers, the URL text in use or None)."""
+    """The ``?tiers=`` setting (``engine.config.parse_tiers_param``: the config file's own checks) or
+    ``base``; an invalid value is warned about and removed from the URL. Returns (tiers, URL text or None)."""
     custom = st.query_params.get("tiers")
     if not custom:
         return base, None
@@ -91,7 +91,7 @@ def run_picker(label: str, options: list, *, key: str, param: str, default, form
     """A selectbox of runs (or comparisons) bound to the URL parameter ``param``; returns the choice.
 
     The URL (or a new launch writing it) decides what is shown; a value naming nothing in the store
-    is warned about and ``default`` is shown instead.
+    is warned about, removed from the URL, and ``default`` is shown instead.
     """
     raw = st.query_params.get(param)
     try:
@@ -101,6 +101,7 @@ def run_picker(label: str, options: list, *, key: str, param: str, default, form
     if current not in options:
         if raw is not None and url is not None:
             url.warn(param, f"{raw[:80]} names nothing in the store; showing the latest instead")
+            st.query_params.pop(param, None)
         current = default
 
     def _on_pick() -> None:

@@ -96,3 +96,4 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert not at.exception
     assert any("URL parameter **audit**" in w.value.replace("\\", "") for w in at.warning), [w.value for w in at.warning]
     assert at.selectbox(key="a_pick").value == run["id"]
+    assert "audit" not in at.query_params  # dropped from the URL, but not silently

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.config import ConfigError
-
-ACTIVE = ("queued", "running")
+from engine.store import ACTIVE
 
 
 @dataclass(frozen=True)

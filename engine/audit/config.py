@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine.config import (ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
                            OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_choice, check_int,
-                           check_number, check_positive, check_str, parse_config_json, parse_section,
+                           check_number, check_positive, check_section, check_str, parse_config_json, parse_section,
                            read_config_text)
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
@@ -76,6 +76,7 @@ class AuditConfig:
         run = self.run
         if not isinstance(run, RunConfig):
             raise ConfigError("run", f"must be a run configuration, got {type(run).__name__}")
+        check_section(self, "", skip=("run", "algorithms"))  # every audit field's type, from its annotation
         if run.tiers is None:
             check_positive(self.epsilon, "epsilon")
         checked = run if run.tiers is not None else dataclasses.replace(run, tiers=single_tier(self.epsilon, (0,)))
@@ -126,7 +127,7 @@ class AuditConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["run"] = _run_dict(self.run)
         d["algorithms"] = [dataclasses.asdict(a) for a in self.algorithms]
-        return _jsonable(d)
+        return json.loads(json.dumps(d))  # tuples → lists: exactly what the store gives back
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace."""
@@ -192,7 +193,7 @@ def _parse_run(value, path: str) -> RunConfig:
 
 
 def _run_dict(run: RunConfig) -> dict:
-    return {k: v for k, v in _jsonable(dataclasses.asdict(run)).items() if k not in _NOT_IN_AUDIT}
+    return {k: v for k, v in run.to_dict().items() if k not in _NOT_IN_AUDIT}
 
 
 def _parse_tiers(value, path: str) -> TiersConfig | None:
@@ -211,14 +212,6 @@ def _parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
         else:
             algos.append(parse_section(AlgorithmConfig, a, f"{path}[{k}]."))
     return tuple(algos)
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
 
 
 def load_audit_config(path: str) -> AuditConfig:

@@ -1,11 +1,12 @@
 """The PA-ALOOA privacy audit runner: preparation, batched model training, checkpoints, resume.
 
-    AuditConfig             one frozen configuration (JSON round-trip, ConfigError naming the field)
     prepare_audit(config)   data, tiers, groups, membership, per-algorithm plans — what the audit will do
     run_audit(config, ...)  train every algorithm's 2R models (+ PA-LOOA models) as batched ensembles,
-                            score every training sample under every model, compute the statistics
-    run_audit_in_store      the worker entry point (``python -m engine worker RUN_ID`` for kind "audit")
+                            score every training sample under every model → AuditReport
     cli_audit               ``python -m engine audit CONFIG.json [--json]``
+
+The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``engine.lifecycle``'s
+registry (kind "audit"), which also keeps the run's status in the store.
 
 Method. For r = 1..R the training set is split into two complementary random halves; model 2r
 trains on one, model 2r+1 on the other (``stats.complementary_membership``), with each
@@ -40,14 +41,14 @@ import torch
 
 from engine import accounting
 from engine.audit import stats
+from engine.audit.analysis import algorithm_report, empty_report, plan_table
 from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
 from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
                                  resolved_tiers)
 from engine.audit.ensemble import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, BatchedClipped, BatchedGroupAdaptive,
                                    BatchedImportance, BatchedNonPrivate, Ensemble, PoissonSampler, models_per_chunk,
                                    per_model_step_bytes, train_ensemble)
-from engine.audit.report import (RESULTS_VERSION, AuditReport, Baselines, LooaRecord, algorithm_report,
-                                 compact_summary, empty_report, plan_table, summary_table)
+from engine.audit.report import RESULTS_VERSION, AuditReport, Baselines, LooaRecord, compact_summary, summary_table
 from engine.config import ALGORITHM_LABELS, AlgorithmConfig, ConfigError
 from engine.lifecycle import execute, store_lifecycle
 from engine.mechanisms import build_tif, default_count_noise_std, resolve_tail_length

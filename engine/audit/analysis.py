@@ -1,0 +1,101 @@
+"""An audit's report computed from its models' scores and the membership design (``engine.audit.stats``
+does the statistics): GPR per group with bootstrap CIs, Δ, the null floor, PA-GA / PA-GBA, accuracy,
+LiRA per group, the per-tier empirical ε lower bound and the advantage histograms."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from engine.audit import stats
+from engine.audit.design import group_sizes
+from engine.audit.report import AlgorithmReport, AuditReport, json_clean
+
+_HIST_BINS = 40
+_ROC_POINTS = 160
+
+
+def plan_table(setup, a):
+    if a.plan is None:
+        return None
+    p = a.plan
+    return [{"tier": setup.tiers.names[k], "sample_rate": float(p.sample_rates[k]), "clip_norm": float(p.clip_norms[k]),
+             "noise_multiplier": float(p.noise_multiplier), "noise_std": float(p.noise_std),
+             "epsilon": float(p.epsilons[k]), "target_epsilon": float(p.target_epsilons[k])}
+            for k in range(len(p.sample_rates))]
+
+
+def empty_report(setup) -> AuditReport:
+    """The audit's report before any algorithm is done: what the design fixes."""
+    cfg = setup.config
+    return AuditReport(config=cfg.to_dict(), dataset=cfg.run.data.name, n_train=setup.n, R=cfg.R,
+                       n_models=setup.n_models, steps_per_model=setup.steps, threshold=cfg.threshold,
+                       group_by=cfg.group_by, group_names=tuple(setup.group_names),
+                       group_sizes=group_sizes(setup.groups, setup.group_names), tier_names=tuple(setup.tiers.names),
+                       tier_sizes=tuple(int(s) for s in setup.tiers.sizes), device=str(setup.device),
+                       chunk_models=setup.chunk_models)
+
+
+def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, np.ndarray]:
+    """One algorithm's statistics from its models' per-sample losses / confidences on the training set
+    and their test predictions; returns the report and the per-sample advantage."""
+    cfg = setup.config
+    run = cfg.run
+    mem = setup.membership
+    scores = -losses.astype(np.float64)
+    groups = setup.groups
+    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed)
+    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
+    floor = stats.null_floor(scores, mem, threshold=cfg.threshold, n_perm=cfg.null_perms, seed=run.seed + 1)
+    res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
+           "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
+           "gpr": boot, "null_floor": floor, "advantage_mean": float(np.nanmean(adv)),
+           "baselines": {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}}
+    # accuracy on the test set, per model
+    yt = setup.dataset.y_test.numpy()
+    correct = preds == yt[None, :]
+    acc = correct.mean(1)
+    acc_groups = {}
+    if setup.test_groups is not None:
+        for g in setup.group_names:
+            sel = setup.test_groups == g
+            if sel.any():
+                acc_groups[g] = float(correct[:, sel].mean())
+    res["accuracy"] = {"mean": float(acc.mean()), "std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
+                       "min": float(acc.min()), "max": float(acc.max()), "groups": acc_groups}
+    # LiRA (online, fixed variance) on logit-scaled confidence
+    lira = stats.lira_scores(confs.astype(np.float64), mem)
+    lira_groups, rocs = {}, {}
+    for g in setup.group_names:
+        sel = groups == g
+        fpr, tpr = stats.roc_curve_points(lira[:, sel], mem[:, sel])
+        lira_groups[g] = {"auc": stats.auc(fpr, tpr), "tpr_at_0.1%": stats.tpr_at_fpr(fpr, tpr, 0.001),
+                          "tpr_at_1%": stats.tpr_at_fpr(fpr, tpr, 0.01)}
+        rocs[g] = _thin_roc(fpr, tpr)
+    res["lira"] = {"groups": lira_groups, "roc": rocs}
+    # per-tier empirical ε lower bound (threshold attack on −loss, selection and counting on disjoint models)
+    tier_lab = np.asarray(setup.tiers.train)
+    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
+                                             seed=run.seed)
+    tiers = []
+    for k, name in enumerate(setup.tiers.names):
+        r = lb.get(k, {})
+        tiers.append({"name": name, "claimed": a.claimed[k], "target": float(setup.tiers.epsilons[k]),
+                      "lower_bound": r.get("epsilon_lb"), "tpr": r.get("tpr"), "fpr": r.get("fpr"),
+                      "tp": r.get("tp"), "fn": r.get("fn"), "fp": r.get("fp"), "tn": r.get("tn")})
+    res["epsilon"] = {"tiers": tiers, "confidence": cfg.confidence, "delta": run.delta}
+    # per-sample advantage histogram per group
+    lo = min(0.0, float(np.nanmin(adv))) if np.isfinite(adv).any() else 0.0
+    edges = np.linspace(lo, 1.0, _HIST_BINS + 1)
+    res["histogram"] = {"edges": edges.tolist(), "counts": {
+        g: np.histogram(adv[(groups == g) & np.isfinite(adv)], bins=edges)[0].tolist() for g in setup.group_names}}
+    return AlgorithmReport.from_dict(json_clean(res)), adv.astype(np.float32)
+
+
+def _thin_roc(fpr, tpr, points: int = _ROC_POINTS) -> dict:
+    """The ROC's upper envelope on a log-spaced FPR grid (for log-log plots), plus (1, 1)."""
+    grid = np.unique(np.concatenate([np.logspace(-5, 0, points), [1.0]]))
+    pos = np.searchsorted(fpr, grid, side="right") - 1
+    t = np.maximum.accumulate(tpr)[np.clip(pos, 0, None)]
+    keep = grid >= max(float(fpr[fpr > 0].min()) if np.any(fpr > 0) else 1.0, 1e-5) / 2
+    return {"fpr": grid[keep].tolist(), "tpr": t[keep].tolist()}

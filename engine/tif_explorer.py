@@ -1,11 +1,13 @@
 """The TIF explorer's compute: a Poisson-sampled batch (no DP training), each item's clip-mass interval
 and weight ρ, the per-tier summary, and the BIF curve the explorer draws. Weights, BIF and γ come from
-the one implementation each (:mod:`engine.importance`, :func:`engine.mechanisms.resolve_tail_length`).
+the one implementation each (:mod:`engine.importance`, :func:`engine.importance.resolve_tail_length`).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from engine.importance import bif
 
 
 def explorer_batch(losses, clip_norms, tiers, tier_names, tier_epsilons, *, tif, tail_length: float) -> pd.DataFrame:
@@ -42,9 +44,7 @@ def bif_curve(batch: pd.DataFrame, tif, tail_length: float, points: int = 400) -
     """The BIF on [0, 1.02·max(Γ, γ)] (Γ: the batch's clip mass), for drawing behind the items."""
     total = float(batch["mass_end"].iloc[-1]) if not batch.empty else 0.0
     xs = np.linspace(0, max(total, tail_length) * 1.02, points)
-    # TODO(h1): one BIF — becomes `engine.importance.bif(xs, tif, tail_length)` once h1 adds it
-    ys = np.where(xs < tail_length, np.asarray(tif(np.minimum(xs / tail_length, 1.0))), 1.0) if tail_length > 0 else np.ones_like(xs)
-    return pd.DataFrame({"x": xs, "bif": ys})
+    return pd.DataFrame({"x": xs, "bif": bif(xs, tif, tail_length)})
 
 
 def explorer_sample(dataset, tiers_cfg, *, batch_size: int = 64, seed: int = 0, mode: str = "sample",
@@ -62,19 +62,18 @@ def explorer_sample(dataset, tiers_cfg, *, batch_size: int = 64, seed: int = 0, 
     from sklearn.linear_model import LogisticRegression
 
     from engine import accounting
-    from engine.config import ConfigError
+    from engine.config import ConfigError, total_steps
+    from engine.prepare import plan_errors
     from engine.tiers import assign_tiers
 
     tiers = assign_tiers(tiers_cfg, dataset, seed=seed)
     n = len(dataset.y_train)
     if batch_size > n:
         raise ConfigError("batch_size", f"must be at most the training set size {n}, got {batch_size}")
-    steps = max(1, int(round(epochs * n / batch_size)))
-    try:
+    steps = total_steps(epochs, n, batch_size)
+    with plan_errors("tiers", "no privacy plan: "):
         plan = accounting.plan(mode=mode, epsilons=list(tiers.epsilons), delta=delta, tier_sizes=list(tiers.sizes),
                                batch_size=batch_size, clip_norm=clip_norm, steps=steps)
-    except accounting.PlanError as e:
-        raise ConfigError("tiers", f"no privacy plan: {e}") from None
     rng = np.random.default_rng(seed)
     q_all = np.asarray(plan.sample_rates)[tiers.train]
     c_all = np.asarray(plan.clip_norms)[tiers.train]

@@ -11,7 +11,8 @@ from engine.figures.scaffold import FigureSpec
 from engine.config import AlgorithmConfig, ConfigError
 from engine.data import DataError, dataset_names
 from engine.importance import expected_dropped_mass
-from engine.mechanisms import build_tif, resolve_tail_length
+from engine.importance import resolve_tail_length
+from engine.mechanisms import build_tif
 from engine.tiers import preset, preset_names
 from pages import _common as ui
 from pages import _widgets as widgets

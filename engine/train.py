@@ -120,7 +120,7 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
     eval_every = config.eval_every or max(1, prep.steps // 25)
     evaluator = _Evaluator(prep)
-    plan_dict = _plan_dict(prep)
+    plan_dict = plan_record(prep)
     if store is not None and run_id is not None:
         store.start_run(run_id, pid=os.getpid(), total_steps=prep.steps, plan=plan_dict)
     evals, pending_steps = [], []
@@ -178,7 +178,7 @@ def _progress_bar(total, label):
     return tqdm(total=total, desc=label, unit="step", leave=False)
 
 
-def _plan_dict(prep: Prepared) -> dict:
+def plan_record(prep: Prepared) -> dict:
     """The plan record the store keeps. Without a formal guarantee ``epsilons`` is null and
     ``formal_dp_reason`` says why; DP-SGD-S records what it uses (``prep.info``: z_Δ, count noise, base
     clip, c_min/c_max, public group sizes) instead of a noise std and clip (those change every step and

@@ -311,3 +311,28 @@ def test_null_epsilon_everywhere(changes, why, tmp_path, capsys):
     assert all(t["epsilon_spent"] is None for t in exported["summary"]["tiers"])
     rows = [r for r in csv.DictReader(io.StringIO(metrics_csv(rec[0]).decode())) if r["metric"] == "epsilon_spent"]
     assert rows and all(r["value"] == "" for r in rows)
+    # the labels say why, and the ε-spent figure names the run instead of drawing a curve
+    from engine.figures import frames, training
+    from engine.runs import dp_note, run_label
+
+    note = dp_note(rec[0])
+    assert note.startswith("non-private") if changes.get("algorithm.name") == "nonprivate" else \
+        note == f"no formal DP guarantee: {out.summary['formal_dp_reason']}"
+    fig = training.fig_epsilon_spent(frames.tier_history(rec), notes={run_label(rec[0]): note})
+    texts = " ".join(a.text for a in fig.layout.annotations)
+    assert "ε spent null" in texts and run_label(rec[0]) in texts
+
+
+def test_plan_preview_shows_what_dpsgd_s_uses():
+    from engine.jobs import preview
+    from pages._plans import _plan_caption, plan_frame
+
+    p = preview(LR)
+    assert p["plan"]["noise_std"] is None and p["formal_dp"] is True and p["formal_dp_reason"] is None
+    caption = _plan_caption(p)
+    assert "z_Δ" in caption and "[0.5, 4] × C = 1" in caption and "released with noise" in caption
+    frame = plan_frame(p)
+    assert list(frame["σ (noise mult.)"]) == [round(p["plan"]["gradient_noise_multiplier"], 4)] * 3
+    loose = preview(LR.replace(**{"algorithm.clip_rule": "reference"}))
+    assert loose["formal_dp"] is False and "reference clip rule" in loose["formal_dp_reason"]
+    assert plan_frame(loose)["ε planned"].isna().all()

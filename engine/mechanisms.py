@@ -188,8 +188,7 @@ class GroupAdaptive(Mechanism):
         return self.noise_multiplier * self.group_clips().max(dim=1).values
 
     def observe(self, idx, norms, mask, gen):
-        if self.clip_rule == "reference":
-            self._batch_clips = None
+        if self.clip_rule == "reference":  # its clips come from each batch (see_batch), nothing to track
             return
         g = self.groups[idx]  # (M, L)
         norms = norms.to(torch.float64)

@@ -116,7 +116,11 @@ def test_reference_rule_follows_group_mean_gradients():
                                                                       torch.ones(1, 4, dtype=torch.bool)),
                    torch.ones(1, 4, dtype=torch.bool))
     whole = math.hypot(4.0, 1.0) / 4
-    np.testing.assert_allclose(mech.group_clips()[0].numpy(), [2.0 * whole / 2.0, 2.0 * min(4.0, whole / 0.5)])
+    expect = [2.0 * whole / 2.0, 2.0 * min(4.0, whole / 0.5)]
+    np.testing.assert_allclose(mech.group_clips()[0].numpy(), expect)
+    assert float(mech.noise_std()[0]) == 0.0  # noise_multiplier 0 here; the std is z · max_k C_k
+    mech.observe(torch.arange(4)[None], torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool), torch.Generator())
+    np.testing.assert_allclose(mech.state()["group_clip_norms"], expect)  # the evaluation records this step's clips
 
 
 # --------------------------------------------------------------------------------------------

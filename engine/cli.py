@@ -40,9 +40,15 @@ def tier_table(summary: dict) -> str:
                      f"{str(mid.get('end_step') or '—'):>8}")
     lines.append(f"overall accuracy {summary['accuracy']:.4f}, balanced accuracy {summary['balanced_accuracy']:.4f}, "
                  f"{summary['steps']} steps in {summary['seconds']:.1f} s"
-                 + ("" if summary.get("formal_dp", True) or summary["algorithm"] == "nonprivate"
-                    else "  [no formal DP guarantee: non-private quantile]"))
+                 + no_dp_note(summary))
     return "\n".join(lines)
+
+
+def no_dp_note(summary: dict) -> str:
+    """'' for a run with a formal DP guarantee, else "  [no formal DP guarantee: <why>]" (ε spent is null)."""
+    if summary.get("formal_dp", True):
+        return ""
+    return f"  [no formal DP guarantee: {summary.get('formal_dp_reason') or 'see the run plan'}]"
 
 
 def cmd_run(args) -> int:
@@ -97,18 +103,14 @@ def cmd_plan(args) -> int:
     from engine import accounting
 
     if args.config:
-        from engine.train import make_plan, total_steps
-        from engine.data import load_dataset
-        from engine.tiers import assign_tiers
+        from engine.prepare import make_plan, prepare_data, total_steps
 
         config = load_config(args.config)
-        ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                          max_train=config.data.max_train)
-        if ds.report.skipped:
-            print(f"note: {ds.report}", file=sys.stderr)
-        tiers = assign_tiers(config.tiers, ds, seed=config.seed)
-        plan = make_plan(config, tiers.sizes, total_steps(config, len(ds.y_train)))
-        names = tiers.names
+        data = prepare_data(config)
+        if data.dataset.report.skipped:
+            print(f"note: {data.dataset.report}", file=sys.stderr)
+        plan = make_plan(config, data.tiers.sizes, total_steps(config, len(data.dataset.y_train)))
+        names = data.tiers.names
         if plan is None:
             print("non-private run: no plan")
             return 0
@@ -116,11 +118,11 @@ def cmd_plan(args) -> int:
         missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
         if missing:
             raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
-        try:
+        from engine.prepare import plan_errors
+
+        with plan_errors("plan"):
             plan = accounting.plan(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
                                    batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
-        except accounting.PlanError as e:
-            raise ConfigError("plan", str(e)) from None
         names = [f"tier {k}" for k in range(len(plan.sample_rates))]
     if args.json:
         print(json.dumps(plan.to_dict(), sort_keys=True))

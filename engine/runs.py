@@ -35,6 +35,9 @@ def formal_dp(run: dict) -> bool | None:
     plan = run.get("plan") or {}
     if run.get("algorithm") == "nonprivate":
         return False
+    if run.get("kind") == "audit":
+        labels = audit_without_formal_dp(run)
+        return None if labels is None else not labels
     if "formal_dp" in plan:
         return bool(plan["formal_dp"])
     summary = run.get("summary") or {}
@@ -56,11 +59,28 @@ def formal_dp_reason(run: dict) -> str | None:
     return None
 
 
+def audit_without_formal_dp(run: dict) -> list[str] | None:
+    """An audit's algorithms without a formal guarantee (labels): from its plan, or, for audits planned
+    before the plan said so, from its configuration (non-private; DP-SGD-S with a non-private quantile)."""
+    plan = run.get("plan") or {}
+    if "no_formal_dp" in plan:
+        return [str(x) for x in plan["no_formal_dp"]]
+    cfg = run_config(run)
+    if cfg is None:
+        return None
+    return [algorithm_label(a.name) for a in cfg.algorithms
+            if a.name == "nonprivate" or (a.name == "dpsgd_s" and (not a.private_quantile
+                                                                   or a.clip_rule == "reference"))]
+
+
 def dp_note(run: dict) -> str:
     """'' for a run with a formal DP guarantee; otherwise a short warning for labels and tables:
     "no formal DP guarantee: <why>" (its ε spent is null)."""
     if run.get("algorithm") == "nonprivate":
         return "non-private reference (no DP)"
+    if run.get("kind") == "audit":
+        labels = audit_without_formal_dp(run)
+        return f"includes algorithms without formal DP: {', '.join(labels)}" if labels else ""
     if formal_dp(run) is False:
         reason = formal_dp_reason(run)
         return f"no formal DP guarantee: {reason}" if reason else "no formal DP guarantee"

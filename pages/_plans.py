@@ -20,7 +20,7 @@ def _run_preview(config_json: str) -> dict:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _audit_preview(config_json: str) -> dict:
-    return preview_audit(AuditConfig.from_json(config_json))
+    return preview_audit(AuditConfig.from_json(config_json), estimate=True)
 
 
 def _planned(preview, config, errors: list[str]) -> dict | None:
@@ -98,6 +98,12 @@ def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
     p = None if config is None else _planned(_audit_preview, config, errors)
     if p is None:
         return None
+    est = p.get("estimate")
+    if est:
+        from engine.audit.estimate import format_seconds
+
+        st.caption(f"Estimated runtime ≈ **{format_seconds(est['seconds'])}** of training — " + ui.md(est["how"])
+                   + ". Statistics add seconds to a minute per algorithm.")
     with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "
                      f"{p['n_train']} samples" + (f" + {p['looa_models']} PA-LOOA models each" if p["looa_models"] else ""),
                      expanded=False):

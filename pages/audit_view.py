@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, THRESHOLDS, AuditConfig
+from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
+from engine.audit.presets import PRESETS
 from engine.audit.report import as_report
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
 from engine.data import DATASETS, dataset_names
@@ -13,21 +14,28 @@ from engine.tiers import preset, preset_names
 from pages import _common as ui
 from pages import _plans, _widgets as widgets
 
-DEFAULT_ALGOS = ["idp_sample", "ino", "dpsgd_s", "dpsgd", "nonprivate"]
+DEFAULT_ALGOS = ["idp_sample", "ino", "dpsgd_s", "dpsgd"]  # on tiered ε, so IDP-SGD differs from DP-SGD
+CUSTOM = "custom (the settings below)"
 
 st.title("Privacy audit")
 ui.intro()
 st.caption("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on each, "
            "so every sample is a member of exactly R of the 2R models. A sample's **advantage** is the best TPR − FPR of "
-           "the rule *member if −loss ≥ t* over those models; a group's **GPR** is the mean advantage of its samples and "
-           "**Δ** the gap between the riskiest and the safest group (percentage points). The dashed **null floor** is the "
-           "same estimator on shuffled membership labels: bars near it show no measurable leakage.")
+           "the rule *member if score ≥ t* over those models (score: the logit-scaled confidence of the true class, "
+           "log p_y − log(1 − p_y), in float64); a group's **GPR** is the mean advantage of its samples and "
+           "**Δ** the gap between the riskiest and the safest group (percentage points). The tick on each bar is that "
+           "group's **null floor**, the same estimator on shuffled membership labels: bars near it show no measurable "
+           "leakage. Δ is *not resolved* when its CI reaches the spread of Δ under shuffled labels.")
 url = widgets.UrlParams(labels={"a_algos": ui.algo_label})
 mgr = ui.manager()
 store = mgr.store
 errors: list[str] = []
 
 # --- configuration --------------------------------------------------------------------------------------------
+preset_name = st.selectbox("Audit preset", [CUSTOM, *PRESETS], key="a_preset",
+                           help="Named audits from the engine (engine/audit/presets.py): quick (digits LR, seconds to a "
+                                "minute) and quick-eps1 show non-private > DP-SGD ε = 10 > DP-SGD ε = 1; adult-paper and "
+                                "mnist-paper follow the papers' training (20 epochs, lr 0.1, C 5, 2R = 400)")
 names = dataset_names()
 left, right = st.columns([3, 2], gap="large")
 with left:
@@ -53,8 +61,10 @@ with left:
     if group_by == "attribute" and attrs:
         default_attr = dataset.default_sensitive if dataset.default_sensitive in attrs else attrs[0]
         attribute = c2.selectbox("Attribute", attrs, index=attrs.index(default_attr), key="a_attr")
-    tier_mode = c3.selectbox("Privacy tiers", ["single ε"] + (preset_names(dataset) if dataset is not None else []),
-                             key="a_tiers", help="single ε: everyone shares one budget; presets come from the engine")
+    tier_modes = ["single ε"] + [n for n in (preset_names(dataset) if dataset is not None else []) if n != "single"]
+    tier_mode = c3.selectbox("Privacy tiers", tier_modes, index=min(1, len(tier_modes) - 1), key="a_tiers",
+                             help="single ε: everyone shares one budget (then IDP-SGD is DP-SGD); tiered presets come "
+                                  "from the engine")
     tiers_cfg: TiersConfig | None = None
     epsilon = 10.0
     if tier_mode == "single ε":
@@ -75,24 +85,32 @@ with right:
                            format_func=ui.algo_label, key="a_algos", bind="query-params",
                            help="Non-private SGD is the reference; DP-SGD-S clips per audit group")
     c1, c2, c3 = st.columns(3)
-    R = c1.number_input("R (2R models each)", min_value=2, max_value=2000, value=16, step=2, key="a_R",
+    R = c1.number_input("R (2R models each)", min_value=2, max_value=2000, value=50, step=2, key="a_R",
                         bind="query-params", help="The design uses R = 200 (400 models); small R is quicker but "
-                                                  "raises the in-sample null floor")
-    threshold = c2.selectbox("Thresholds", THRESHOLDS, key="a_threshold", bind="query-params",
-                             help="in_sample: the design's estimator (optimistic by the null floor); held_out: "
-                                  "chosen on half of the models, scored on the other half (unbiased, noisier)")
+                                                  "noisier (wider CIs, a wider null Δ spread)")
+    threshold = c2.selectbox("Thresholds", THRESHOLDS, index=THRESHOLDS.index("held_out"), key="a_threshold",
+                             bind="query-params",
+                             help="held_out: chosen on half of the models, scored on the other half (unbiased); "
+                                  "in_sample: the design's estimator (optimistic by the null floor)")
     looa_k = c3.number_input("PA-LOOA records", min_value=0, max_value=20, value=2, step=1, key="a_looa",
                              bind="query-params",
                              help="Baseline: records audited one at a time with dedicated models")
     with st.expander("Training", expanded=False):
         train = widgets.training_inputs("a_", epochs=2.0, batch=256, batch_step=16, lr=1.0, lr_step=0.1)
-        c1, c2 = st.columns(2)
+        c1, c2, c3 = st.columns(3)
         n_boot = c1.number_input("Bootstrap resamples", min_value=10, max_value=100000, value=1000, step=100,
                                  key="a_boot")
+        score = c3.selectbox("Score", SCORES, key="a_score",
+                             help="logit_confidence: log p_y − log(1 − p_y) (LiRA's score; ties are rare); loss: "
+                                  "−cross-entropy (both float64)")
         tail_pct = c2.slider("INO tail γ, % of expected batch clip mass", 1, 100, 50, key="a_tail")
 
 config: AuditConfig | None = None
-if not algos:
+if preset_name != CUSTOM:
+    config = PRESETS[preset_name]
+    st.info(ui.md(f"Preset {preset_name}: {config.name} — the settings above are not used."))
+    errors = []
+elif not algos:
     st.info("Choose at least one algorithm.")
 elif not errors:
     try:
@@ -104,7 +122,8 @@ elif not errors:
                                      "delta": float(train["delta"]), "clip_norm": float(train["clip"]),
                                      "seed": int(train["seed"])})
         config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
-                             algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, n_boot=int(n_boot),
+                             algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, score=score,
+                             n_boot=int(n_boot),
                              looa_k=int(looa_k)).validate()
     except ConfigError as e:
         errors.append(str(e))
@@ -116,7 +135,8 @@ preview = _plans.audit_plan(config, errors)
 launch = st.button("Launch audit", type="primary", key="a_launch", icon=":material/policy:",
                    disabled=bool(errors) or preview is None)
 if launch and config is not None:
-    (run_id,) = mgr.submit([config], kind="audit", names=[f"audit {dataset_name}"])
+    (run_id,) = mgr.submit([config], kind="audit",
+                           names=[config.name or f"audit {config.run.data.name}"])
     st.query_params["audit"] = str(run_id)
 
 # --- runs -----------------------------------------------------------------------------------------------------------
@@ -152,6 +172,12 @@ def view(run_id: int) -> None:
     if report.partial:
         st.caption(ui.md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
                          "the rest is still training."))
+    at_floor = _at_null_floor(report)
+    if at_floor:
+        st.warning("Every bar sits at its null floor: this audit measures no membership leakage for "
+                   f"{', '.join(at_floor)} (each group's GPR CI reaches its floor under shuffled labels). Train models "
+                   "that fit their half more closely (more epochs, fewer samples, a larger model), raise R, or start "
+                   "from the quick preset.")
     theme = ui.plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = widgets.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
@@ -169,6 +195,17 @@ def view(run_id: int) -> None:
     widgets.audit_downloads(run, report, store)
     if any_active and not ui.is_active(run):
         st.rerun()  # finished: one full rerun stops the polling
+
+
+def _at_null_floor(report) -> list[str]:
+    """Labels of the algorithms whose every group's GPR CI reaches down to that group's null floor."""
+    out = []
+    for a in report.algorithms:
+        lows = [(e.low, a.null_groups.get(g, a.null_floor)) for g, e in a.gpr.items()]
+        known = [(lo, f) for lo, f in lows if lo is not None and f is not None]
+        if known and all(lo <= f for lo, f in known):
+            out.append(a.label)
+    return out if out and len(out) == len(report.algorithms) else []
 
 
 view(current)

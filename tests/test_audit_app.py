@@ -32,7 +32,20 @@ def test_page_renders_with_defaults():
     assert not at.error
     assert at.title[0].value == "Privacy audit"
     assert at.selectbox(key="a_dataset").value == "adult"
-    assert at.multiselect(key="a_algos").value == ["idp_sample", "ino", "dpsgd_s", "dpsgd", "nonprivate"]
+    assert at.multiselect(key="a_algos").value == ["idp_sample", "ino", "dpsgd_s", "dpsgd"]
+    assert at.selectbox(key="a_tiers").value != "single ε"  # tiered ε: IDP-SGD is not DP-SGD
+    assert at.selectbox(key="a_threshold").value == "held_out"
+    assert any("Estimated runtime" in c.value and "measured" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    assert not at.button(key="a_launch").disabled
+
+
+def test_a_preset_replaces_the_settings_and_shows_its_estimate():
+    at = _app().run()
+    at.selectbox(key="a_preset").set_value("quick").run()
+    assert not at.exception and not at.error
+    assert any("quick" in i.value for i in at.info)
+    assert any("Estimated runtime" in c.value and "400 models" in c.value for c in at.caption)
     assert not at.button(key="a_launch").disabled
 
 
@@ -91,6 +104,12 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert not at.exception and not at.error
     charts = at.get("plotly_chart")
     assert len(charts) >= 6  # GPR bars, Δ table, accuracy, ε bounds, LiRA ROC, histogram (+ baselines)
+    from engine.audit.report import as_report
+
+    report = as_report(store.get_run(run["id"])["summary"])
+    at_floor = all(e.low <= a.null_groups[g] for a in report.algorithms for g, e in a.gpr.items())
+    warned = any("null floor" in w.value for w in at.warning)
+    assert warned == at_floor, (at_floor, [w.value for w in at.warning])  # 2R = 4 models of 1 epoch
     at.query_params["audit"] = "999999"  # a link to an audit that is not in this store
     at.run()
     assert not at.exception

@@ -166,7 +166,7 @@ def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_pat
     # the stored summary and the CSV exports (the figures' data)
     stored = AuditReport.from_dict(store.get_run(run_id)["summary"])
     assert [t.claimed for t in stored.algorithm("dpsgd_s").epsilon] == [None]
-    from engine.audit.plots import build_audit_figures
+    from engine.figures.audit import build_audit_figures
     from engine.export import csv_bytes
 
     specs = {sp.name: sp for sp in build_audit_figures(store.get_run(run_id)["summary"])}  # what the page exports

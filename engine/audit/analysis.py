@@ -59,7 +59,8 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
     null = stats.null_distribution(scores, mem, groups, threshold=cfg.threshold, n_perm=cfg.null_perms,
                                    ci=cfg.confidence, seed=run.seed + 1)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
-           "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a), "info": a.info,
+           "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a),
+           "info": {**a.info, **({} if a.formal_dp else {"formal_dp_reason": a.privacy.formal_dp_reason})},
            "gpr": boot, "null_floor": null["floor"], "advantage_mean": float(np.nanmean(adv)),
            "null": {"groups": null["groups"], "delta": null["delta"], "n_perm": null["n_perm"]},
            "resolved": stats.delta_resolved(boot["delta"]["low"], null["delta"]["high"])

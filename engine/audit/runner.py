@@ -174,7 +174,7 @@ def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> Alg
     formal = privacy.plan is not None and privacy.formal_dp
     claimed = [float(e) for e in privacy.plan.epsilons] if formal else [None] * len(data.tiers.epsilons)
     if privacy.plan is not None and not privacy.formal_dp:
-        label += " — no formal DP (non-private quantile)"
+        label += " (no formal DP)"  # the why: the report's info (formal_dp_reason)
     return AlgoSetup(key=key, algo=algo, label=label, privacy=privacy, claimed=claimed)
 
 

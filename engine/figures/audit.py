@@ -4,8 +4,9 @@ running audit's partial one too). Nothing here reads the store or calls Streamli
 :class:`~engine.figures.scaffold.FigureSpec` s, so the dashboard's export menu (PNG/SVG/PDF/HTML + CSV of
 the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
 
-Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, null-floor line); the
-Δ table (pp, with CI) and accuracy per algorithm; per-tier empirical ε lower bound next to the
+Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, each group's own null floor as a
+tick on its bar, "Δ not resolved" named above the plot); the Δ table (pp, with CI, the null Δ spread and
+whether Δ is resolved) and accuracy per algorithm; per-tier empirical ε lower bound next to the
 claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
 (PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
 """
@@ -61,10 +62,23 @@ def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> 
                              customdata=np.stack([g["low"], g["high"], g["n"].fillna(0)], axis=1),
                              hovertemplate="%{x}: GPR %{y:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
                                            "<br>n = %{customdata[2]}<extra>" + label + "</extra>"))
-    floor = float(np.nanmax(df["null_floor"])) if df["null_floor"].notna().any() else None
-    if floor is not None:
-        fig.add_hline(y=floor, line=dict(dash="dash", color="#888", width=2),
-                      annotation_text=f"null floor (permuted labels) ≈ {floor:.3f}", annotation_position="top left")
+    # each group's own null floor (permuted membership within the group), on its algorithm's bar
+    for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
+        if g["null_floor"].notna().any():
+            fig.add_trace(go.Scatter(x=g["group"], y=g["null_floor"], mode="markers", name=f"{label}: null floor",
+                                     offsetgroup=label, legendgroup="null floor", showlegend=False,
+                                     marker=dict(symbol="line-ew-open", size=22, color="#555",
+                                                 line=dict(width=3, color="#555")),
+                                     hovertemplate="%{x}: null floor %{y:.4f} (permuted membership)<extra>" + label
+                                                   + "</extra>"))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="null floor (each group's own)",
+                             legendgroup="null floor",
+                             marker=dict(symbol="line-ew-open", size=22, color="#555", line=dict(width=3, color="#555"))))
+    unresolved = [esc(a.label) for a in report.algorithms if a.resolved is False]
+    if unresolved:
+        fig.update_layout(title_text=(fig.layout.title.text or "") + "<br><sub>Δ not resolved (its CI reaches the "
+                          "null Δ spread): " + ", ".join(unresolved) + "</sub>")
+    fig.update_layout(scattermode="group")
     fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(report))
     fig.update_xaxes(type="category")
     return fig

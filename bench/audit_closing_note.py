@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--training", choices=("paper", "default"), default="paper")
     p.add_argument("--datasets", default="adult,mnist")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--algorithms", default="nonprivate,dpsgd,dpsgd_s")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--table", help="print a results file (.jsonl) as a Markdown table and exit")
     args = p.parse_args(argv)
@@ -77,13 +78,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"audit_closing_note_{args.training}.jsonl"
+    path = out / f"audit_closing_note_{args.training}.jsonl"  # appended to
     for ds in args.datasets.split(","):
         by = "attribute" if ds == "adult" else "class"
         cells = [(10.0, AlgorithmConfig(name="nonprivate"))]
         for eps in (10.0, 1.0):
             cells += [(eps, AlgorithmConfig(name="dpsgd")), (eps, AlgorithmConfig(name="dpsgd_s", group_by=by))]
-        for eps, algo in cells:
+        for eps, algo in [c for c in cells if c[1].name in args.algorithms.split(",")]:
             cfg = _cfg(ds, args.training, eps, algo)
             t0 = time.time()
             try:

@@ -175,6 +175,16 @@ def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_pat
     assert by_algo["nonprivate"] == "" and by_algo["dpsgd_s"] == "" and float(by_algo["dpsgd"]) > 9
     rows = list(csv.DictReader(io.StringIO(csv_bytes(specs["delta_table"].data).decode())))
     assert [r["claimed ε"] for r in rows] == ["", "", "10"]
+    # the Runs page's DP column: not "formal DP" for an audit holding algorithms without a guarantee
+    from engine.runs import dp_note, formal_dp
+
+    rec = store.get_run(run_id)
+    assert formal_dp(rec) is False and dp_note(rec) == f"includes algorithms without formal DP: {nonpriv.label}, " \
+                                                       f"{dps.label}"
+    old = {"kind": "audit", "config": cfg.to_dict(), "plan": {}}  # planned before the plan said so: from the config
+    assert formal_dp(old) is False and dp_note(old) == "includes algorithms without formal DP: Non-private SGD, DP-SGD-S"
+    only_dp = {"kind": "audit", "config": cfg.replace(algorithms=(AlgorithmConfig(name="dpsgd"),)).to_dict()}
+    assert formal_dp(only_dp) is True and dp_note(only_dp) == ""
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pyt
         got_it.click()
     page.locator(".st-key-a_dataset input").click()  # opens the dataset list
     page.get_by_role("option", name="digits", exact=True).click()
-    wait_until(lambda: page.get_by_text("Plan: 5 × 32 models").count(), UI, "the digits plan (R = 16)")
+    wait_until(lambda: page.get_by_text("Plan: 4 × 100 models").count(), UI, "the digits plan (R = 50)")
     _set_number(page, "a_R", 2)
-    wait_until(lambda: page.get_by_text("Plan: 5 × 4 models").count(), UI, "the plan for R = 2")
+    wait_until(lambda: page.get_by_text("Plan: 4 × 4 models").count(), UI, "the plan for R = 2")
     _set_number(page, "a_looa", 0)
     wait_until(lambda: page.get_by_text("PA-LOOA models each").count() == 0, UI, "the plan without PA-LOOA")
     launch = page.get_by_role("button", name="Launch audit")
@@ -49,8 +49,8 @@ def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pyt
                "the audit to end")
     assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]
     gpr = page.locator(".st-key-chart-audit-gpr")
-    wait_until(lambda: gpr.count() and gpr.locator(".barlayer .point").count() >= 50, UI,
-               "the GPR bars (10 digit classes × 5 algorithms)")
+    wait_until(lambda: gpr.count() and gpr.locator(".barlayer .point").count() >= 40, UI,
+               "the GPR bars (10 digit classes × 4 algorithms)")
     status = page.locator(".st-key-audit-status")
     wait_until(lambda: status.get_by_text("finished").count() >= 1, UI, "the run shown finished")
     assert page.get_by_text("Workers:").count() == 1  # the app's sidebar: the page runs inside the navigation

@@ -52,6 +52,8 @@ def parser(name: str, description: str) -> OneLineParser:
     p.add_argument("--no-figures", action="store_true", help="skip the figure export")
     p.add_argument("--markdown", default=None, help="also write the result tables (Markdown) to this file")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse finished runs of the store with the identical config instead of training them again")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device")
     return p
@@ -151,12 +153,18 @@ def open_store(path: Path):
     return RunStore(path)
 
 
-def train_run(store, config: RunConfig, *, group_id: str):
-    """Train ``config`` through the engine, its metrics streaming into ``store``; (run id, RunResult)."""
+def train_run(store, config: RunConfig, *, group_id: str, reuse: bool = False):
+    """Train ``config`` through the engine, its metrics streaming into ``store``; (run id, summary dict).
+    ``reuse``: a finished run of the store with the identical config (canonical JSON) is taken instead."""
     from engine.train import train
 
+    if reuse:
+        want = config.to_json()
+        for run in store.list_runs(kind="train", status="finished"):
+            if json.dumps(run.get("config"), sort_keys=True, separators=(",", ":")) == want and run.get("summary"):
+                return int(run["id"]), run["summary"]
     run_id = store.create_run(config, group_id=group_id)
-    return run_id, train(config, store=store, run_id=run_id)
+    return run_id, train(config, store=store, run_id=run_id).summary
 
 
 def export_png(fig, path: Path, *, width: int = 900, height: int = 500) -> Path | None:
@@ -217,8 +225,11 @@ def pm(mean, se, digits: int = 2) -> str:
 
 
 def main(run) -> None:
-    """Call ``run()``; a ConfigError (spec, config, data) ends with one line and exit 2."""
+    """Call ``run()``; a ConfigError (spec, config) or DataError (missing or corrupt data) ends with one
+    line and exit 2."""
+    from engine.data.errors import DataError
+
     try:
         run()
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         raise fail(f"error: {e}") from None

@@ -49,7 +49,7 @@ def fig_gain_by_tier(frame: pd.DataFrame, *, theme: str = "light",
                                      mode="lines+markers", name=t, legendgroup=t, showlegend=c == 1,
                                      line=dict(color=color)), row=1, col=c)
             s = g[g.seed.notna()]
-            fig.add_trace(go.Scatter(x=s["epoch"] + 0.04 * (k - 1), y=s["value"], mode="markers", name=f"{t} seeds",
+            fig.add_trace(go.Scatter(x=s["epoch"] + 0.01 * (k - 1), y=s["value"], mode="markers", name=f"{t} seeds",
                                      legendgroup=t, showlegend=False, opacity=0.45,
                                      marker=dict(color=color, size=5, symbol="circle-open")), row=1, col=c)
         fig.add_hline(y=0, line=dict(color="gray", width=1), row=1, col=c)

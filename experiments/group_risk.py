@@ -146,12 +146,13 @@ def fairness(section: dict, over: dict, store, args, log) -> dict:
                 cfg = common.run_config(common.with_overrides(section["base"], {"tiers": tiers}), over, algorithm=algo,
                                         seed=s, device=args.device, threads=args.threads,
                                         name=f"{key} ε={eps:g} seed {s}")
-                rid, res = common.train_run(store, cfg, group_id=f"{NAME}-fairness-eps{eps:g}-seed{s}")
+                rid, summary = common.train_run(store, cfg, group_id=f"{NAME}-fairness-eps{eps:g}-seed{s}",
+                                                reuse=args.reuse)
                 ids.append(rid)
-                fair = res.summary.get("fairness") or {}
+                fair = summary.get("fairness") or {}
                 for m in ("demographic_parity_difference", "equalized_odds_difference"):
                     vals[m].append(fair.get(m))
-                vals["accuracy"].append(100.0 * res.summary["accuracy"])
+                vals["accuracy"].append(100.0 * summary["accuracy"])
             per[key] = {"run_ids": ids}
             for m, v in vals.items():
                 mean, se, n = mean_se(v)

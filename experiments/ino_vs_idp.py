@@ -50,7 +50,7 @@ def run_experiment(args) -> tuple[dict, str]:
     tag = f"{NAME}-{Path(args.config).stem}-{args.mode}-{int(started)}"
     for s in seeds:
         for k in algos:
-            rid, _ = common.train_run(store, configs[(k, s)], group_id=f"{tag}-seed{s}")
+            rid, _ = common.train_run(store, configs[(k, s)], group_id=f"{tag}-seed{s}", reuse=args.reuse)
             refs.append(RunRef(rid, k, s))
             sys.stderr.write(f"[{time.time() - started:7.1f}s] {labels[k]} seed {s}: run {rid} done\n")
     from engine.export import load_runs
@@ -79,6 +79,12 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
     eps = [float(th[th.tier == t]["epsilon"].iloc[0]) for t in tiers]
     points = tiered.epoch_steps(th, ref_config.epochs)
     gains = {v: tiered.tier_gains(th, v, ref, seeds, points) for v in variants}
+    ev = th.drop_duplicates("step").sort_values("step")
+    every = {f"step{int(st)}": int(st) for st in ev["step"]}  # every evaluation: the MID window is early
+    curve_epoch = {f"step{int(st)}": float(e) for st, e in zip(ev["step"], ev["epoch"])}
+    curves = {v: tiered.tier_gains(th, v, ref, seeds, every) for v in variants}
+    for c in curves.values():
+        c.pop("auc", None)
     keys = [ref] + variants
     acc = {}
     for k in keys:
@@ -115,7 +121,8 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
         "pearson": {"r": pearson[main]["final"]["r"], "p": pearson[main]["final"]["p"],
                     "epoch1": {"r": pearson[main]["epoch1"]["r"], "p": pearson[main]["epoch1"]["p"]}
                     if "epoch1" in pearson[main] else None},
-        "variants": {v: {"recall_gain_by_tier": gain_means(v), "gains": gains[v],
+        "gain_curve_epochs": curve_epoch,
+        "variants": {v: {"recall_gain_by_tier": gain_means(v), "gains": gains[v], "gain_curve": curves[v],
                          "overall_accuracy": {"mean": acc[v][0], "se": acc[v][1], "n": acc[v][2]},
                          "pearson": {p: {"r": x["r"], "p": x["p"]} for p, x in pearson[v].items()},
                          "class_gain": pearson[v]} for v in variants},
@@ -176,9 +183,8 @@ def export_figures(out: Path, runs, refs, result, labels, ref) -> list:
     from experiments.figures import fig_gain_by_tier, gain_frame
 
     paths = []
-    points = {p: (int(p[5:]) if p.startswith("epoch") else None) for p in result["evaluation_steps"]}
-    epochs = {p: e for p, e in points.items() if e is not None}
-    gains = {v: d["gains"] for v, d in result["variants"].items()}
+    epochs = result["gain_curve_epochs"]
+    gains = {v: d["gain_curve"] for v, d in result["variants"].items()}
     frame = gain_frame(gains, labels, result["tiers"], epochs)
     if len(epochs) >= 1:
         paths.append(common.export_png(fig_gain_by_tier(frame), out / f"{NAME}_gain_by_tier.png", width=1000, height=450))

@@ -51,12 +51,12 @@ def epoch_steps(th: pd.DataFrame, epochs: float) -> dict[str, int]:
     return out
 
 
-def _at(th: pd.DataFrame, key: str, seed: int, step: int, tiers: list[str], col: str = "recall") -> np.ndarray:
+def tier_at(th: pd.DataFrame, key: str, seed: int, step: int, tiers: list[str], col: str = "recall") -> np.ndarray:
     g = th[(th.key == key) & (th.seed == seed) & (th.step == step)].set_index("tier")
     return np.array([float(g.at[t, col]) if t in g.index else np.nan for t in tiers])
 
 
-def _auc(th: pd.DataFrame, key: str, seed: int, tiers: list[str]) -> np.ndarray:
+def tier_auc(th: pd.DataFrame, key: str, seed: int, tiers: list[str]) -> np.ndarray:
     out = []
     for t in tiers:
         g = th[(th.key == key) & (th.seed == seed) & (th.tier == t)].sort_values("step")
@@ -74,9 +74,9 @@ def tier_gains(th: pd.DataFrame, variant: str, reference: str, seeds: list[int],
         per_seed = []
         for s in seeds:
             if step is None:
-                a, b = _auc(th, variant, s, tiers), _auc(th, reference, s, tiers)
+                a, b = tier_auc(th, variant, s, tiers), tier_auc(th, reference, s, tiers)
             else:
-                a, b = _at(th, variant, s, step, tiers), _at(th, reference, s, step, tiers)
+                a, b = tier_at(th, variant, s, step, tiers), tier_at(th, reference, s, step, tiers)
             per_seed.append(100.0 * (a - b))
         arr = np.array(per_seed)
         stats = [mean_se(arr[:, j]) for j in range(len(tiers))]

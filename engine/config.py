@@ -306,6 +306,7 @@ class RunConfig:
     allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
     secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
     steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
+    train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
 
     def validate(self) -> "RunConfig":
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
@@ -327,6 +328,8 @@ class RunConfig:
             check_int(self.threads, "threads", 1, MAX_THREADS)
         check_str(self.name, "name", max_len=MAX_NAME_CHARS)
         check_choice(self.steps_rule, "steps_rule", STEPS_RULES)
+        if self.train_epochs is not None:
+            check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
         return self
 
     def planned_steps(self, n_train: int) -> int:
@@ -334,6 +337,14 @@ class RunConfig:
         ``epochs``) over :data:`MAX_TOTAL_STEPS` unless ``allow_large``."""
         return check_work(total_steps(self.epochs, n_train, self.batch_size, self.steps_rule), "epochs",
                           allow_large=self.allow_large)
+
+    def trained_steps(self, n_train: int) -> int:
+        """Steps actually trained: :meth:`planned_steps`, or with ``train_epochs`` the first
+        :func:`total_steps` (train_epochs, …) of them — the privacy plan is still made for ``epochs``."""
+        planned = self.planned_steps(n_train)
+        if self.train_epochs is None:
+            return planned
+        return min(planned, total_steps(self.train_epochs, n_train, self.batch_size, self.steps_rule))
 
     # --- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -62,7 +62,8 @@ class Prepared:
     privacy: PrivacyPlan
     model: torch.nn.Module
     mechanism: object
-    steps: int
+    steps: int  # T the privacy plan is made for
+    train_steps: int = 0  # steps this run trains (config.train_epochs: the first ones of T); 0: T
 
     dataset = property(lambda self: self.data.dataset)
     tiers = property(lambda self: self.data.tiers)
@@ -85,7 +86,8 @@ def prepare(config: RunConfig) -> Prepared:
     steps = total_steps(config, n)
     privacy = prepare_privacy(config, data, steps=steps)
     mechanism = build_mechanism(privacy=privacy, members=np.ones((1, n), bool), device=data.device)
-    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps)
+    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps,
+                    train_steps=config.trained_steps(n))
 
 
 def step_generator(config: RunConfig, device) -> torch.Generator:
@@ -124,11 +126,12 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
         accountant = accounting.TierAccountant(sample_rates=list(prep.plan.sample_rates),
                                                noise_multiplier=prep.plan.noise_multiplier, delta=config.delta,
                                                noise_multipliers=list(prep.accountant_noise))
-    eval_every = config.eval_every or max(1, prep.steps // 25)
+    last = prep.train_steps or prep.steps
+    eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
     plan_dict = _plan_dict(prep)
     if store is not None and run_id is not None:
-        store.start_run(run_id, pid=os.getpid(), total_steps=prep.steps, plan=plan_dict)
+        store.start_run(run_id, pid=os.getpid(), total_steps=last, plan=plan_dict)
     evals, pending_steps = [], []
     started = time.time()
     last_flush = started
@@ -142,8 +145,8 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
             store.log_eval(run_id, step, e)
 
     record_eval(0)
-    bar = _progress_bar(prep.steps, config.label) if progress else None
-    for step in range(1, prep.steps + 1):
+    bar = _progress_bar(last, config.label) if progress else None
+    for step in range(1, last + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1}")
         out = dp_step(grads_of, x_train, y_train, sampler, mech, gen)
@@ -156,7 +159,7 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
         pending_steps.append((step, out.mean_losses()[0], int(out.batch_sizes[0])))
         if bar is not None:
             bar.update(1)
-        if step % eval_every == 0 or step == prep.steps:
+        if step % eval_every == 0 or step == last:
             record_eval(step)
             last_flush = time.time()
         elif store is not None and run_id is not None and time.time() - last_flush > 0.5:
@@ -185,7 +188,7 @@ def _progress_bar(total, label):
 
 
 def _plan_dict(prep: Prepared) -> dict:
-    d = {"steps": prep.steps, "expected_batch_size": prep.expected_batch,
+    d = {"steps": prep.steps, "trained_steps": prep.train_steps or prep.steps, "expected_batch_size": prep.expected_batch,
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
          "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.mechanism.formal_dp,
          "tail_length": prep.tail_length, **prep.info}
@@ -252,7 +255,8 @@ def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
     return {
         "algorithm": prep.config.algorithm.name,
         "label": prep.config.label or ALGORITHM_LABELS[prep.config.algorithm.name],
-        "steps": prep.steps, "seconds": seconds, "formal_dp": prep.mechanism.formal_dp,
+        "steps": prep.train_steps or prep.steps, "planned_steps": prep.steps, "seconds": seconds,
+        "formal_dp": prep.mechanism.formal_dp,
         "accuracy": last["overall"]["accuracy"], "balanced_accuracy": last["overall"]["balanced_accuracy"],
         "loss": last["overall"]["loss"], "tiers": tiers,
         "class_recall": [c["recall"] for c in last["classes"]],

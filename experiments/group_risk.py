@@ -123,7 +123,7 @@ def run_experiment(args) -> tuple[dict, str]:
     result["wall_seconds"] = round(time.time() - started, 1)
     out = common.figures_dir(args, NAME)
     if out is not None:
-        result["figures"] = [str(p) for p in export_figures(out, reports, result) if p]
+        result["figures"] = [str(p) for p in export_figures(out, f"{NAME}_{args.mode}", reports, result) if p]
     return result, markdown(result)
 
 
@@ -208,7 +208,7 @@ def _gpr(e) -> str:
     return f"{e['value']:.4f} [{_n(e['low'], 4)}, {_n(e['high'], 4)}]"
 
 
-def export_figures(out: Path, reports: dict, result: dict) -> list:
+def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:
     import pandas as pd
 
     from engine.audit.plots import fig_gpr_bars
@@ -217,14 +217,14 @@ def export_figures(out: Path, reports: dict, result: dict) -> list:
 
     paths = []
     for key, rep in reports.items():
-        paths.append(common.export_png(fig_gpr_bars(rep.to_dict()), out / f"{NAME}_gpr_{key.replace('/', '_')}.png",
+        paths.append(common.export_png(fig_gpr_bars(rep.to_dict()), out / f"{prefix}_gpr_{key.replace('/', '_')}.png",
                                        width=900, height=500))
     rows = [{"algorithm": row["label"], "tier": x["tier"], "epsilon": x["epsilon"], "gpr": x["value"],
              "low": x["low"], "high": x["high"], "null_floor": row["null_floor"]}
             for row in result["tiered"]["algorithms"].values() for x in row["gpr_by_tier"]]
     frame = pd.DataFrame(rows, columns=GPR_TIER_COLUMNS).astype({"gpr": float, "low": float, "high": float,
                                                                 "null_floor": float, "epsilon": float})
-    paths.append(common.export_png(fig_gpr_vs_epsilon(frame), out / f"{NAME}_tiered_gpr_vs_epsilon.png"))
+    paths.append(common.export_png(fig_gpr_vs_epsilon(frame), out / f"{prefix}_tiered_gpr_vs_epsilon.png"))
     fair_rows, i = [], 0
     for eps_key, per in result["fairness"].items():
         if eps_key == "seeds":
@@ -236,7 +236,7 @@ def export_figures(out: Path, reports: dict, result: dict) -> list:
                                   "value": v[m]["mean"]})
     fair = pd.DataFrame(fair_rows, columns=["run_id", "run", "algorithm", "metric", "value"])
     paths.append(common.export_png(fig_fairness_bars(fair, title="Outcome fairness on Adult (mean over seeds)"),
-                                   out / f"{NAME}_fairness.png"))
+                                   out / f"{prefix}_fairness.png"))
     return paths
 
 

@@ -61,7 +61,8 @@ def run_experiment(args) -> tuple[dict, str]:
                   wall_seconds=round(time.time() - started, 1), run_ids={f"{r.key}/{r.seed}": r.run_id for r in refs})
     out = common.figures_dir(args, f"{NAME}-{Path(args.config).stem}")
     if out is not None:
-        result["figures"] = [str(p) for p in export_figures(out, runs, refs, result, labels, ref) if p]
+        prefix = f"{Path(args.config).stem}_{args.mode}"
+        result["figures"] = [str(p) for p in export_figures(out, prefix, runs, refs, result, labels) if p]
     return result, tables
 
 
@@ -77,7 +78,7 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
     th, ch = tiered.frames(runs, refs)
     tiers = tiered.tier_order(th)
     eps = [float(th[th.tier == t]["epsilon"].iloc[0]) for t in tiers]
-    points = tiered.epoch_steps(th, ref_config.epochs)
+    points = tiered.epoch_steps(th, ref_config.train_epochs or ref_config.epochs)
     gains = {v: tiered.tier_gains(th, v, ref, seeds, points) for v in variants}
     ev = th.drop_duplicates("step").sort_values("step")
     every = {f"step{int(st)}": int(st) for st in ev["step"]}  # every evaluation: the MID window is early
@@ -128,7 +129,8 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
                          "class_gain": pearson[v]} for v in variants},
         "reference_accuracy": {"mean": acc[ref][0], "se": acc[ref][1], "n": acc[ref][2]},
         "per_epoch": per_epoch, "mid": mids, "evaluation_steps": points,
-        "steps": int(th["step"].max()), "steps_rule": ref_config.steps_rule,
+        "steps": int(th["step"].max()), "planned_epochs": ref_config.epochs,
+        "trained_epochs": ref_config.train_epochs or ref_config.epochs, "steps_rule": ref_config.steps_rule,
     }
     return result, markdown(result, keys, labels, variants, points)
 
@@ -176,7 +178,7 @@ def _f(x, d: int = 2) -> str:
     return "—" if x is None else f"{x:.{d}g}" if d == 3 else f"{x:.{d}f}"
 
 
-def export_figures(out: Path, runs, refs, result, labels, ref) -> list:
+def export_figures(out: Path, prefix: str, runs, refs, result, labels) -> list:
     """PNG figures through the project's builders: the gains per tier (mean ± s.e.; experiments.figures),
     and for seed 0 the engine's MID curves, per-tier recall and per-class recall vs ε."""
     from engine import plots
@@ -187,13 +189,13 @@ def export_figures(out: Path, runs, refs, result, labels, ref) -> list:
     gains = {v: d["gain_curve"] for v, d in result["variants"].items()}
     frame = gain_frame(gains, labels, result["tiers"], epochs)
     if len(epochs) >= 1:
-        paths.append(common.export_png(fig_gain_by_tier(frame), out / f"{NAME}_gain_by_tier.png", width=1000, height=450))
+        paths.append(common.export_png(fig_gain_by_tier(frame), out / f"{prefix}_gain_by_tier.png", width=1000, height=450))
     seed0 = result["seeds"][0]
     ids = [r.run_id for r in refs if r.seed == seed0]
     sel = [r for r in runs if r["id"] in ids]
     for spec in plots.build_figures(sel, names=["mid_curves", "tier_recall", "recall_vs_budget", "recall_gain_time"],
                                     mid_layout="facet", skip_empty=True):
-        paths.append(common.export_png(spec.figure, out / f"{NAME}_{spec.name}_seed{seed0}.png", width=1000, height=560))
+        paths.append(common.export_png(spec.figure, out / f"{prefix}_{spec.name}_seed{seed0}.png", width=1000, height=560))
     return paths
 
 

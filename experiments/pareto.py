@@ -67,7 +67,7 @@ def run_experiment(args) -> tuple[dict, str]:
     from engine.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
-    result = analyse(runs, refs, grid, seeds, configs["reference"].epochs)
+    result = analyse(runs, refs, grid, seeds, configs["reference"].train_epochs or configs["reference"].epochs)
     result.update(mode=args.mode, store=str(store.path), wall_seconds=round(time.time() - started, 1),
                   run_ids={f"{r.key}/{r.seed}": r.run_id for r in refs})
     out = common.figures_dir(args, NAME)
@@ -78,7 +78,7 @@ def run_experiment(args) -> tuple[dict, str]:
 
         frame = pd.DataFrame([{c: row.get(c) for c in PARETO_COLUMNS} for row in result["settings"]],
                              columns=PARETO_COLUMNS)
-        result["figures"] = [str(p) for p in [common.export_png(fig_pareto(frame), out / f"{NAME}_imbalance_vs_accuracy.png",
+        result["figures"] = [str(p) for p in [common.export_png(fig_pareto(frame), out / f"{NAME}_{args.mode}_imbalance_vs_accuracy.png",
                                                                 width=1100, height=500)] if p]
     return result, markdown(result)
 

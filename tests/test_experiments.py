@@ -50,6 +50,25 @@ def test_cnn_padding_is_configurable_and_defaults_to_3():
         assert e.value.field == "model.cnn_padding"
 
 
+def test_train_epochs_trains_the_first_epochs_of_the_planned_run(one_thread):
+    from engine.train import prepare, train
+
+    full = RunConfig.from_dict({"data": {"name": "digits", "max_train": 400}, "model": {"name": "lr"}, "epochs": 4,
+                                "batch_size": 50, "eval_every": 2, "device": "cpu",
+                                "algorithm": {"name": "idp_sample"}}).validate()
+    part = full.replace(train_epochs=1.0)
+    assert (full.trained_steps(400), part.trained_steps(400)) == (32, 8)
+    res = train(part)
+    assert [e["step"] for e in res.evals][-1] == 8 and res.summary["steps"] == 8
+    assert res.summary["planned_steps"] == 32 and res.plan["steps"] == 32 and res.plan["trained_steps"] == 8
+    assert res.plan["sample_rates"] == prepare(full).plan.to_dict()["sample_rates"]  # the 4-epoch plan
+    spent = [t["epsilon_spent"] for t in res.summary["tiers"]]
+    assert all(s < t["epsilon"] for s, t in zip(spent, res.summary["tiers"]))  # a quarter of the steps
+    with pytest.raises(ConfigError) as e:
+        full.replace(train_epochs=5.0).validate()
+    assert e.value.field == "train_epochs"
+
+
 # --- argument handling ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("script", SCRIPTS)

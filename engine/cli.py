@@ -97,18 +97,14 @@ def cmd_plan(args) -> int:
     from engine import accounting
 
     if args.config:
-        from engine.train import make_plan, total_steps
-        from engine.data import load_dataset
-        from engine.tiers import assign_tiers
+        from engine.prepare import make_plan, prepare_data, total_steps
 
         config = load_config(args.config)
-        ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                          max_train=config.data.max_train)
-        if ds.report.skipped:
-            print(f"note: {ds.report}", file=sys.stderr)
-        tiers = assign_tiers(config.tiers, ds, seed=config.seed)
-        plan = make_plan(config, tiers.sizes, total_steps(config, len(ds.y_train)))
-        names = tiers.names
+        data = prepare_data(config)
+        if data.dataset.report.skipped:
+            print(f"note: {data.dataset.report}", file=sys.stderr)
+        plan = make_plan(config, data.tiers.sizes, total_steps(config, len(data.dataset.y_train)))
+        names = data.tiers.names
         if plan is None:
             print("non-private run: no plan")
             return 0
@@ -116,11 +112,11 @@ def cmd_plan(args) -> int:
         missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
         if missing:
             raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
-        try:
+        from engine.prepare import plan_errors
+
+        with plan_errors("plan"):
             plan = accounting.plan(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
                                    batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
-        except accounting.PlanError as e:
-            raise ConfigError("plan", str(e)) from None
         names = [f"tier {k}" for k in range(len(plan.sample_rates))]
     if args.json:
         print(json.dumps(plan.to_dict(), sort_keys=True))

@@ -18,7 +18,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine import plots
+from engine.figures.training import build_figures
+from engine.runs import run_record
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 FORMATS = STATIC_FORMATS + ("html", "csv", "json")
@@ -155,13 +156,35 @@ def metrics_csv(run: dict) -> bytes:
     return pd.DataFrame(rows, columns=cols).to_csv(index=False).encode("utf-8")
 
 
+def audit_advantages_csv(store, run_id: int, keys) -> bytes:
+    """An audit's per-sample advantages as CSV: one column per algorithm key (artifacts ``advantage/{key}``)."""
+    import numpy as np
+    import pandas as pd
+
+    from engine.audit.runner import load_array
+
+    cols = {}
+    for k in keys:
+        blob = store.get_artifact(run_id, f"advantage/{k}")
+        if blob is not None:
+            cols[f"advantage_{k}"] = load_array(blob)
+    df = pd.DataFrame(cols)
+    df.insert(0, "sample", np.arange(len(df)))
+    return df.to_csv(index=False).encode("utf-8")
+
+
+def results_json(results: dict) -> bytes:
+    """An audit's results (the run's summary) as indented, key-sorted JSON."""
+    return json.dumps(results, indent=2, sort_keys=True, default=str).encode("utf-8")
+
+
 def load_runs(store, run_ids) -> list[dict]:
     """Run records (run dict + evals) for the ids that exist, in the given order."""
     from engine.config import ConfigError
 
     out = []
     for rid in run_ids:
-        rec = plots.run_record(store, int(rid))
+        rec = run_record(store, int(rid))
         if rec is None:
             raise ConfigError("run_ids", f"no run {rid} in {store.path}")
         out.append(rec)
@@ -192,7 +215,7 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
     out.mkdir(parents=True, exist_ok=True)
     prefix = "runs-" + "-".join(str(r["id"]) for r in runs)
     paths: list[Path] = []
-    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    specs = build_figures(runs, theme=theme, skip_empty=True)
     for spec in specs:
         for fmt in formats:
             if fmt == "json":
@@ -217,7 +240,7 @@ def presentation_pack(runs: list[dict], *, width: int = 1600, height: int = 900,
     Without Chromium the static formats are left out and README.txt says why.
     """
     ok, reason = static_export_available()
-    specs = plots.build_figures(runs, theme=theme, skip_empty=True)
+    specs = build_figures(runs, theme=theme, skip_empty=True)
     buf = io.BytesIO()
     notes = [f"Privacy Imbalance Lab presentation pack — runs {', '.join(str(r['id']) for r in runs)}",
              f"created {time.strftime('%Y-%m-%d %H:%M:%S')}, {width}×{height} px at scale {scale}, theme {theme}", ""]

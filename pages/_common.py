@@ -12,7 +12,9 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine import export, plots
+from engine import export
+from engine.figures.scaffold import FigureSpec, apply_theme
+from engine.runs import dataset_name, run_label
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig, TierConfig, TiersConfig
 from engine.jobs import JobManager
 from engine.store import ACTIVE, RunStore, default_store_path
@@ -101,10 +103,9 @@ def fmt_seconds(s) -> str:
 
 
 def run_option_label(run: dict) -> str:
-    cfg = run.get("config") or {}
-    data = (cfg.get("data") or {}).get("name", "?")
+    data = dataset_name(run) or "?"
     when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
-    return md(f"{plots.run_label(run)} · {data} · {run['status']} · {when}")
+    return md(f"{run_label(run)} · {data} · {run['status']} · {when}")
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~$:])")
@@ -123,7 +124,7 @@ def show_error(e: Exception) -> None:
 
 # --- charts and export -------------------------------------------------------------------------------
 
-def chart(spec: plots.FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
+def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
     """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
@@ -134,7 +135,7 @@ def chart(spec: plots.FigureSpec, *, key: str, export_key: str | None = None, he
             export_menu(spec, key=export_key)
 
 
-def export_menu(spec: plots.FigureSpec, *, key: str, width: int = 1200, height: int = 700, scale: float = 2.0) -> None:
+def export_menu(spec: FigureSpec, *, key: str, width: int = 1200, height: int = 700, scale: float = 2.0) -> None:
     ok, reason = export.static_export_available()
     with st.popover("Export", icon=":material/download:", key=f"pop-{key}"):
         cols = st.columns(5)
@@ -152,7 +153,7 @@ def export_menu(spec: plots.FigureSpec, *, key: str, width: int = 1200, height: 
 
 def _deferred(fig, fmt, width, height, scale):
     def make() -> bytes:  # exported figures use the light theme (slides), whatever the app theme is
-        return export.figure_bytes(plots.apply_theme(fig, "light"), fmt, width=width, height=height, scale=scale)
+        return export.figure_bytes(apply_theme(fig, "light"), fmt, width=width, height=height, scale=scale)
     return make
 
 
@@ -238,17 +239,6 @@ def rows_to_tiers(df: pd.DataFrame, base: TiersConfig) -> TiersConfig:
             tiers.append(TierConfig(epsilon=e, ratio=r, name=name))
         return TiersConfig(assign="random", tiers=tuple(tiers))
     return base
-
-
-def tiers_from_param(text: str) -> TiersConfig:
-    """A tiers config from the URL (JSON, validated by the engine; never anything else)."""
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError("tiers", f"the URL's tier setting is not valid JSON: {e}") from None
-    cfg = RunConfig.from_dict({"tiers": d})
-    cfg.tiers.validate()
-    return cfg.tiers
 
 
 def tiers_to_param(tiers: TiersConfig) -> str:

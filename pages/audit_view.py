@@ -2,41 +2,27 @@
 read GPR per group, the Δ table, accuracy, per-tier ε lower bounds, LiRA ROC and advantage histograms."""
 from __future__ import annotations
 
-import io
-import json
-import time
-
-import numpy as np
-import pandas as pd
 import streamlit as st
 
-from engine.audit.plots import build_audit_figures
 from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, THRESHOLDS, AuditConfig
-from engine.audit.runner import load_array, preview_audit
+from engine.audit.report import as_report
 from engine.config import AlgorithmConfig, ConfigError, TiersConfig
-from engine.data import DATASETS, DataError, dataset_names
-from engine.jobs import eta_seconds
+from engine.data import DATASETS, dataset_names
+from engine.figures.audit import build_audit_figures
 from engine.tiers import preset, preset_names
 from pages import _common as ui
+from pages import _plans, _widgets as widgets
 
 DEFAULT_ALGOS = ["idp_sample", "ino", "dpsgd_s", "dpsgd", "nonprivate"]
 
 st.title("Privacy audit")
 ui.intro()
-st.caption("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on "
-           "each, so every sample is a member of exactly R of the 2R models. A sample's **advantage** is the best "
-           "TPR − FPR of the rule *member if −loss ≥ t* over those models; a group's **GPR** is the mean "
-           "advantage "
-           "of its samples and **Δ** the gap between the riskiest and the safest group (percentage points). The "
-           "dashed **null floor** is the same estimator on shuffled membership labels: bars near it show no "
-           "measurable leakage.")
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _preview(config_json: str) -> dict:
-    return preview_audit(AuditConfig.from_json(config_json))
-
-
+st.caption("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on each, "
+           "so every sample is a member of exactly R of the 2R models. A sample's **advantage** is the best TPR − FPR of "
+           "the rule *member if −loss ≥ t* over those models; a group's **GPR** is the mean advantage of its samples and "
+           "**Δ** the gap between the riskiest and the safest group (percentage points). The dashed **null floor** is the "
+           "same estimator on shuffled membership labels: bars near it show no measurable leakage.")
+url = widgets.UrlParams(labels={"a_algos": ui.algo_label})
 mgr = ui.manager()
 store = mgr.store
 errors: list[str] = []
@@ -54,12 +40,7 @@ with left:
                                 bind="query-params")
     model = c3.selectbox("Model", AUDIT_MODELS, key="a_model", bind="query-params",
                          help="lr: logistic regression, mlp: one tanh hidden layer, cnn: the Papernot CNN (images)")
-    dataset = None
-    try:
-        dataset = ui.dataset(dataset_name, int(max_train) or None)
-    except (DataError, ConfigError) as e:
-        errors.append(str(e))
-        ui.show_error(e)
+    dataset = widgets.dataset(dataset_name, max_train, errors)
     group_options = ["attribute", "class", "tier"]
     if dataset is not None and not dataset.sensitive_train:
         group_options = ["class", "tier"]
@@ -81,16 +62,8 @@ with left:
                                   bind="query-params")
     elif dataset is not None:
         try:
-            base = preset(tier_mode, dataset)
-            if base.assign in ("class", "attribute", "random"):
-                table = ui.tiers_to_rows(base, dataset)
-                edited = st.data_editor(table, key=f"a-tier-editor-{dataset_name}-{tier_mode}", hide_index=True,
-                                        disabled=[c for c in ("class", "name", "value") if c in table.columns],
-                                        height="auto")
-                tiers_cfg = ui.rows_to_tiers(edited, base)
-            else:
-                tiers_cfg = base
-            tiers_cfg.validate()
+            tiers_cfg = widgets.tier_editor(preset(tier_mode, dataset), dataset,
+                                            key=f"a-tier-editor-{dataset_name}-{tier_mode}")
         except ConfigError as e:
             errors.append(str(e))
             ui.show_error(e)
@@ -112,16 +85,7 @@ with right:
                              bind="query-params",
                              help="Baseline: records audited one at a time with dedicated models")
     with st.expander("Training", expanded=False):
-        c1, c2, c3 = st.columns(3)
-        epochs = c1.number_input("Epochs", min_value=0.1, value=2.0, step=0.5, key="a_epochs", bind="query-params")
-        batch = c2.number_input("Batch size", min_value=1, value=256, step=16, key="a_batch", bind="query-params")
-        lr = c3.number_input("Learning rate", min_value=0.0001, value=1.0, step=0.1, format="%.4g", key="a_lr",
-                             bind="query-params")
-        c1, c2, c3 = st.columns(3)
-        delta = c1.number_input("δ", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e", key="a_delta",
-                                bind="query-params")
-        clip = c2.number_input("Clip norm C", min_value=0.001, value=1.0, step=0.1, key="a_clip", bind="query-params")
-        seed = c3.number_input("Seed", min_value=0, value=0, step=1, key="a_seed", bind="query-params")
+        train = widgets.training_inputs("a_", epochs=2.0, batch=256, batch_step=16, lr=1.0, lr_step=0.1)
         c1, c2 = st.columns(2)
         n_boot = c1.number_input("Bootstrap resamples", min_value=10, max_value=100000, value=1000, step=100,
                                  key="a_boot")
@@ -132,18 +96,13 @@ if not algos:
     st.info("Choose at least one algorithm.")
 elif not errors:
     try:
-        algo_cfgs = []
-        for a in algos:
-            kw = {"name": a}
-            if a == "ino":
-                kw["tail_fraction"] = tail_pct / 100.0
-            if a == "dpsgd_s":
-                kw["group_by"] = group_by  # DP-SGD-S clips per audit group
-            algo_cfgs.append(AlgorithmConfig(**kw))
+        extra = {"ino": {"tail_fraction": tail_pct / 100.0}, "dpsgd_s": {"group_by": group_by}}  # (clips per group)
+        algo_cfgs = [AlgorithmConfig(name=a, **extra.get(a, {})) for a in algos]
         run = DEFAULT_RUN.replace(**{"data.name": dataset_name, "data.max_train": int(max_train) or None,
-                                     "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(lr),
-                                     "epochs": float(epochs), "batch_size": int(batch), "delta": float(delta),
-                                     "clip_norm": float(clip), "seed": int(seed)})
+                                     "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(train["lr"]),
+                                     "epochs": float(train["epochs"]), "batch_size": int(train["batch"]),
+                                     "delta": float(train["delta"]), "clip_norm": float(train["clip"]),
+                                     "seed": int(train["seed"])})
         config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
                              algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, n_boot=int(n_boot),
                              looa_k=int(looa_k)).validate()
@@ -152,28 +111,7 @@ elif not errors:
         ui.show_error(e)
         config = None
 
-preview = None
-if config is not None:
-    try:
-        with st.spinner("Planning…"):
-            preview = _preview(config.to_json())
-    except (ConfigError, DataError) as e:
-        errors.append(str(e))
-        ui.show_error(e)
-if preview is not None:
-    with st.expander(f"Plan: {len(preview['algorithms'])} × {preview['n_models']} models of "
-                     f"{preview['steps_per_model']} steps on {preview['n_train']} samples"
-                     + (f" + {preview['looa_models']} PA-LOOA models each" if preview["looa_models"] else ""),
-                     expanded=False):
-        sizes = ", ".join(f"{g}: {n}" for g, n in preview["group_sizes"].items())
-        st.caption(f"Groups — {sizes} · trained {preview['chunk_models']} models at a time on {preview['device']}")
-        rows = []
-        for a in preview["algorithms"]:
-            for t in a["plan"] or [{"tier": "—"}]:
-                rows.append({"algorithm": a["label"], "tier": t["tier"], "q": t.get("sample_rate"),
-                             "C": t.get("clip_norm"), "σ": t.get("noise_multiplier"), "ε claimed": t.get("epsilon"),
-                             "formal DP": "yes" if a["formal_dp"] else "no"})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+preview = _plans.audit_plan(config, errors)
 
 launch = st.button("Launch audit", type="primary", key="a_launch", icon=":material/policy:",
                    disabled=bool(errors) or preview is None)
@@ -185,36 +123,16 @@ if launch and config is not None:
 st.divider()
 audits = store.list_runs(kind="audit")
 if not audits:
+    url.check()
     st.info("No audits yet: launch one above. Audits keep running in the background when you close the tab.")
     st.stop()
 by_id = {r["id"]: r for r in audits}
-current = st.query_params.get("audit")
-try:
-    current = int(current) if current is not None else None
-except ValueError:
-    current = None
-if current not in by_id:
-    active = [r["id"] for r in audits if ui.is_active(r)]
-    current = active[0] if active else audits[0]["id"]
 
 
-def _label(i: int) -> str:
-    # no status here: it changes while the page shows it (the badge below is live)
-    r = by_id[i]
-    cfg = r.get("config") or {}
-    algos = ", ".join(a["name"] if isinstance(a, dict) else str(a) for a in cfg.get("algorithms") or [])
-    when = time.strftime("%m-%d %H:%M", time.localtime(r.get("created_at") or 0))
-    dataset = ((cfg.get("run") or {}).get("data") or {}).get("name") or cfg.get("dataset", "?")
-    return f"#{i} · {dataset} · R={cfg.get('R', '?')} · {algos} · {when}"
-
-
-def _on_pick() -> None:
-    st.query_params["audit"] = str(st.session_state["a_pick"])
-
-
-if st.session_state.get("a_pick") != current:
-    st.session_state["a_pick"] = current
-st.selectbox("Audit", list(by_id), format_func=_label, key="a_pick", on_change=_on_pick)
+active = [r["id"] for r in audits if ui.is_active(r)]
+current = widgets.run_picker("Audit", list(by_id), key="a_pick", param="audit", default=(active or list(by_id))[0],
+                             format_func=lambda i: widgets.audit_label(by_id[i]), url=url, cast=int)
+url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
 any_active = ui.is_active(by_id[current])
 
 
@@ -225,48 +143,18 @@ def view(run_id: int) -> None:
         st.warning(f"Audit #{run_id} was deleted.")
         return
     with st.container(key="audit-status"):
-        c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
-        total, step = run["total_steps"] or 0, run["step"] or 0
-        if run["status"] == "queued":
-            pos = mgr.queue_position(run_id)
-            text = "queued" + (f" (#{pos} in the queue)" if pos else "")
-        else:
-            eta = eta_seconds(run)
-            text = f"training step {step}/{total or '?'} (all chunks of all algorithms)"
-            if eta is not None:
-                text += f" · ETA {ui.fmt_seconds(eta)}"
-            if run["status"] == "running" and total and step >= total:
-                text = "statistics…"
-        c1.progress(min(1.0, step / total) if total else 0.0, text=text)
-        with c2:
-            ui.status_badge(run["status"])
-        if ui.is_active(run):
-            if c3.button("Cancel", key=f"a-cancel-{run_id}", icon=":material/stop_circle:"):
-                mgr.cancel(run_id)
-                st.rerun(scope="fragment")
-        elif run["status"] in ("cancelled", "interrupted", "failed"):
-            if c3.button("Resume", key=f"a-resume-{run_id}", icon=":material/play_arrow:",
-                         help="Continue from the last completed chunk of models"):
-                mgr.resume(run_id)
-                st.rerun()
-        if run.get("error") and run["status"] in ("failed", "interrupted", "cancelled"):
-            c1.caption(f"{run['status']}: {ui.md(run['error'])}")
-    results = run.get("summary") or {}
-    if not results.get("algorithms"):
+        widgets.status_row(run, widgets.audit_progress_text(run, mgr), mgr, key_prefix="a-", resume=True)
+    report = as_report(run["summary"]) if run.get("summary") else None
+    if report is None or not report.algorithms:
         if ui.is_active(run):
             st.caption("The figures appear as soon as the first algorithm's models are trained and analysed.")
         return
-    if results.get("partial"):
-        done = ", ".join(a["label"] for a in results["algorithms"])
-        st.caption(f"Partial results (done: {done}); the rest is still training.")
+    if report.partial:
+        st.caption(ui.md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
+                         "the rest is still training."))
     theme = ui.plot_theme()
-    sig = (run_id, theme, len(results["algorithms"]), bool(results.get("partial")))
-    cached = st.session_state.get("audit-figures")
-    if cached is not None and cached[0] == sig:
-        specs = cached[1]
-    else:
-        specs = {s.name: s for s in build_audit_figures(results, theme=theme)}
-        st.session_state["audit-figures"] = (sig, specs)
+    sig = (run_id, theme, len(report.algorithms), report.partial)
+    specs = widgets.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
     ui.chart(specs["gpr_bars"], key="audit-gpr", export_key="ax-gpr")
     c1, c2 = st.columns([3, 2])
     with c1:
@@ -278,29 +166,9 @@ def view(run_id: int) -> None:
     ui.chart(specs["advantage_hist"], key="audit-hist", export_key="ax-hist")
     with st.expander("Baselines (PA-GA, PA-GBA, PA-LOOA)", expanded=False):
         ui.chart(specs["baselines"], key="audit-baselines", export_key="ax-base")
-    c1, c2 = st.columns(2)
-    c1.download_button("Results (JSON)", data=json.dumps(results, indent=2, sort_keys=True).encode("utf-8"),
-                       file_name=f"audit-{run_id}.json", mime="application/json", key=f"a-json-{run_id}",
-                       on_click="ignore", icon=":material/download:")
-    keys = [a["key"] for a in results["algorithms"]]
-    c2.download_button("Per-sample advantages (CSV)", data=lambda: _advantages_csv(run_id, keys),
-                       file_name=f"audit-{run_id}-advantages.csv", mime="text/csv", key=f"a-csv-{run_id}",
-                       on_click="ignore", icon=":material/download:")
+    widgets.audit_downloads(run, report, store)
     if any_active and not ui.is_active(run):
         st.rerun()  # finished: one full rerun stops the polling
-
-
-def _advantages_csv(run_id: int, keys: list[str]) -> bytes:
-    cols = {}
-    for k in keys:
-        blob = store.get_artifact(run_id, f"advantage/{k}")
-        if blob is not None:
-            cols[f"advantage_{k}"] = load_array(blob)
-    df = pd.DataFrame(cols)
-    df.insert(0, "sample", np.arange(len(df)))
-    buf = io.StringIO()
-    df.to_csv(buf, index=False)
-    return buf.getvalue().encode("utf-8")
 
 
 view(current)

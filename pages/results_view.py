@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import export, plots
+from engine import export
+from engine.figures import frames
+from engine.figures.training import RESULT_FIGURES, build_figures
+from engine.runs import dp_note, run_label, run_record
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("Results")
 ui.intro()
+url = widgets.UrlParams()
 store = ui.store()
 
 c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
@@ -19,33 +24,34 @@ if not candidates:
     st.info("No finished runs yet — launch a comparison on the Train / compare page.")
     st.stop()
 # Options are the runs' short labels ("INO-SGD #12"): unique, stable, and readable in the URL (?runs=…).
-by_label = {plots.run_label(r): r for r in candidates}
+by_label = {run_label(r): r for r in candidates}
 latest_group = next((r["group_id"] for r in candidates if r["group_id"]), None)
-default = [plots.run_label(r) for r in sorted(candidates, key=lambda r: r["id"])
-           if r["group_id"] == latest_group] if latest_group else [plots.run_label(candidates[0])]
+default = [run_label(r) for r in sorted(candidates, key=lambda r: r["id"])
+           if r["group_id"] == latest_group] if latest_group else [run_label(candidates[0])]
 picked = c1.multiselect("Runs", list(by_label), default=default, key="runs", bind="query-params",
                         help="Finished runs, newest first (any past comparison too)")
+url.check()
 if not picked:
     st.info("Pick one or more runs.")
     st.stop()
 st.caption(" · ".join(ui.run_option_label(by_label[p]) for p in picked))  # (escaped labels)
 
-runs = [plots.run_record(store, by_label[p]["id"]) for p in picked]
+runs = [run_record(store, by_label[p]["id"]) for p in picked]
 runs = [r for r in runs if r is not None and r["evals"]]
 if not runs:
     st.warning("The selected runs have no evaluations yet.")
     st.stop()
 with st.container():  # a variable number of notes must not shift (remount) the widgets below
     for r in runs:
-        if plots.dp_note(r):
-            st.caption(ui.md(f"⚠ {plots.run_label(r)}: {plots.dp_note(r)}"))
+        if dp_note(r):
+            st.caption(ui.md(f"⚠ {run_label(r)}: {dp_note(r)}"))
 
 theme = ui.plot_theme()
-specs = {s.name: s for s in plots.build_figures(runs, theme=theme, names=plots.RESULT_FIGURES)}
+specs = {s.name: s for s in build_figures(runs, theme=theme, names=RESULT_FIGURES)}
 
 st.subheader("Who pays for privacy?")
 ui.chart(specs["recall_vs_budget"], key="res-budget", export_key="e-budget")
-stats = plots.pearson_by_run(plots.owner_recall(runs))
+stats = frames.pearson_by_run(frames.owner_recall(runs))
 st.dataframe(stats.drop(columns=["run_id"]).rename(columns={"r": "Pearson r", "p": "p-value", "n": "owners"}),
              hide_index=True, width="content")
 

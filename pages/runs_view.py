@@ -8,11 +8,14 @@ import time
 import pandas as pd
 import streamlit as st
 
-from engine import export, plots
+from engine import export
+from engine.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
 from engine.store import ACTIVE
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("Runs")
+url = widgets.UrlParams()
 mgr = ui.manager()
 store = mgr.store
 
@@ -21,16 +24,11 @@ status_filter = c1.multiselect("Status", ["queued", "running", "finished", "fail
                                key="status", bind="query-params", placeholder="all")
 kind_filter = c2.segmented_control("Kind", ["train", "audit"], key="kind", bind="query-params",
                                    selection_mode="single")
+url.check()
 runs = store.list_runs(kind=kind_filter or None)
 if status_filter:
     runs = [r for r in runs if r["status"] in status_filter]
 any_active = any(r["status"] in ACTIVE for r in runs)
-
-
-def _dataset_name(config: dict) -> str | None:
-    # training configs nest the dataset under data.name, audit configs under run.data.name (older: dataset)
-    run = config.get("run") if isinstance(config.get("run"), dict) else config
-    return (run.get("data") or {}).get("name") or config.get("dataset")
 
 
 def _duration(r: dict) -> float | None:
@@ -53,10 +51,10 @@ if not runs:
     st.stop()
 df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
-    "algorithm": plots.algorithm_label(r["algorithm"]), "dataset": _dataset_name(r["config"] or {}),
+    "algorithm": algorithm_label(r["algorithm"]), "dataset": dataset_name(r),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": ui.fmt_seconds(_duration(r)),
     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-    "comparison": r["group_id"] or "", "DP": plots.dp_note(r) or "formal DP", "error": r["error"] or "",
+    "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",
 } for r in runs])
 event = st.dataframe(df, hide_index=True, width="stretch", key="runs-table", on_select="rerun",
                      selection_mode="multi-row")
@@ -70,7 +68,7 @@ if not selected:
 ids = [r["id"] for r in selected]
 c1, c2, c3 = st.columns(3)
 if c1.button("Open in Results", icon=":material/insights:", key="to-results"):
-    st.switch_page("pages/results_view.py", query_params={"runs": [plots.run_label(r) for r in selected], "all": "true"})
+    st.switch_page("pages/results_view.py", query_params={"runs": [run_label(r) for r in selected], "all": "true"})
 if any(r["status"] in ACTIVE for r in selected) and c2.button("Cancel selected", icon=":material/stop_circle:",
                                                                  key="cancel-selected"):
     for r in selected:
@@ -86,11 +84,11 @@ with c3.popover("Delete selected", icon=":material/delete:"):
         st.rerun()
 
 for r in selected:
-    with st.expander(ui.md(f"{plots.run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
+    with st.expander(ui.md(f"{run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
         if r["error"]:
             st.caption(ui.md(f"{r['status']}: {r['error']}"))
-        if plots.dp_note(r):
-            st.warning(ui.md(plots.dp_note(r)))
+        if dp_note(r):
+            st.warning(ui.md(dp_note(r)))
         config_text = json.dumps(r["config"], indent=2, sort_keys=True)
         # a quoted here-document: the shell expands nothing inside, whatever the config contains
         verb = "audit" if r["kind"] == "audit" else "run"
@@ -100,7 +98,7 @@ for r in selected:
         d1, d2 = st.columns(2)
         d1.download_button("Config (JSON)", data=config_text, file_name=f"run_{r['id']}.json",
                            mime=export.MIME["json"], key=f"cfg-{r['id']}", on_click="ignore")
-        d2.download_button("Metrics (CSV)", data=lambda rid=r["id"]: export.metrics_csv(plots.run_record(store, rid)),
+        d2.download_button("Metrics (CSV)", data=lambda rid=r["id"]: export.metrics_csv(run_record(store, rid)),
                            file_name=f"run_{r['id']}_metrics.csv", mime=export.MIME["csv"], key=f"csv-{r['id']}",
                            on_click="ignore")
         if r["plan"]:

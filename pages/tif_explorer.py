@@ -5,15 +5,21 @@ import time
 
 import streamlit as st
 
-from engine import plots
-from engine.config import ConfigError
+from engine import tif_explorer
+from engine.figures.explorer import fig_bif_batch, fig_tier_rho, fig_tif
+from engine.figures.scaffold import FigureSpec
+from engine.config import AlgorithmConfig, ConfigError
 from engine.data import DataError, dataset_names
-from engine.importance import expected_dropped_mass, make_tif
+from engine.importance import expected_dropped_mass
+from engine.importance import resolve_tail_length
+from engine.mechanisms import build_tif
 from engine.tiers import preset, preset_names
 from pages import _common as ui
+from pages import _widgets as widgets
 
 st.title("TIF explorer")
 ui.intro()
+url = widgets.UrlParams()
 st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to end as clip mass; the first γ of "
            "that mass (the easiest items) is weighted by the TIF, the rest gets weight 1. Move the sliders: "
            "nothing is trained, the batch is sampled once per dataset/tier setting and cached.")
@@ -22,7 +28,7 @@ st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to 
 @st.cache_data(show_spinner="Sampling a batch…", max_entries=32)
 def _sample(name: str, preset_name: str, batch: int, seed: int, mode: str) -> dict:
     ds = ui.dataset(name)
-    return plots.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
+    return tif_explorer.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
 
 
 controls, view = st.columns([1, 2.4], gap="large")
@@ -63,23 +69,28 @@ except (ConfigError, DataError) as e:
 mass = sample["expected_clip_mass"]
 with controls:
     if tail_mode == "absolute":
-        gamma = st.slider("γ (clip-mass units)", 0.0, float(max(1.0, round(2 * mass, 1))), float(round(mass / 2, 1)),
-                          0.1, key="x_tail_abs", bind="query-params")
+        tail = {"tail_length": st.slider("γ (clip-mass units)", 0.0, float(max(1.0, round(2 * mass, 1))),
+                                         float(round(mass / 2, 1)), 0.1, key="x_tail_abs", bind="query-params")}
     else:
         pct = st.slider("γ, % of the expected batch clip mass", 0, 100, 50, 1, key="x_tail_pct", bind="query-params")
-        gamma = pct / 100.0 * mass
+        tail = {"tail_fraction": pct / 100.0}
+    # the INO-SGD settings a run would use: the engine's own TIF and γ (fixed once from the expected clip mass)
+    algo = AlgorithmConfig(name="ino", idp_mode=mode or "sample", tif=shape or "beta", alpha=float(alpha),
+                           beta=float(beta), power=float(power), step_cut=float(cut), **tail)
+    gamma = resolve_tail_length(algo, mass)
+    url.check()
     st.caption(f"expected batch clip mass Σ q·N·C = {mass:.2f} · γ = {gamma:.2f}")
 
 t0 = time.perf_counter()
-tif = make_tif(shape or "beta", alpha=alpha, beta=beta, power=power, cut=cut)
-batch_df = plots.explorer_batch(sample["losses"], sample["clip_norms"], sample["tiers"], sample["tier_names"],
+tif = build_tif(algo)
+batch_df = tif_explorer.explorer_batch(sample["losses"], sample["clip_norms"], sample["tiers"], sample["tier_names"],
                                 sample["tier_epsilons"], tif=tif, tail_length=gamma)
-tiers_df = plots.explorer_tier_table(batch_df)
+tiers_df = tif_explorer.explorer_tier_table(batch_df)
 theme = ui.plot_theme()
-spec_bif = plots.FigureSpec("bif_batch", "BIF over a batch", plots.fig_bif_batch(batch_df, tif, gamma, theme=theme),
+spec_bif = FigureSpec("bif_batch", "BIF over a batch", fig_bif_batch(batch_df, tif, gamma, theme=theme),
                             batch_df)
-spec_tif = plots.FigureSpec("tif", "TIF", plots.fig_tif(tif, theme=theme), tiers_df)
-spec_rho = plots.FigureSpec("tier_rho", "Mean ρ per tier", plots.fig_tier_rho(tiers_df, theme=theme), tiers_df)
+spec_tif = FigureSpec("tif", "TIF", fig_tif(tif, theme=theme), tiers_df)
+spec_rho = FigureSpec("tier_rho", "Mean ρ per tier", fig_tier_rho(tiers_df, theme=theme), tiers_df)
 elapsed_ms = (time.perf_counter() - t0) * 1000
 
 with view:

@@ -107,23 +107,61 @@ def test_launch_a_tiny_comparison_through_the_ui(lab):
     assert len(at.dataframe[0].value) == 2
 
 
-def test_invalid_tier_config_shows_an_error_not_an_exception(lab):
+def warnings(at: AppTest) -> list[str]:
+    return [w.value.replace("\\", "") for w in at.warning]
+
+
+@pytest.mark.parametrize("text, message", [
+    (json.dumps({"assign": "class", "tiers": [{"epsilon": -1.0, "classes": list(range(10))}]}), "tiers.tiers[0].epsilon"),
+    ("{not json", "not valid JSON"),
+    ("[" * 100_000, "tiers"),  # deeper than the JSON decoder recurses
+    ('{"assign": "class", "tiers": [{"epsilon": ' + "9" * 5000 + '}]}', "tiers"),  # an int too long to convert
+    ("[1, 2]", "tiers"),
+    ('{"assign": "class", "tiers": [{"epsilon": 1, "classes": "0123456789"}]}', "tiers.tiers[0].classes"),
+])
+def test_an_invalid_tiers_url_is_warned_about_and_the_preset_used(lab, text, message):
     at, _ = lab
-    bad = {"assign": "class", "tiers": [{"epsilon": -1.0, "classes": list(range(10))}]}
-    at.query_params["tiers"] = json.dumps(bad)
+    at.query_params["tiers"] = text
     at.run()
     no_exception(at)
-    assert any("tiers.tiers[0].epsilon" in e and "> 0" in e for e in errors(at)), errors(at)
-    assert at.button(key="launch").disabled
-    # a class in no tier: the engine's data-dependent check
+    named = [w for w in warnings(at) if "URL parameter **tiers**" in w]
+    assert named and message in named[0] and "using the preset" in named[0], warnings(at)
+    assert "tiers" not in at.query_params  # dropped from the URL, but not silently
+    assert not at.button(key="launch").disabled  # the preset is valid
+
+
+def test_a_class_in_no_tier_is_an_error(lab):
+    at, _ = lab
+    # the URL's tiers parse, but leave classes without a tier: the engine's data-dependent check
     at.query_params["tiers"] = json.dumps({"assign": "class", "tiers": [{"epsilon": 1.0, "classes": [0, 1, 2]}]})
     at.run()
     no_exception(at)
     assert any("assigned to no tier" in e for e in errors(at)), errors(at)
-    at.query_params["tiers"] = "{not json"
+    assert at.button(key="launch").disabled
+
+
+def test_invalid_url_values_are_warned_about_by_name(lab):
+    at, _ = lab
+    at.query_params.update({"batch": "-5", "epochs": "abc", "algos": ["bogus"], "model": "gpt", "group": "nope"})
     at.run()
     no_exception(at)
-    assert any("not valid JSON" in e for e in errors(at)), errors(at)
+    text = " ".join(warnings(at))
+    for param in ("batch", "epochs", "algos", "model"):
+        assert f"URL parameter **{param}**" in text and "not a valid value" in text, (param, text)
+    assert not at.button(key="launch").disabled  # the defaults are used
+    at.query_params.clear()
+    at.query_params.update({"epochs": "3.0", "dataset": "digits", "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
+    at.run()  # defaults, which Streamlit drops from the URL: nothing to warn about
+    no_exception(at)
+    assert not [w for w in warnings(at) if "URL parameter" in w], warnings(at)
+    for page, params, name in (("pages/runs_view.py", {"kind": "banana"}, "kind"),
+                               ("pages/tif_explorer.py", {"x_batch": "2", "x_shape": "zigzag"}, "x_batch")):
+        at.switch_page(page)
+        at.query_params.clear()
+        at.query_params.update(params)
+        at.run()
+        no_exception(at)
+        assert any(f"URL parameter **{name}**" in w for w in warnings(at)), (page, warnings(at))
 
 
 def test_invalid_training_settings_show_the_engine_message(lab):
@@ -156,4 +194,6 @@ def test_rows_to_tiers_rejects_two_budgets_in_one_tier():
     rows.loc[0, "ε"] = 5.0  # class 0 is in tier 3 (ε = 3)
     with pytest.raises(ConfigError, match="two different ε"):
         ui.rows_to_tiers(rows, base)
-    assert ui.tiers_from_param(ui.tiers_to_param(base)) == base
+    from engine.config import parse_tiers_param
+
+    assert parse_tiers_param(ui.tiers_to_param(base)) == base  # the URL form round-trips

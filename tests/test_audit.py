@@ -212,11 +212,13 @@ def _check_report_round_trip_and_frames(res: AuditReport):
     roc = res.roc_frame()
     assert set(roc["group"]) == set(res.group_names) and roc["fpr"].between(0, 1).all()
     assert (res.baselines_frame()["attack"] == "PA-GA (one threshold per model)").sum() == n_alg
-    # the figures' compatibility wrappers give the same frames from the stored dict
-    from engine.audit import plots
+    # the figures built from the stored dict show the report's frames
+    from engine.figures.audit import build_audit_figures
 
-    for name in ("gpr", "delta", "accuracy", "epsilon", "roc", "histogram", "baselines"):
-        pd.testing.assert_frame_equal(getattr(plots, f"{name}_frame")(d), getattr(res, f"{name}_frame")())
+    frames = {"gpr_bars": "gpr", "delta_table": "delta", "accuracy": "accuracy", "epsilon_bounds": "epsilon",
+              "lira_roc": "roc", "advantage_hist": "histogram", "baselines": "baselines"}
+    for spec in build_audit_figures(d):
+        pd.testing.assert_frame_equal(spec.data, getattr(res, f"{frames[spec.name]}_frame")())
 
 
 def test_stored_results_dicts_load_as_reports():

@@ -48,6 +48,17 @@ def test_invalid_input_shows_an_error_not_a_traceback(widget, value, message):
     assert at.button(key="a_launch").disabled
 
 
+def test_invalid_url_values_are_warned_about_by_name():
+    at = _app()
+    at.query_params.update({"a_R": "1", "a_threshold": "sideways", "a_dataset": "adult"})
+    at.run()
+    assert not at.exception and not at.error
+    text = " ".join(w.value.replace("\\", "") for w in at.warning)
+    assert "URL parameter **a_R**" in text and "URL parameter **a_threshold**" in text, text
+    assert "a_dataset" not in text  # the default: dropped by Streamlit, but nothing was wrong with it
+    assert not at.button(key="a_launch").disabled
+
+
 def test_paper_tiers_render_and_no_algorithms_disables_launch():
     at = _app().run()
     at.selectbox(key="a_dataset").set_value("digits").run()
@@ -80,3 +91,9 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert not at.exception and not at.error
     charts = at.get("plotly_chart")
     assert len(charts) >= 6  # GPR bars, Δ table, accuracy, ε bounds, LiRA ROC, histogram (+ baselines)
+    at.query_params["audit"] = "999999"  # a link to an audit that is not in this store
+    at.run()
+    assert not at.exception
+    assert any("URL parameter **audit**" in w.value.replace("\\", "") for w in at.warning), [w.value for w in at.warning]
+    assert at.selectbox(key="a_pick").value == run["id"]
+    assert "audit" not in at.query_params  # dropped from the URL, but not silently

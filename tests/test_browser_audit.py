@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from tests.test_browser import CHROMIUM, browser, server, shot, wait_until  # noqa: F401 - fixtures
+from engine.audit.config import AuditConfig
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, shot, wait_until  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -22,7 +23,7 @@ def _set_number(page, key: str, value) -> None:
 def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pytest fixtures
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
-    page.set_default_timeout(90_000)
+    page.set_default_timeout(UI_MS)
     page.goto(url)
     page.get_by_role("link", name="Audit").click()
     page.get_by_role("heading", name="Privacy audit").wait_for()
@@ -31,26 +32,27 @@ def test_audit_page_launches_and_shows_gpr(server, browser):  # noqa: F811 - pyt
         got_it.click()
     page.locator(".st-key-a_dataset input").click()  # opens the dataset list
     page.get_by_role("option", name="digits", exact=True).click()
-    wait_until(lambda: page.get_by_text("Plan: 5 × 32 models").count(), 60, "the digits plan (R = 16)")
+    wait_until(lambda: page.get_by_text("Plan: 5 × 32 models").count(), UI, "the digits plan (R = 16)")
     _set_number(page, "a_R", 2)
-    wait_until(lambda: page.get_by_text("Plan: 5 × 4 models").count(), 60, "the plan for R = 2")
+    wait_until(lambda: page.get_by_text("Plan: 5 × 4 models").count(), UI, "the plan for R = 2")
     _set_number(page, "a_looa", 0)
-    wait_until(lambda: page.get_by_text("PA-LOOA models each").count() == 0, 60, "the plan without PA-LOOA")
+    wait_until(lambda: page.get_by_text("PA-LOOA models each").count() == 0, UI, "the plan without PA-LOOA")
     launch = page.get_by_role("button", name="Launch audit")
-    wait_until(lambda: launch.is_enabled(), 60, "the launch button")
+    wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     before = {r["id"] for r in store.list_runs(kind="audit")}
     launch.click()
-    run = wait_until(lambda: [r for r in store.list_runs(kind="audit") if r["id"] not in before], 30,
+    run = wait_until(lambda: [r for r in store.list_runs(kind="audit") if r["id"] not in before], UI,
                      "the audit in the store")[0]
-    assert run["config"]["run"]["data"]["name"] == "digits" and run["config"]["R"] == 2 and run["config"]["looa_k"] == 0
-    wait_until(lambda: store.get_run(run["id"])["status"] in ("finished", "failed", "interrupted"), 180,
+    cfg = AuditConfig.from_dict(run["config"])
+    assert cfg.run.data.name == "digits" and cfg.R == 2 and cfg.looa_k == 0
+    wait_until(lambda: store.get_run(run["id"])["status"] in ("finished", "failed", "interrupted"), RUN,
                "the audit to end")
     assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]
     gpr = page.locator(".st-key-chart-audit-gpr")
-    wait_until(lambda: gpr.count() and gpr.locator(".barlayer .point").count() >= 50, 60,
+    wait_until(lambda: gpr.count() and gpr.locator(".barlayer .point").count() >= 50, UI,
                "the GPR bars (10 digit classes × 5 algorithms)")
     status = page.locator(".st-key-audit-status")
-    wait_until(lambda: status.get_by_text("finished").count() >= 1, 30, "the run shown finished")
+    wait_until(lambda: status.get_by_text("finished").count() >= 1, UI, "the run shown finished")
     assert page.get_by_text("Workers:").count() == 1  # the app's sidebar: the page runs inside the navigation
     assert page.locator(".st-key-chart-audit-lira").count() == 1
     shot(page, "audit_gpr.png", gpr)

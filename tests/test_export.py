@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from engine import export, plots
+from engine import export
+from engine.figures.training import build_figures
 from engine.store import RunStore
 from test_plots import make_run
 
@@ -39,7 +40,7 @@ def _store_with_runs(path: Path) -> tuple[RunStore, list[int]]:
 
 @pytest.fixture()
 def figure():
-    return plots.build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
+    return build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
 
 
 @needs_chromium
@@ -102,7 +103,7 @@ def test_presentation_pack_has_every_figure_in_every_format():
     data = export.presentation_pack(runs, width=800, height=450, scale=1.0)
     z = zipfile.ZipFile(io.BytesIO(data))
     names = z.namelist()
-    specs = plots.build_figures(runs, theme="presentation", skip_empty=True)
+    specs = build_figures(runs, theme="presentation", skip_empty=True)
     for fmt, folder in (("png", "png"), ("svg", "svg"), ("pdf", "pdf"), ("html", "html"), ("csv", "data")):
         assert len([n for n in names if n.startswith(folder + "/") and n.endswith("." + fmt)]) == len(specs)
     assert "configs.json" in names and "README.txt" in names
@@ -134,3 +135,20 @@ def test_export_unknown_run_is_a_config_error(tmp_path):
                            "--format", "html", "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "no run 999" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@needs_chromium
+def test_markup_in_a_run_name_is_drawn_as_text():
+    """Plotly draws the escaped run name as the literal text the user typed: no link, no bold, no placeholder."""
+    import xml.etree.ElementTree as ET
+
+    from test_plots import HOSTILE, hostile_run
+
+    spec = build_figures([hostile_run(1, "idp_sample"), hostile_run(2, "ino")], names=["accuracy"])[0]
+    root = ET.fromstring(export.figure_bytes(spec.figure, "svg", width=700, height=400))
+    tags = {el.tag.rsplit("}", 1)[-1] for el in root.iter()}
+    assert "a" not in tags  # no <a href> came out of the name
+    texts = ["".join(el.itertext()) for el in root.iter() if el.tag.endswith("text")]
+    assert f"{HOSTILE} #1" in texts and f"{HOSTILE} #2" in texts, [t for t in texts if "click" in t]
+    bold = [el for el in root.iter() if "font-weight:bold" in (el.get("style") or "").replace(" ", "")]
+    assert not bold

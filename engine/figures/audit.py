@@ -1,0 +1,217 @@
+"""Figures of a privacy audit: pure Plotly builders over the tidy frames of the typed
+:class:`~engine.audit.report.AuditReport` (each builder takes a report or the stored results dict, a
+running audit's partial one too). Nothing here reads the store or calls Streamlit. :func:`build_audit_figures` returns
+:class:`~engine.figures.scaffold.FigureSpec` s, so the dashboard's export menu (PNG/SVG/PDF/HTML + CSV of
+the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
+
+Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, null-floor line); the
+Δ table (pp, with CI) and accuracy per algorithm; per-tier empirical ε lower bound next to the
+claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
+(PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from engine.audit.report import AuditReport, as_report
+from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns,
+                                     facet_grid, fig_table, group_color)
+
+AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines")
+NO_RESULTS = "No audit results yet"
+
+
+def _colors(report: AuditReport) -> dict:
+    """Escaped algorithm label → colour."""
+    return {esc(a.label): algo_color(a.name, k) for k, a in enumerate(report.algorithms)}
+
+
+def _group_title(report: AuditReport) -> str:
+    by, attr = report.group_by or "group", report.config.get("group_attribute")
+    return {"attribute": f"sensitive attribute{(' ' + esc(attr)) if attr else ''}", "class": "class",
+            "tier": "privacy tier"}.get(by, esc(by))
+
+
+def _top(title: str, theme: str, fig: go.Figure | None = None) -> go.Figure:
+    return base_figure(title, theme, fig, legend="top")
+
+
+def _grid(labels: list, title: str, theme: str):
+    """One panel per algorithm, at most three a row, legend on top."""
+    fig, rows, cols = facet_grid(labels, title, theme, horizontal_spacing=0.05, vertical_spacing=0.16)
+    fig.update_layout(height=max(400, 120 + 300 * rows), margin=dict(t=110),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0 + 0.1 / rows, x=1, xanchor="right"))
+    return fig, rows, cols
+
+
+def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> go.Figure:
+    report = as_report(results)
+    title = title or (f"Group privacy risk (PA-ALOOA, {(report.threshold or 'in_sample').replace('_', '-')} "
+                      f"thresholds, 2R = {report.n_models or '?'})")
+    df = report.gpr_frame()
+    if df.empty:
+        return empty_figure(title, theme, NO_RESULTS, legend="top")
+    fig = _top(title, theme)
+    colors = _colors(report)
+    for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
+        fig.add_trace(go.Bar(x=g["group"], y=g["gpr"], name=label, marker_color=colors.get(label),
+                             error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).clip(lower=0),
+                                          arrayminus=(g["gpr"] - g["low"]).clip(lower=0), thickness=1.5, width=4),
+                             customdata=np.stack([g["low"], g["high"], g["n"].fillna(0)], axis=1),
+                             hovertemplate="%{x}: GPR %{y:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
+                                           "<br>n = %{customdata[2]}<extra>" + label + "</extra>"))
+    floor = float(np.nanmax(df["null_floor"])) if df["null_floor"].notna().any() else None
+    if floor is not None:
+        fig.add_hline(y=floor, line=dict(dash="dash", color="#888", width=2),
+                      annotation_text=f"null floor (permuted labels) ≈ {floor:.3f}", annotation_position="top left")
+    fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(report))
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def _table(df, title: str, theme: str) -> go.Figure:
+    return empty_figure(title, theme, NO_RESULTS, legend="top") if df.empty else fig_table(df, theme=theme, title=title)
+
+
+def fig_delta_table(results, *, theme: str = "light",
+                    title: str = "Δ = (max − min GPR) × 100, in pp") -> go.Figure:
+    return _table(as_report(results).delta_frame(), title, theme)
+
+
+def fig_accuracy(results, *, theme: str = "light",
+                 title: str = "Test accuracy per algorithm (mean ± sd over models)") -> go.Figure:
+    report = as_report(results)
+    df = report.accuracy_frame()
+    if df.empty:
+        return empty_figure(title, theme, NO_RESULTS, legend="top")
+    fig = _top(title, theme)
+    df = escape_columns(df, "label", "group")
+    overall = df[df["group"] == "all"]
+    colors = _colors(report)
+    fig.add_trace(go.Bar(x=overall["label"], y=overall["accuracy"], name="all", showlegend=False,
+                         marker_color=[colors.get(lab) for lab in overall["label"]],
+                         error_y=dict(type="data", array=overall["std"].fillna(0)),
+                         hovertemplate="%{x}: %{y:.4f}<extra>all test samples</extra>"))
+    per = df[df["group"] != "all"]
+    for k, (g, d) in enumerate(per.groupby("group", sort=False)):
+        fig.add_trace(go.Scatter(x=d["label"], y=d["accuracy"], mode="markers", name=f"group {g}",
+                                 marker=dict(symbol="diamond", size=11, color=group_color(k),
+                                             line=dict(width=1, color="#333")),
+                                 hovertemplate="%{x}, group " + str(g) + ": %{y:.4f}<extra></extra>"))
+    lo = float(np.nanmin(df["accuracy"])) if df["accuracy"].notna().any() else 0.0
+    fig.update_layout(yaxis_title="accuracy", yaxis_range=[max(0.0, lo - 0.1), 1.0])
+    return fig
+
+
+def fig_epsilon_bounds(results, *, theme: str = "light",
+                       title: str = "Per-tier empirical ε lower bound vs claimed ε") -> go.Figure:
+    report = as_report(results)
+    df = report.epsilon_frame()
+    if df.empty:
+        return empty_figure(title, theme, NO_RESULTS, legend="top")
+    conf = df["confidence"].dropna()
+    title += f" ({int(round(100 * conf.iloc[0]))}% Clopper–Pearson)" if len(conf) else ""
+    fig = _top(title, theme)
+    colors = _colors(report)
+    for label, d in escape_columns(df, "label", "tier").groupby("label", sort=False):
+        fig.add_trace(go.Bar(x=d["tier"], y=d["lower_bound"], name=f"{label}: lower bound", offsetgroup=label,
+                             marker_color=colors.get(label), legendgroup=label, texttemplate="%{y:.2f}",
+                             textposition="outside", cliponaxis=False,
+                             customdata=np.stack([d["tpr"], d["fpr"]], axis=1),
+                             hovertemplate="%{x}: ε ≥ %{y:.3f} (TPR %{customdata[0]:.4f}, FPR %{customdata[1]:.4f})"
+                                           "<extra>" + label + "</extra>"))
+        claimed = d["claimed"]
+        if claimed.notna().any():
+            fig.add_trace(go.Scatter(x=d["tier"], y=claimed, mode="markers", name=f"{label}: claimed ε",
+                                     offsetgroup=label, legendgroup=label, showlegend=True,
+                                     marker=dict(symbol="line-ew-open", size=28, color=colors.get(label),
+                                                 line=dict(width=4, color=colors.get(label))),
+                                     hovertemplate="%{x}: claimed ε = %{y:.3f}<extra>" + label + "</extra>"))
+    fig.update_layout(barmode="group", scattermode="group", yaxis_title="ε", xaxis_title="privacy tier",
+                      yaxis_rangemode="tozero")
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def fig_lira_roc(results, *, theme: str = "light", title: str = "LiRA ROC per group (log-log)") -> go.Figure:
+    report = as_report(results)
+    df = report.roc_frame()
+    if df.empty:
+        return empty_figure(title, theme, NO_RESULTS, legend="top")
+    df = escape_columns(df, "label", "group")
+    labels = list(dict.fromkeys(df["label"]))
+    fig, rows, cols = _grid(labels, title, theme)
+    groups = list(dict.fromkeys(df["group"]))
+    for i, label in enumerate(labels):
+        r, c = i // cols + 1, i % cols + 1
+        fig.add_trace(go.Scatter(x=[1e-5, 1], y=[1e-5, 1], mode="lines", line=dict(dash="dot", color="#999"),
+                                 name="chance", showlegend=i == 0, legendgroup="chance", hoverinfo="skip"),
+                      row=r, col=c)
+        d = df[df["label"] == label]
+        for k, g in enumerate(groups):
+            dg = d[(d["group"] == g) & (d["tpr"] > 0)]  # TPR = 0 has no place on a log axis
+            if dg.empty:
+                continue
+            auc_ = dg["auc"].iloc[0]
+            fig.add_trace(go.Scatter(x=dg["fpr"], y=dg["tpr"], mode="lines", line=dict(color=group_color(k), width=2),
+                                     name=f"group {g}", legendgroup=f"g{k}", showlegend=i == 0,
+                                     hovertemplate=f"group {g} (AUC {auc_:.3f})<br>FPR %{{x:.2e}}, TPR %{{y:.2e}}"
+                                                   "<extra>" + label + "</extra>"), row=r, col=c)
+        fig.update_xaxes(type="log", range=[-5, 0], title_text="FPR" if r == rows else None, row=r, col=c)
+        fig.update_yaxes(type="log", range=[-5, 0], row=r, col=c)
+    fig.update_yaxes(title_text="TPR", col=1)
+    return fig
+
+
+def fig_advantage_hist(results, *, theme: str = "light",
+                       title: str = "Per-sample membership advantage (fraction of each group)") -> go.Figure:
+    report = as_report(results)
+    df = report.histogram_frame()
+    if df.empty:
+        return empty_figure(title, theme, NO_RESULTS, legend="top")
+    df = escape_columns(df, "label", "group")
+    labels = list(dict.fromkeys(df["label"]))
+    fig, rows, cols = _grid(labels, title, theme)
+    groups = list(dict.fromkeys(df["group"]))
+    floor = {esc(a.label): a.null_floor for a in report.algorithms}
+    for i, label in enumerate(labels):
+        r, c = i // cols + 1, i % cols + 1
+        d = df[df["label"] == label]
+        for k, g in enumerate(groups):
+            dg = d[d["group"] == g]
+            fig.add_trace(go.Bar(x=(dg["bin_low"] + dg["bin_high"]) / 2, y=dg["fraction"],
+                                 width=(dg["bin_high"] - dg["bin_low"]), name=f"group {g}", legendgroup=f"g{k}",
+                                 showlegend=i == 0, marker_color=group_color(k), opacity=0.55,
+                                 hovertemplate=f"group {g}: %{{y:.3f}} at advantage %{{x:.3f}}<extra>{label}</extra>"),
+                          row=r, col=c)
+        if floor.get(label) is not None and np.isfinite(floor[label]):
+            fig.add_vline(x=floor[label], line=dict(dash="dash", color="#888"), row=r, col=c)
+        fig.update_xaxes(title_text="advantage (TPR − FPR)" if r == rows else None, row=r, col=c)
+    fig.update_yaxes(title_text="fraction of group", col=1)
+    fig.update_layout(barmode="overlay")
+    return fig
+
+
+def fig_baselines(results, *, theme: str = "light",
+                  title: str = "Baselines: PA-GA, PA-GBA and PA-LOOA next to PA-ALOOA") -> go.Figure:
+    return _table(as_report(results).baselines_frame(), title, theme)
+
+
+def build_audit_figures(results, *, theme: str = "light", names=None) -> list[FigureSpec]:
+    """Every audit figure with the data it shows (for the UI, CSV/PNG export and presentation packs)."""
+    report = as_report(results)
+    figures = {"gpr_bars": ("Group privacy risk", fig_gpr_bars, report.gpr_frame),
+               "delta_table": ("Δ table", fig_delta_table, report.delta_frame),
+               "accuracy": ("Accuracy", fig_accuracy, report.accuracy_frame),
+               "epsilon_bounds": ("ε lower bounds", fig_epsilon_bounds, report.epsilon_frame),
+               "lira_roc": ("LiRA ROC", fig_lira_roc, report.roc_frame),
+               "advantage_hist": ("Advantage histogram", fig_advantage_hist, report.histogram_frame),
+               "baselines": ("Baselines", fig_baselines, report.baselines_frame)}
+    out = []
+    for name in (list(names) if names is not None else list(AUDIT_FIGURES)):
+        if name not in figures:
+            raise ValueError(f"unknown audit figure {name!r}; allowed: {', '.join(AUDIT_FIGURES)}")
+        title, fig, frame = figures[name]
+        out.append(FigureSpec(name, title, fig(report, theme=theme), frame()))
+    return out

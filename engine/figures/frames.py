@@ -1,0 +1,310 @@
+"""Tidy frames of training runs: run records in, one :class:`pandas.DataFrame` per question out.
+
+Histories (``tier_history``, ``class_history``, ``overall_history``, ``mid_spans``) work on partial
+runs too; comparisons (``owner_recall``, ``pearson_by_run``, ``recall_gain_by_class``,
+``recall_gain_over_time``, ``recall_auc_table``, ``final_table``, ``fairness_table``, ``mid_summary``)
+use each run's last evaluation. Frames hold raw text (run and tier names as the user wrote them); the
+figure builders in :mod:`engine.figures.training` escape it. Nothing here reads the store or plots.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from engine.runs import algorithm_label, dp_note, run_config, run_label
+
+
+def _tier_order(evals_tiers: list[dict]) -> dict[str, int]:
+    """Colour index per tier name: ascending ε (ties keep the configured order)."""
+    order = sorted(range(len(evals_tiers)), key=lambda k: (evals_tiers[k].get("epsilon") or math.inf, k))
+    return {evals_tiers[k]["name"]: rank for rank, k in enumerate(order)}
+
+
+def _finite(x) -> float:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+    return x if math.isfinite(x) else float("nan")
+
+
+
+TIER_COLUMNS = ["run_id", "run", "algorithm", "step", "epoch", "progress", "tier", "tier_index", "epsilon",
+                "epsilon_spent", "loss", "recall", "accuracy"]
+
+
+def tier_history(runs: list[dict]) -> pd.DataFrame:
+    """One row per (run, evaluation, tier)."""
+    rows = []
+    for run in runs:
+        total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
+        for e in run.get("evals") or []:
+            order = _tier_order(e.get("tiers") or [])
+            for k, t in enumerate(e.get("tiers") or []):
+                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                             "step": e["step"], "epoch": e.get("epoch"), "progress": e["step"] / max(total, 1),
+                             "tier": t["name"], "tier_index": order.get(t["name"], k),
+                             "epsilon": _finite(t.get("epsilon")), "epsilon_spent": _finite(t.get("epsilon_spent")),
+                             "loss": _finite(t.get("loss")), "recall": _finite(t.get("recall")),
+                             "accuracy": _finite(t.get("accuracy"))})
+    return pd.DataFrame(rows, columns=TIER_COLUMNS)
+
+
+def class_tier_lookup(run: dict) -> dict[int, tuple[str, float]]:
+    """class index → (tier name, ε) for class-assigned tiers; {} otherwise."""
+    cfg = run_config(run)
+    if cfg is None or cfg.tiers.assign != "class":
+        return {}
+    evals = run.get("evals") or []
+    names = [t["name"] for t in (evals[-1].get("tiers") if evals else [])]
+    out = {}
+    for k, t in enumerate(cfg.tiers.tiers):
+        name = names[k] if k < len(names) else (t.name or f"tier {k}")
+        for c in t.classes:
+            out[int(c)] = (name, float(t.epsilon))
+    return out
+
+
+CLASS_COLUMNS = ["run_id", "run", "algorithm", "step", "progress", "class", "class_index", "tier", "epsilon",
+                 "loss", "recall", "accuracy"]
+
+
+def class_history(runs: list[dict]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        lookup = class_tier_lookup(run)
+        total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
+        for e in run.get("evals") or []:
+            for c, m in enumerate(e.get("classes") or []):
+                tier, eps = lookup.get(c, ("", float("nan")))
+                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                             "step": e["step"], "progress": e["step"] / max(total, 1), "class": m.get("name", str(c)),
+                             "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.get("loss")),
+                             "recall": _finite(m.get("recall")), "accuracy": _finite(m.get("accuracy"))})
+    return pd.DataFrame(rows, columns=CLASS_COLUMNS)
+
+
+OVERALL_COLUMNS = ["run_id", "run", "algorithm", "step", "epoch", "elapsed", "loss", "accuracy", "balanced_accuracy"]
+
+
+def overall_history(runs: list[dict]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        for e in run.get("evals") or []:
+            o = e.get("overall") or {}
+            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                         "step": e["step"], "epoch": e.get("epoch"), "elapsed": e.get("elapsed"),
+                         "loss": _finite(o.get("loss")), "accuracy": _finite(o.get("accuracy")),
+                         "balanced_accuracy": _finite(o.get("balanced_accuracy"))})
+    return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
+
+
+MID_COLUMNS = ["run_id", "run", "algorithm", "tier", "tier_index", "epsilon", "initial_loss", "onset_step",
+               "end_step", "peak_step", "peak_increase", "last_step", "state"]
+
+
+def mid_spans(runs: list[dict]) -> pd.DataFrame:
+    """MID (minority initial drop) per run and tier, from the history so far (works while running).
+
+    state: "none" (loss never rose above its initial value), "ongoing" (above it at the last
+    evaluation), "recovered" (back at or below it).
+    """
+    from engine.metrics import mid_markers
+
+    rows = []
+    for run in runs:
+        evals = run.get("evals") or []
+        if not evals or not evals[0].get("tiers"):
+            continue
+        steps = [e["step"] for e in evals]
+        losses = [[_finite(t.get("loss")) for t in e["tiers"]] for e in evals]
+        marks = mid_markers(losses, steps)
+        order = _tier_order(evals[-1]["tiers"])
+        for k, (t, m) in enumerate(zip(evals[-1]["tiers"], marks)):
+            state = "none" if m["onset_step"] is None else ("recovered" if m["end_step"] is not None else "ongoing")
+            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                         "tier": t["name"], "tier_index": order.get(t["name"], k), "epsilon": _finite(t.get("epsilon")),
+                         "initial_loss": losses[0][k], "onset_step": m["onset_step"], "end_step": m["end_step"],
+                         "peak_step": m["peak_step"], "peak_increase": m["peak_increase"], "last_step": steps[-1],
+                         "state": state})
+    return pd.DataFrame(rows, columns=MID_COLUMNS)
+
+
+# --- data: comparisons (finished or partial runs; the last evaluation counts) -----------------------
+
+OWNER_COLUMNS = ["run_id", "run", "algorithm", "owner", "owner_kind", "tier", "epsilon", "recall"]
+
+
+def owner_recall(runs: list[dict]) -> pd.DataFrame:
+    """Final recall per data owner: per class when tiers are assigned by class, else per tier."""
+    rows = []
+    for run in runs:
+        evals = run.get("evals") or []
+        if not evals:
+            continue
+        last = evals[-1]
+        lookup = class_tier_lookup(run)
+        if lookup:
+            for c, m in enumerate(last.get("classes") or []):
+                tier, eps = lookup.get(c, ("", float("nan")))
+                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                             "owner": m.get("name", str(c)), "owner_kind": "class", "tier": tier, "epsilon": eps,
+                             "recall": _finite(m.get("recall"))})
+        else:
+            for t in last.get("tiers") or []:
+                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                             "owner": t["name"], "owner_kind": "tier", "tier": t["name"],
+                             "epsilon": _finite(t.get("epsilon")), "recall": _finite(t.get("recall"))})
+    return pd.DataFrame(rows, columns=OWNER_COLUMNS)
+
+
+def pearson_by_run(owners: pd.DataFrame) -> pd.DataFrame:
+    """Pearson r (and two-sided p) between owner recall and privacy budget, per run."""
+    from scipy.stats import pearsonr
+
+    rows = []
+    for (run_id, run, algo), g in owners.groupby(["run_id", "run", "algorithm"], sort=False):
+        g = g.dropna(subset=["epsilon", "recall"])
+        r = p = float("nan")
+        if len(g) >= 3 and g["epsilon"].nunique() > 1 and g["recall"].nunique() > 1:
+            res = pearsonr(g["epsilon"].to_numpy(float), g["recall"].to_numpy(float))
+            r, p = float(res.statistic), float(res.pvalue)
+        rows.append({"run_id": run_id, "run": run, "algorithm": algo, "n": len(g), "r": r, "p": p})
+    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "n", "r", "p"])
+
+
+def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
+    """(INO-SGD run, IDP-SGD run it builds on) pairs: same IDP mode, same group preferred."""
+    pairs = []
+    idps = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale")]
+    for ino in (r for r in runs if r.get("algorithm") == "ino"):
+        cfg = run_config(ino)
+        mode = cfg.algorithm.idp_mode if cfg is not None else "sample"
+        want = "idp_scale" if mode == "scale" else "idp_sample"
+        cands = [r for r in idps if r["algorithm"] == want] or idps
+        if not cands:
+            continue
+        same = [r for r in cands if r.get("group_id") and r.get("group_id") == ino.get("group_id")]
+        pairs.append((ino, (same or cands)[0]))
+    return pairs
+
+
+def _pair_label(ino: dict, idp: dict) -> str:
+    return f"INO #{ino['id']} − {algorithm_label(idp['algorithm'])} #{idp['id']}"
+
+
+GAIN_CLASS_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "owner", "tier", "epsilon", "ino_recall", "idp_recall", "gain"]
+
+
+def recall_gain_by_class(runs: list[dict]) -> pd.DataFrame:
+    """Per-owner final recall gain INO − IDP (owner = class for class tiers, else tier)."""
+    owners = owner_recall(runs)
+    rows = []
+    for ino, idp in pair_runs(runs):
+        a = owners[owners.run_id == ino["id"]].set_index("owner")
+        b = owners[owners.run_id == idp["id"]].set_index("owner")
+        for owner in a.index.intersection(b.index):
+            rows.append({"pair": _pair_label(ino, idp), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
+                         "owner": owner, "tier": a.at[owner, "tier"], "epsilon": a.at[owner, "epsilon"],
+                         "ino_recall": a.at[owner, "recall"], "idp_recall": b.at[owner, "recall"],
+                         "gain": a.at[owner, "recall"] - b.at[owner, "recall"]})
+    return pd.DataFrame(rows, columns=GAIN_CLASS_COLUMNS)
+
+
+GAIN_TIME_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "step", "progress", "tier", "tier_index", "epsilon",
+                     "ino_recall", "idp_recall", "gain"]
+
+
+def recall_gain_over_time(runs: list[dict]) -> pd.DataFrame:
+    """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress)."""
+    hist = tier_history(runs)
+    rows = []
+    for ino, idp in pair_runs(runs):
+        a, b = hist[hist.run_id == ino["id"]], hist[hist.run_id == idp["id"]]
+        for tier, ga in a.groupby("tier", sort=False):
+            gb = b[b.tier == tier].sort_values("progress")
+            if gb.empty:
+                continue
+            ga = ga.sort_values("progress")
+            idp_rec = np.interp(ga["progress"].to_numpy(float), gb["progress"].to_numpy(float),
+                                gb["recall"].to_numpy(float))
+            prog_max = gb["progress"].max()
+            for (_, r), ir in zip(ga.iterrows(), idp_rec):
+                if r["progress"] > prog_max + 1e-9:  # IDP has not got this far (yet)
+                    continue
+                rows.append({"pair": _pair_label(ino, idp), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
+                             "step": r["step"], "progress": r["progress"], "tier": tier,
+                             "tier_index": r["tier_index"], "epsilon": r["epsilon"], "ino_recall": r["recall"],
+                             "idp_recall": float(ir), "gain": r["recall"] - float(ir)})
+    return pd.DataFrame(rows, columns=GAIN_TIME_COLUMNS)
+
+
+def _auc(progress, recalls) -> float:
+    x, y = np.asarray(progress, float), np.asarray(recalls, float)
+    if len(x) < 2 or x[-1] <= 0:
+        return float(y[-1]) if len(y) else float("nan")
+    return float(np.trapezoid(y, x / x[-1]))
+
+
+def recall_auc_table(runs: list[dict]) -> pd.DataFrame:
+    """Area under each tier's recall-vs-progress curve, normalised to [0, 1] (as the engine's summary)."""
+    hist = tier_history(runs)
+    rows = []
+    for (run_id, run, algo, tier), g in hist.groupby(["run_id", "run", "algorithm", "tier"], sort=False):
+        g = g.sort_values("step")
+        rows.append({"run_id": run_id, "run": run, "algorithm": algo, "tier": tier,
+                     "tier_index": int(g["tier_index"].iloc[0]), "epsilon": g["epsilon"].iloc[0],
+                     "recall_auc": _auc(g["step"], g["recall"]), "final_recall": g["recall"].iloc[-1]})
+    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "tier", "tier_index", "epsilon", "recall_auc",
+                                       "final_recall"])
+
+
+FINAL_COLUMNS = ["run_id", "run", "algorithm", "status", "steps", "loss", "accuracy", "balanced_accuracy", "dp"]
+
+
+def final_table(runs: list[dict]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        evals = run.get("evals") or []
+        if not evals:
+            continue
+        o = evals[-1].get("overall") or {}
+        rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                     "status": run.get("status", ""), "steps": evals[-1]["step"], "loss": _finite(o.get("loss")),
+                     "accuracy": _finite(o.get("accuracy")), "balanced_accuracy": _finite(o.get("balanced_accuracy")),
+                     "dp": dp_note(run) or "formal DP"})
+    return pd.DataFrame(rows, columns=FINAL_COLUMNS)
+
+
+def fairness_table(runs: list[dict]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        evals = run.get("evals") or []
+        fair = evals[-1].get("fairness") if evals else None
+        if not fair:
+            continue
+        for metric, value in fair.items():
+            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+                         "metric": metric, "value": _finite(value)})
+    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "metric", "value"])
+
+
+def mid_summary(runs: list[dict]) -> pd.DataFrame:
+    """The MID table: per run and tier, onset/end/peak, final recall and recall AUC."""
+    spans = mid_spans(runs)
+    auc = recall_auc_table(runs)
+    if spans.empty:
+        return pd.DataFrame(columns=["run", "tier", "ε", "MID", "onset step", "end step", "peak step",
+                                     "peak loss increase", "final recall", "recall AUC", "DP"])
+    merged = spans.merge(auc[["run_id", "tier", "recall_auc", "final_recall"]], on=["run_id", "tier"], how="left")
+    notes = {r["id"]: dp_note(r) or "formal DP" for r in runs}
+    out = pd.DataFrame({
+        "run": merged["run"], "tier": merged["tier"], "ε": merged["epsilon"], "MID": merged["state"],
+        "onset step": merged["onset_step"], "end step": merged["end_step"], "peak step": merged["peak_step"],
+        "peak loss increase": merged["peak_increase"].round(4), "final recall": merged["final_recall"].round(4),
+        "recall AUC": merged["recall_auc"].round(4), "DP": merged["run_id"].map(notes),
+    })
+    return out
+

@@ -1,0 +1,92 @@
+"""The privacy plan shown before a launch (per-tier q, C, σ; steps; warnings), for training runs and audits.
+Plans come from the engine (``engine.jobs.preview``, ``engine.audit.runner.preview_audit``), cached per config."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.audit.config import AuditConfig
+from engine.audit.runner import preview_audit
+from engine.config import ConfigError, RunConfig
+from engine.data import DataError
+from engine.jobs import preview
+from pages import _common as ui
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _run_preview(config_json: str) -> dict:
+    return preview(RunConfig.from_json(config_json))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _audit_preview(config_json: str) -> dict:
+    return preview_audit(AuditConfig.from_json(config_json))
+
+
+def _planned(preview, config, errors: list[str]) -> dict | None:
+    """The engine's preview of ``config`` (cached), or None after showing why there is none."""
+    try:
+        with st.spinner("Planning…"):
+            return preview(config.to_json())
+    except (ConfigError, DataError) as e:
+        errors.append(str(e))
+        ui.show_error(e)
+        return None
+
+
+def plan_frame(p: dict) -> pd.DataFrame:
+    """One row per tier: owners, target ε and, for private runs, planned ε, q, C and σ."""
+    plan = p.get("plan")
+    rows = []
+    for k, name in enumerate(p["tier_names"]):
+        row = {"tier": name, "owners": p["tier_sizes"][k], "ε target": p["target_epsilons"][k]}
+        if plan:
+            row.update({"ε planned": round(plan["epsilons"][k], 4), "q (sample rate)": round(plan["sample_rates"][k], 5),
+                        "C (clip)": round(plan["clip_norms"][k], 4),
+                        "σ (noise mult.)": round(plan["noise_std"] / plan["clip_norms"][k], 4)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
+    """One tab per algorithm with its plan; returns algorithm → preview (failures go to ``errors``)."""
+    previews: dict[str, dict] = {}
+    if not configs:
+        return previews
+    with st.expander("Privacy plan (per-tier q, C, σ) — computed before launching", expanded=True):
+        for tab, cfg in zip(st.tabs([ui.algo_label(c.algorithm.name) for c in configs]), configs):
+            with tab:
+                p = _planned(_run_preview, cfg, errors)
+                if p is None:
+                    continue
+                previews[cfg.algorithm.name] = p
+                plan = p.get("plan")
+                if plan is None:
+                    st.caption(f"Non-private reference: no clipping, no noise, no DP guarantee · {p['steps']} steps")
+                else:
+                    extra = f" · INO tail γ = {p['tail_length']:.3g}" if p.get("tail_length") else ""
+                    st.caption(f"{p['steps']} steps · expected batch {plan['expected_batch_size']:.1f} · noise std "
+                               f"{plan['noise_std']:.4g} · σ* = {plan['noise_multiplier']:.4g}{extra}")
+                    for note in plan.get("notes") or []:
+                        st.caption(ui.md(f"note: {note}"))
+                if not p["formal_dp"] and cfg.algorithm.name != "nonprivate":
+                    st.warning("No formal DP guarantee (DP-SGD-S with a non-private quantile).")
+                st.dataframe(plan_frame(p), hide_index=True, width="stretch")
+    return previews
+
+
+def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
+    """The audit's plan (models, steps, groups, per-algorithm tiers) in an expander; None if it fails."""
+    p = None if config is None else _planned(_audit_preview, config, errors)
+    if p is None:
+        return None
+    with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "
+                     f"{p['n_train']} samples" + (f" + {p['looa_models']} PA-LOOA models each" if p["looa_models"] else ""),
+                     expanded=False):
+        sizes = ", ".join(f"{g}: {n}" for g, n in p["group_sizes"].items())
+        st.caption(ui.md(f"Groups — {sizes} · trained {p['chunk_models']} models at a time on {p['device']}"))
+        rows = [{"algorithm": a["label"], "tier": t["tier"], "q": t.get("sample_rate"), "C": t.get("clip_norm"),
+                 "σ": t.get("noise_multiplier"), "ε claimed": t.get("epsilon"), "formal DP": "yes" if a["formal_dp"] else "no"}
+                for a in p["algorithms"] for t in (a["plan"] or [{"tier": "—"}])]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    return p

@@ -1,0 +1,268 @@
+"""The pages' widgets: URL-parameter checks, run pickers bound to the URL, the status + cancel row of a run,
+the tier editor, and figures cached between live refreshes. Pages are layout plus calls to these.
+
+(The file name starts with "_": Streamlit never lists it as a page.)
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import streamlit as st
+
+from engine import export
+from engine.config import ConfigError, TiersConfig, parse_tiers_param
+from engine.data import DataError
+from engine.jobs import eta_seconds
+from engine.runs import algorithm_label, dp_note, run_config, run_label
+from pages import _common as ui
+
+
+# --- URL parameters ---------------------------------------------------------------------------------
+
+class UrlParams:
+    """What the URL asked for, captured before any widget runs, so that nothing is dropped silently.
+
+    Streamlit drops a query parameter bound to a widget when its value is not valid for the widget (and
+    also when it equals the default). :meth:`check`, called after the widgets, tells the two apart and
+    shows one ``st.warning`` per invalid parameter, naming it, in a slot at the top of the page (the slot
+    always exists, so a warning never shifts the widgets below).
+    """
+
+    def __init__(self, labels: dict[str, Callable] | None = None):
+        self.initial = {k: st.query_params.get_all(k) for k in st.query_params}
+        self.labels = labels or {}  # key → format_func of a widget whose URL may carry labels
+        self.slot = st.container()
+
+    def warn(self, param: str, message: str) -> None:
+        with self.slot:
+            st.warning(f"URL parameter **{ui.md(param)}**: {ui.md(message)}", icon=":material/link_off:")
+
+    def check(self) -> None:
+        for key, raw in self.initial.items():
+            if key in st.query_params or key not in st.session_state:
+                continue  # kept, or not a widget's parameter (the page checks those itself)
+            value = st.session_state[key]
+            if not _same(raw, value, self.labels.get(key)):
+                shown = ", ".join(raw) if raw else "(empty)"
+                self.warn(key, f"{shown[:80]} is not a valid value; using {_show(value, self.labels.get(key))}")
+
+
+def _show(value, label) -> str:
+    vals = value if isinstance(value, (list, tuple)) else [value]
+    return ", ".join(str(label(v) if label else v) for v in vals) or "nothing"
+
+
+def _same(raw: list[str], value, label) -> bool:
+    """True when the URL's strings mean the widget's value (then Streamlit dropped a default)."""
+    vals = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(raw) != len(vals):
+        return False
+    for r, v in zip(raw, vals):
+        if r == str(v) or (label is not None and r == str(label(v))) or r.lower() == str(v).lower():
+            continue
+        try:
+            if float(r) == float(v):
+                continue
+        except (TypeError, ValueError, OverflowError):
+            pass
+        return False
+    return True
+
+
+def tiers_from_url(url: UrlParams, base: TiersConfig) -> tuple[TiersConfig, str | None]:
+    """The ``?tiers=`` setting (``engine.config.parse_tiers_param``: the config file's own checks) or
+    ``base``; an invalid value is warned about and removed from the URL. Returns (tiers, URL text or None)."""
+    custom = st.query_params.get("tiers")
+    if not custom:
+        return base, None
+    try:
+        return parse_tiers_param(custom), custom
+    except ConfigError as e:
+        url.warn("tiers", f"{e}; using the preset instead")
+        st.query_params.pop("tiers", None)
+        return base, None
+
+
+# --- pickers ----------------------------------------------------------------------------------------------
+
+def run_picker(label: str, options: list, *, key: str, param: str, default, format_func: Callable,
+               url: UrlParams | None = None, cast: Callable = str, where=st, **kwargs):
+    """A selectbox of runs (or comparisons) bound to the URL parameter ``param``; returns the choice.
+
+    The URL (or a new launch writing it) decides what is shown; a value naming nothing in the store
+    is warned about, removed from the URL, and ``default`` is shown instead.
+    """
+    raw = st.query_params.get(param)
+    try:
+        current = cast(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        current = None
+    if current not in options:
+        if raw is not None and url is not None:
+            url.warn(param, f"{raw[:80]} names nothing in the store; showing the latest instead")
+            st.query_params.pop(param, None)
+        current = default
+
+    def _on_pick() -> None:
+        st.query_params[param] = str(st.session_state[key])
+
+    if st.session_state.get(key) != current:
+        st.session_state[key] = current
+    where.selectbox(label, options, format_func=format_func, key=key, on_change=_on_pick, **kwargs)
+    return current
+
+
+def comparison_label(group: str, runs: list[dict]) -> str:
+    """A comparison (group id) and its algorithms, for a picker."""
+    members = sorted((r for r in runs if r["group_id"] == group), key=lambda r: r["id"])
+    return f"{group} — {', '.join(algorithm_label(r['algorithm']) for r in members)}"
+
+
+def audit_label(run: dict) -> str:
+    """An audit for a picker: id, dataset, R, algorithms, when (no status: the badge below is live)."""
+    when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
+    cfg = run_config(run)  # an AuditConfig (configs stored flat are migrated)
+    what = f"{cfg.run.data.name} · R={cfg.R} · {', '.join(a.name for a in cfg.algorithms)}" if cfg else "(unreadable config)"
+    return f"#{run['id']} · {what} · {when}"
+
+
+# --- run status ---------------------------------------------------------------------------------------
+
+def progress_text(run: dict, mgr) -> str:
+    """A training run's progress line: label, queue position / step / ETA, DP note."""
+    label = run_label(run)
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    if run["status"] == "queued":
+        pos = mgr.queue_position(run["id"])
+        text = f"{label} — queued" + (f" (#{pos} in the queue)" if pos else "")
+    elif run["status"] == "running" and not total:
+        text = f"{label} — starting…"
+    else:
+        eta = eta_seconds(run)
+        text = f"{label} — step {step}/{total or '?'}" + (f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
+    note = dp_note(run)
+    return text + (f" · ⚠ {note}" if note else "")
+
+
+def audit_progress_text(run: dict, mgr) -> str:
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    if run["status"] == "queued":
+        pos = mgr.queue_position(run["id"])
+        return "queued" + (f" (#{pos} in the queue)" if pos else "")
+    if run["status"] == "running" and total and step >= total:
+        return "statistics…"
+    eta = eta_seconds(run)
+    return f"training step {step}/{total or '?'} (all chunks of all algorithms)" + (
+        f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
+
+
+def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
+    """Progress bar, status badge, Cancel (active runs) or Resume (stopped audits), and the run's error.
+
+    Buttons are keyed ``{key_prefix}cancel-{id}`` / ``{key_prefix}resume-{id}`` (tests and the browser find
+    them by key); a click reruns the enclosing fragment (Cancel) or the page (Resume).
+    """
+    c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    c1.progress(min(1.0, step / total) if total else 0.0, text=ui.md(text))
+    with c2:
+        ui.status_badge(run["status"])
+    if ui.is_active(run):
+        if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
+            mgr.cancel(run["id"])
+            st.rerun(scope="fragment")
+    elif resume and run["status"] in ("cancelled", "interrupted", "failed"):
+        if c3.button("Resume", key=f"{key_prefix}resume-{run['id']}", icon=":material/play_arrow:",
+                     help="Continue from the last completed chunk of models"):
+            mgr.resume(run["id"])
+            st.rerun()
+    if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
+        c1.caption(ui.md(f"{run['status']}: {run['error']}"))
+
+
+def live_records(store, runs: list[dict]) -> list[dict]:
+    """Run records with their evaluations, fetched incrementally (only new evaluations each refresh)."""
+    cache = st.session_state.setdefault("evals", {})
+    out = []
+    for run in runs:
+        have = cache.get(run["id"], [])
+        new = store.eval_metrics(run["id"], after_step=have[-1]["step"] if have else -1)
+        if new:
+            have = cache[run["id"]] = have + new
+        out.append(dict(run, evals=have))
+    return out
+
+
+def dataset(name: str, max_train, errors: list[str]):
+    """The (cached) dataset, or None after showing why it cannot be loaded (the reason goes to ``errors``)."""
+    try:
+        return ui.dataset(name, int(max_train) or None)
+    except (DataError, ConfigError) as e:
+        errors.append(str(e))
+        ui.show_error(e)
+        return None
+
+
+# --- settings -------------------------------------------------------------------------------------------
+
+def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float) -> dict:
+    """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
+    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``."""
+    def number(col, label, name, **kw):
+        return col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+
+    c1, c2, c3 = st.columns(3)
+    out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
+           "batch": number(c2, "Batch size", "batch", min_value=1, value=batch, step=batch_step),
+           "lr": number(c3, "Learning rate", "lr", min_value=0.0001, value=lr, step=lr_step, format="%.4g")}
+    c1, c2, c3 = st.columns(3)
+    out.update(delta=number(c1, "δ", "delta", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e"),
+               clip=number(c2, "Clip norm C", "clip", min_value=0.001, value=1.0, step=0.1),
+               seed=number(c3, "Seed", "seed", min_value=0, value=0, step=1))
+    return out
+
+
+def audit_downloads(run: dict, report, store) -> None:
+    """The audit's results (JSON, as stored) and per-sample advantages (CSV) as downloads."""
+    rid, keys = run["id"], [a.key for a in report.algorithms]
+    c1, c2 = st.columns(2)
+    c1.download_button("Results (JSON)", data=export.results_json(run["summary"]), file_name=f"audit-{rid}.json",
+                       mime="application/json", key=f"a-json-{rid}", on_click="ignore", icon=":material/download:")
+    c2.download_button("Per-sample advantages (CSV)", data=lambda: export.audit_advantages_csv(store, rid, keys),
+                       file_name=f"audit-{rid}-advantages.csv", mime="text/csv", key=f"a-csv-{rid}",
+                       on_click="ignore", icon=":material/download:")
+
+
+# --- tiers ------------------------------------------------------------------------------------------------
+
+TIER_COLUMNS = {"tier": st.column_config.NumberColumn("tier", step=1, help="tier number (1, 2, …)"),
+                "ε": st.column_config.NumberColumn("ε", format="%.4g", help="privacy budget of the tier"),
+                "ratio": st.column_config.NumberColumn("ratio", format="%.3f")}
+
+
+def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
+    """The editable tier table (owners fixed, tier number and ε editable); raises ConfigError naming the
+    bad cell or field. Explicit per-sample assignments have no table: ``start`` is returned as is."""
+    if start.assign == "explicit":
+        st.info("Explicit per-sample tier assignments are set in a JSON config (python -m engine run).")
+        return start
+    table = ui.tiers_to_rows(start, dataset)
+    edited = st.data_editor(table, key=key, hide_index=True, column_config=TIER_COLUMNS, height="auto",
+                            disabled=[c for c in ("class", "name", "value") if c in table.columns])
+    tiers = ui.rows_to_tiers(edited, start)
+    tiers.validate()
+    return tiers
+
+
+# --- figures ----------------------------------------------------------------------------------------------
+
+def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> dict:
+    """name → FigureSpec, rebuilt only when ``signature`` changes (else the browser gets the same figures
+    and does not redraw them on a live refresh)."""
+    cached = st.session_state.get(name)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    specs = {s.name: s for s in build()}
+    st.session_state[name] = (signature, specs)
+    return specs

@@ -211,9 +211,9 @@ def _gpr(e) -> str:
 def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:
     import pandas as pd
 
-    from engine.audit.plots import fig_gpr_bars
-    from engine.plots import fig_fairness_bars
-    from experiments.figures import GPR_TIER_COLUMNS, fig_gpr_vs_epsilon
+    from engine.figures.audit import fig_gpr_bars
+    from engine.figures.training import fig_fairness_bars
+    from engine.figures.experiments import GPR_TIER_COLUMNS, fig_gpr_vs_epsilon
 
     paths = []
     for key, rep in reports.items():

@@ -179,10 +179,10 @@ def _f(x, d: int = 2) -> str:
 
 
 def export_figures(out: Path, prefix: str, runs, refs, result, labels) -> list:
-    """PNG figures through the project's builders: the gains per tier (mean ± s.e.; experiments.figures),
+    """PNG figures through the project's builders: the gains per tier (mean ± s.e.; engine.figures.experiments),
     and for seed 0 the engine's MID curves, per-tier recall and per-class recall vs ε."""
-    from engine import plots
-    from experiments.figures import fig_gain_by_tier, gain_frame
+    from engine.figures.experiments import fig_gain_by_tier, gain_frame
+    from engine.figures.training import build_figures
 
     paths = []
     epochs = result["gain_curve_epochs"]
@@ -193,7 +193,7 @@ def export_figures(out: Path, prefix: str, runs, refs, result, labels) -> list:
     seed0 = result["seeds"][0]
     ids = [r.run_id for r in refs if r.seed == seed0]
     sel = [r for r in runs if r["id"] in ids]
-    for spec in plots.build_figures(sel, names=["mid_curves", "tier_recall", "recall_vs_budget", "recall_gain_time"],
+    for spec in build_figures(sel, names=["mid_curves", "tier_recall", "recall_vs_budget", "recall_gain_time"],
                                     mid_layout="facet", skip_empty=True):
         paths.append(common.export_png(spec.figure, out / f"{prefix}_{spec.name}_seed{seed0}.png", width=1000, height=560))
     return paths

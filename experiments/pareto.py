@@ -74,7 +74,7 @@ def run_experiment(args) -> tuple[dict, str]:
     if out is not None:
         import pandas as pd
 
-        from experiments.figures import PARETO_COLUMNS, fig_pareto
+        from engine.figures.experiments import PARETO_COLUMNS, fig_pareto
 
         frame = pd.DataFrame([{c: row.get(c) for c in PARETO_COLUMNS} for row in result["settings"]],
                              columns=PARETO_COLUMNS)

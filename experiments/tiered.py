@@ -1,7 +1,7 @@
 """Paired-seed statistics of tiered runs (INO-SGD variants against the IDP-SGD run of the same seed).
 
 Input: the run records of the store (``engine.export.load_runs``) and, per run, its (algorithm key, seed).
-The per-evaluation numbers come from the engine's tidy frames (``engine.plots.tier_history`` /
+The per-evaluation numbers come from the engine's tidy frames (``engine.figures.frames.tier_history`` /
 ``class_history``); this module only aligns them by seed and evaluation step and averages over seeds.
 Recall, gains and accuracy are in percent. Tiers are ordered from the smallest ε.
 """
@@ -24,7 +24,7 @@ class RunRef:
 
 def frames(runs: list[dict], refs: list[RunRef]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(tier history, class history) of ``runs`` with ``key`` and ``seed`` columns."""
-    from engine.plots import class_history, tier_history
+    from engine.figures.frames import class_history, tier_history
 
     key = {r.run_id: r.key for r in refs}
     seed = {r.run_id: r.seed for r in refs}
@@ -115,9 +115,9 @@ def class_gain_pearson(ch: pd.DataFrame, variant: str, reference: str, step: int
 
 
 def mid_table(runs: list[dict], refs: list[RunRef], tiers: list[str]) -> dict:
-    """MID per algorithm key and tier (``engine.plots.mid_spans``): fraction of seeds with a MID, mean onset
+    """MID per algorithm key and tier (``engine.figures.frames.mid_spans``): fraction of seeds with a MID, mean onset
     and mean duration in epochs (a MID still open at the last evaluation lasts until it)."""
-    from engine.plots import mid_spans
+    from engine.figures.frames import mid_spans
 
     spans = mid_spans(runs)
     key = {r.run_id: r.key for r in refs}

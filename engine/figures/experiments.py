@@ -1,6 +1,5 @@
-"""Figure builders the experiments need that the project's figure module (``engine.plots``) has not:
-pure functions, a tidy frame in, a plotly figure out (themed by ``engine.plots.apply_theme``). They move to
-``engine/figures/experiments.py`` once the figure package exists.
+"""Figures of the experiment scripts (``experiments/``) that the training and audit figures do not cover:
+pure functions, a tidy frame in, a plotly figure out (themed by ``engine.figures.scaffold``).
 
     gain_frame(gains, labels, tiers, epochs)   the per-tier gains of experiments.tiered.tier_gains as a frame
     fig_gain_by_tier(frame)                    recall gain per tier vs epoch, mean ± s.e. over seeds (+ seeds)
@@ -13,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.plots import EXTRA_COLORS, TIER_COLORS, apply_theme
+from engine.figures.scaffold import EXTRA_COLORS, TIER_COLORS, apply_theme
 
 GAIN_COLUMNS = ["variant", "point", "epoch", "tier", "tier_index", "mean", "se", "seed", "value"]
 

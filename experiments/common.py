@@ -224,12 +224,15 @@ def pm(mean, se, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else "")
 
 
-def main(run) -> None:
-    """Call ``run()``; a ConfigError (spec, config) or DataError (missing or corrupt data) ends with one
-    line and exit 2."""
+def main(name: str, doc: str, run_experiment, argv=None) -> None:
+    """The command line of an experiment script: parse ``argv``, ``run_experiment(args) → (result, tables)``,
+    print / write them (:func:`emit`). A ConfigError (spec, config) or DataError (missing or corrupt data)
+    ends with one line and exit 2, as a bad argument does."""
     from engine.data.errors import DataError
 
+    args = parser(f"{name}.py", doc.splitlines()[0]).parse_args(argv)
     try:
-        run()
+        result, tables = run_experiment(args)
     except (ConfigError, DataError) as e:
         raise fail(f"error: {e}") from None
+    emit(args, result, tables)

@@ -129,14 +129,7 @@ def markdown(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    p = common.parser(f"{NAME}.py", __doc__.splitlines()[0])
-    args = p.parse_args(argv)
-
-    def run():
-        result, tables = run_experiment(args)
-        common.emit(args, result, tables)
-
-    common.main(run)
+    common.main(NAME, __doc__, run_experiment, argv)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ def run_experiment(args) -> tuple[dict, str]:
 
 
 def analyse(runs, refs, grid, seeds, epochs) -> dict:
+    import numpy as np
+
     from experiments import tiered
 
     th, _ = tiered.frames(runs, refs)
@@ -93,38 +95,46 @@ def analyse(runs, refs, grid, seeds, epochs) -> dict:
     for run in runs:
         ref = next(r for r in refs if r.run_id == run["id"])
         acc.setdefault(ref.key, []).append(100.0 * run["evals"][-1]["overall"]["accuracy"])
-    rows = []
-    for key, algo in grid:
+    def per_seed(key):
         gap = {p: [] for p in ("final", "epoch1")}
-        aucs = []
         for s in seeds:
             for p in gap:
-                if p in points:
-                    rec = tiered.tier_at(th, key, s, points[p], tiers)
-                    gap[p].append(100.0 * (rec[-1] - rec[0]))
-            aucs.append(100.0 * tiered.tier_auc(th, key, s, tiers)[0])
+                rec = tiered.tier_at(th, key, s, points.get(p, points["final"]), tiers)
+                gap[p].append(100.0 * (rec[-1] - rec[0]))
+        aucs = [100.0 * tiered.tier_auc(th, key, s, tiers)[0] for s in seeds]
+        return np.array(gap["final"]), np.array(gap["epoch1"]), np.array(aucs)
+
+    ref_gap, ref_gap1, ref_auc = per_seed("reference")
+    rows = []
+    for key, algo in grid:
+        gap, gap1, aucs = per_seed(key)
         a, ase, n = mean_se(acc[key])
-        im, imse, _ = mean_se(gap["final"])
-        im1, im1se, _ = mean_se(gap["epoch1"])
-        au, ause, _ = mean_se(aucs)
-        rows.append({"setting": key, "kind": "reference" if key == "reference" else "ino",
-                     "tail_fraction": algo.get("tail_fraction"), "beta": algo.get("beta"),
-                     "accuracy": a, "accuracy_se": ase, "imbalance": im, "imbalance_se": imse,
-                     "imbalance_epoch1": im1, "imbalance_epoch1_se": im1se,
-                     "auc_private": au, "auc_private_se": ause, "n": n})
+        row = {"setting": key, "kind": "reference" if key == "reference" else "ino",
+               "tail_fraction": algo.get("tail_fraction"), "beta": algo.get("beta"), "accuracy": a, "accuracy_se": ase,
+               "n": n}
+        # levels (mean ± s.e. over seeds) and paired changes against the IDP-SGD run of the same seed
+        for name, v, ref in (("imbalance", gap, ref_gap), ("imbalance_epoch1", gap1, ref_gap1),
+                             ("auc_private", aucs, ref_auc)):
+            row[name], row[f"{name}_se"], _ = mean_se(v)
+            row[f"{name}_change"], row[f"{name}_change_se"], _ = mean_se(v - ref)
+        rows.append(row)
     return {"tiers": tiers, "seeds": list(seeds), "n_seeds": len(seeds), "settings": rows}
 
 
 def markdown(r: dict) -> str:
     lines = [f"Pareto sweep (mean ± s.e. over n = {r['n_seeds']} seeds; imbalance = recall {r['tiers'][-1]} − "
              f"{r['tiers'][0]} in pp; AUC: {r['tiers'][0]} recall AUC in %)", "",
-             "| setting | γ (tail_fraction) | β | accuracy (%) | imbalance (end) | imbalance (epoch 1) | AUC most private |",
-             "|---|---|---|---|---|---|---|"]
+             "| setting | γ (tail_fraction) | β | accuracy (%) | imbalance (end) | imbalance (epoch 1) | AUC most private |"
+             " paired change vs IDP: imbalance (end) | imbalance (epoch 1) | AUC |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["settings"]:
         lines.append(f"| {'IDP-SGD' if row['kind'] == 'reference' else 'INO-SGD'} | {row['tail_fraction'] or '—'} | "
                      f"{row['beta'] or '—'} | {pm(row['accuracy'], row['accuracy_se'])} | "
                      f"{pm(row['imbalance'], row['imbalance_se'])} | {pm(row['imbalance_epoch1'], row['imbalance_epoch1_se'])} | "
-                     f"{pm(row['auc_private'], row['auc_private_se'])} |")
+                     f"{pm(row['auc_private'], row['auc_private_se'])} | "
+                     f"{pm(row['imbalance_change'], row['imbalance_change_se'])} | "
+                     f"{pm(row['imbalance_epoch1_change'], row['imbalance_epoch1_change_se'])} | "
+                     f"{pm(row['auc_private_change'], row['auc_private_change_se'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -40,6 +40,8 @@ MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
 TIF_SHAPES = ("beta", "linear", "power", "step", "piecewise")
 TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
 GROUP_BY = ("tier", "class", "attribute")
+CLIP_RULES = ("quantile", "reference")  # DP-SGD-S: the lab's bounded relative quantile rule; fair-privacy's rule
+MAX_GROUPS = 100_000
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -215,16 +217,25 @@ class AlgorithmConfig:
     knots: tuple[tuple[float, float], ...] = ()  # tif="piecewise": (u, TIF(u)) points, linear between
     tail_length: float | None = None  # absolute γ in clip-norm units; wins over tail_fraction
     tail_fraction: float | None = 0.5  # γ as a fraction of the expected batch clip mass Σ q_n N_n C_n
-    # DP-SGD-S: per-group clip C_k = max(tau * EMA(quantile of group k's grad norms), min_clip).
+    # DP-SGD-S (clip_rule "quantile"): group k's clip C_k = C · clamp(tau · S_k / mean_j S_j, c_min, c_max),
+    # S_k the EMA of a (private) tracked quantile of group k's gradient norms, C the run's clip_norm.
+    # clip_rule "reference" (fair-privacy's DP-SGD-S): C_k = C · min(c_max, ‖batch mean grad‖ / ‖group k's
+    # batch mean grad‖), computed from the batch's gradients without privacy: no formal DP guarantee.
+    clip_rule: str = "quantile"
     tau: float = 1.0
     quantile: float = 0.75
     ema: float = 0.9
-    min_clip: float = 0.01
+    c_min: float = 0.5
+    c_max: float = 4.0
     initial_clip: float | None = None  # start of the quantile estimate; None: the run's clip_norm
     group_by: str = "tier"
+    # public group sizes (one per group, in the order of the group names: tiers, classes, sorted attribute
+    # values) that normalise the private counts; None: sizes released once with Gaussian noise (accounted)
+    group_sizes: tuple[int, ...] | None = None
+    group_size_noise_std: float | None = None  # σ of that release; None: ≈ 1 % of the training RDP
     private_quantile: bool = True  # False: non-private batch quantile, no formal DP guarantee
     quantile_lr: float = 0.2  # geometric update step of the private quantile tracker (Andrew et al. 2021)
-    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: expected batch / 20
+    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: max(expected batch / 20, z)
 
     def validate(self, prefix: str = "algorithm.") -> None:
         """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names
@@ -257,11 +268,21 @@ class AlgorithmConfig:
                 except (ValueError, TypeError) as e:
                     raise ConfigError(p + "knots", str(e)) from None
         if self.name == "dpsgd_s":
+            check_choice(self.clip_rule, p + "clip_rule", CLIP_RULES)
             check_positive(self.tau, p + "tau")
             check_number(self.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
             check_number(self.ema, p + "ema", 0, 1, high_open=True)
-            check_positive(self.min_clip, p + "min_clip")
+            check_positive(self.c_min, p + "c_min")
+            check_positive(self.c_max, p + "c_max")
+            if self.c_min > self.c_max:
+                raise ConfigError(p + "c_min", f"must be at most c_max = {_show(self.c_max)}, got {_show(self.c_min)}")
             check_positive(self.quantile_lr, p + "quantile_lr")
+            if self.group_sizes is not None:
+                check_list(self.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
+                for k, n in enumerate(self.group_sizes):
+                    check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
+            if self.group_size_noise_std is not None:
+                check_positive(self.group_size_noise_std, p + "group_size_noise_std")
             if self.initial_clip is not None:
                 check_positive(self.initial_clip, p + "initial_clip")
             if self.count_noise_std is not None:

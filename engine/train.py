@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import signal
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import accounting
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig
 from engine.grad_sample import ModuleGrads
 from engine.mechanisms import build_mechanism
@@ -121,15 +119,11 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     sampler = PoissonSampler(np.ones((1, n), bool), prep.sample_rates, device)
     optimizer = _optimizer(config, model)
     grads_of = ModuleGrads(model)  # per-sample gradients of this one model (M = 1)
-    accountant = None
-    if prep.plan is not None:
-        accountant = accounting.TierAccountant(sample_rates=list(prep.plan.sample_rates),
-                                               noise_multiplier=prep.plan.noise_multiplier, delta=config.delta,
-                                               noise_multipliers=list(prep.accountant_noise))
+    accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
     last = prep.train_steps or prep.steps
     eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
-    plan_dict = _plan_dict(prep)
+    plan_dict = plan_record(prep)
     if store is not None and run_id is not None:
         store.start_run(run_id, pid=os.getpid(), total_steps=last, plan=plan_dict)
     evals, pending_steps = [], []
@@ -187,15 +181,24 @@ def _progress_bar(total, label):
     return tqdm(total=total, desc=label, unit="step", leave=False)
 
 
-def _plan_dict(prep: Prepared) -> dict:
+def plan_record(prep: Prepared) -> dict:
+    """The plan record the store keeps. Without a formal guarantee ``epsilons`` is null and
+    ``formal_dp_reason`` says why; DP-SGD-S records what it uses (``prep.info``: z_Δ, count noise, base
+    clip, c_min/c_max, public group sizes) instead of a noise std and clip (those change every step and
+    are in each evaluation: ``group_clip_norms``, ``noise_std``)."""
     d = {"steps": prep.steps, "trained_steps": prep.train_steps or prep.steps, "expected_batch_size": prep.expected_batch,
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
-         "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.mechanism.formal_dp,
-         "tail_length": prep.tail_length, **prep.info}
+         "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.privacy.formal_dp,
+         "formal_dp_reason": prep.privacy.formal_dp_reason, "tail_length": prep.tail_length}
     if prep.config.secure_rng:
         d["reproducible"] = False  # sampling and noise drawn from OS entropy
     if prep.plan is not None:
         d.update(prep.plan.to_dict())
+        if prep.privacy.dpsgd_s is not None:
+            d.update(noise_std=None, clip_norms=None)
+        if not prep.privacy.formal_dp:
+            d["epsilons"] = None
+    d.update(prep.info)
     return d
 
 
@@ -229,9 +232,9 @@ class _Evaluator:
         overall, tiers, classes, pred = group_metrics(self.y, logp, self.tier_groups, k, ds.num_classes)
         if self.tier_groups is None:
             _, tiers, _, _ = group_metrics(self.y_sub, predict(model, self.x_sub), self.tier_sub, k, ds.num_classes)
-        spent = accountant.epsilons() if accountant is not None else [math.inf] * k
+        spent = [float(e) for e in accountant.epsilons()] if accountant is not None else [None] * k
         for j, t in enumerate(tiers):
-            t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=float(spent[j]))
+            t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=spent[j])
         for c, m in enumerate(classes):
             m["name"] = ds.class_names[c]
         out = {"step": step, "epoch": step * prep.expected_batch / len(ds.y_train), "elapsed": elapsed,
@@ -256,7 +259,7 @@ def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
         "algorithm": prep.config.algorithm.name,
         "label": prep.config.label or ALGORITHM_LABELS[prep.config.algorithm.name],
         "steps": prep.train_steps or prep.steps, "planned_steps": prep.steps, "seconds": seconds,
-        "formal_dp": prep.mechanism.formal_dp,
+        "formal_dp": prep.privacy.formal_dp, "formal_dp_reason": prep.privacy.formal_dp_reason,
         "accuracy": last["overall"]["accuracy"], "balanced_accuracy": last["overall"]["balanced_accuracy"],
         "loss": last["overall"]["loss"], "tiers": tiers,
         "class_recall": [c["recall"] for c in last["classes"]],

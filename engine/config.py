@@ -62,12 +62,18 @@ MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 MAX_SEED = 2**63 - 1
 MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
+STEPS_RULES = ("round", "floor_per_epoch")
+MAX_CNN_PADDING = 8
 
 
-def total_steps(epochs: float, n_train: int, batch_size: int) -> int:
-    """Optimizer steps of a run: epochs × n_train / batch_size, rounded, at least 1. The one steps
-    formula (training, audits, previews and the work cap all use it)."""
-    steps = epochs * n_train / batch_size
+def total_steps(epochs: float, n_train: int, batch_size: int, rule: str = "round") -> int:
+    """Optimizer steps of a run, at least 1. The one steps formula (training, audits, previews and the
+    work cap all use it). ``rule``: "round" (default) T = round(E · N / B) — 12 epochs of MNIST at B = 512
+    are 1406 steps; "floor_per_epoch" T = E · ⌊N / B⌋ (rounded), the reference code's count (1404)."""
+    if rule == "floor_per_epoch":
+        steps = epochs * (n_train // batch_size)
+    else:
+        steps = epochs * n_train / batch_size
     if not math.isfinite(steps):
         raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
     return max(1, int(round(steps)))
@@ -176,11 +182,14 @@ class TiersConfig:
 class ModelConfig:
     name: str = "auto"  # auto: CNN for images, logistic regression for tabular data
     hidden: tuple[int, ...] = (64,)  # MLP hidden widths
+    cnn_padding: int | None = None  # Papernot CNN's first-conv padding on 28×28 inputs; None: 3 (the reference uses 2)
 
     def validate(self) -> None:
         check_section(self, "model.")
         check_choice(self.name, "model.name", MODELS)
         check_hidden(self.hidden, "model.hidden", required=self.name == "mlp")
+        if self.cnn_padding is not None:
+            check_int(self.cnn_padding, "model.cnn_padding", 0, MAX_CNN_PADDING)
 
 
 def check_hidden(hidden, field: str, *, required: bool = True) -> tuple[int, ...]:
@@ -317,6 +326,8 @@ class RunConfig:
     name: str = ""
     allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
     secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
+    steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
+    train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
 
     def validate(self) -> "RunConfig":
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
@@ -337,12 +348,24 @@ class RunConfig:
         if self.threads is not None:
             check_int(self.threads, "threads", 1, MAX_THREADS)
         check_str(self.name, "name", max_len=MAX_NAME_CHARS)
+        check_choice(self.steps_rule, "steps_rule", STEPS_RULES)
+        if self.train_epochs is not None:
+            check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
         return self
 
     def planned_steps(self, n_train: int) -> int:
         """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming
         ``epochs``) over :data:`MAX_TOTAL_STEPS` unless ``allow_large``."""
-        return check_work(total_steps(self.epochs, n_train, self.batch_size), "epochs", allow_large=self.allow_large)
+        return check_work(total_steps(self.epochs, n_train, self.batch_size, self.steps_rule), "epochs",
+                          allow_large=self.allow_large)
+
+    def trained_steps(self, n_train: int) -> int:
+        """Steps actually trained: :meth:`planned_steps`, or with ``train_epochs`` the first
+        :func:`total_steps` (train_epochs, …) of them — the privacy plan is still made for ``epochs``."""
+        planned = self.planned_steps(n_train)
+        if self.train_epochs is None:
+            return planned
+        return min(planned, total_steps(self.train_epochs, n_train, self.batch_size, self.steps_rule))
 
     # --- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -60,7 +60,8 @@ class Prepared:
     privacy: PrivacyPlan
     model: torch.nn.Module
     mechanism: object
-    steps: int
+    steps: int  # T the privacy plan is made for
+    train_steps: int = 0  # steps this run trains (config.train_epochs: the first ones of T); 0: T
 
     dataset = property(lambda self: self.data.dataset)
     tiers = property(lambda self: self.data.tiers)
@@ -83,7 +84,8 @@ def prepare(config: RunConfig) -> Prepared:
     steps = total_steps(config, n)
     privacy = prepare_privacy(config, data, steps=steps)
     mechanism = build_mechanism(privacy=privacy, members=np.ones((1, n), bool), device=data.device)
-    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps)
+    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps,
+                    train_steps=config.trained_steps(n))
 
 
 def step_generator(config: RunConfig, device) -> torch.Generator:
@@ -118,11 +120,12 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     optimizer = _optimizer(config, model)
     grads_of = ModuleGrads(model)  # per-sample gradients of this one model (M = 1)
     accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
-    eval_every = config.eval_every or max(1, prep.steps // 25)
+    last = prep.train_steps or prep.steps
+    eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
     plan_dict = plan_record(prep)
     if store is not None and run_id is not None:
-        store.start_run(run_id, pid=os.getpid(), total_steps=prep.steps, plan=plan_dict)
+        store.start_run(run_id, pid=os.getpid(), total_steps=last, plan=plan_dict)
     evals, pending_steps = [], []
     started = time.time()
     last_flush = started
@@ -136,8 +139,8 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
             store.log_eval(run_id, step, e)
 
     record_eval(0)
-    bar = _progress_bar(prep.steps, config.label) if progress else None
-    for step in range(1, prep.steps + 1):
+    bar = _progress_bar(last, config.label) if progress else None
+    for step in range(1, last + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1}")
         out = dp_step(grads_of, x_train, y_train, sampler, mech, gen)
@@ -150,7 +153,7 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
         pending_steps.append((step, out.mean_losses()[0], int(out.batch_sizes[0])))
         if bar is not None:
             bar.update(1)
-        if step % eval_every == 0 or step == prep.steps:
+        if step % eval_every == 0 or step == last:
             record_eval(step)
             last_flush = time.time()
         elif store is not None and run_id is not None and time.time() - last_flush > 0.5:
@@ -183,7 +186,7 @@ def plan_record(prep: Prepared) -> dict:
     ``formal_dp_reason`` says why; DP-SGD-S records what it uses (``prep.info``: z_Δ, count noise, base
     clip, c_min/c_max, public group sizes) instead of a noise std and clip (those change every step and
     are in each evaluation: ``group_clip_norms``, ``noise_std``)."""
-    d = {"steps": prep.steps, "expected_batch_size": prep.expected_batch,
+    d = {"steps": prep.steps, "trained_steps": prep.train_steps or prep.steps, "expected_batch_size": prep.expected_batch,
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
          "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.privacy.formal_dp,
          "formal_dp_reason": prep.privacy.formal_dp_reason, "tail_length": prep.tail_length}
@@ -255,8 +258,8 @@ def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
     return {
         "algorithm": prep.config.algorithm.name,
         "label": prep.config.label or ALGORITHM_LABELS[prep.config.algorithm.name],
-        "steps": prep.steps, "seconds": seconds, "formal_dp": prep.privacy.formal_dp,
-        "formal_dp_reason": prep.privacy.formal_dp_reason,
+        "steps": prep.train_steps or prep.steps, "planned_steps": prep.steps, "seconds": seconds,
+        "formal_dp": prep.privacy.formal_dp, "formal_dp_reason": prep.privacy.formal_dp_reason,
         "accuracy": last["overall"]["accuracy"], "balanced_accuracy": last["overall"]["balanced_accuracy"],
         "loss": last["overall"]["loss"], "tiers": tiers,
         "class_recall": [c["recall"] for c in last["classes"]],

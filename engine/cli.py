@@ -323,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
                     help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable)")
     rr.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
     rr.set_defaults(func=cmd_rerun)
 
     pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")

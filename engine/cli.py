@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = sub.add_parser("app", help="start the dashboard (streamlit run app.py on 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8501)
-    ap.add_argument("streamlit_args", nargs=argparse.REMAINDER, help="more options for streamlit run")
+    ap.epilog = "Other options (e.g. --theme.base dark) are passed to streamlit run."
     ap.set_defaults(func=cmd_app)
 
     w = sub.add_parser("worker", help="(internal) execute a queued run from the store")
@@ -381,7 +381,10 @@ def _one_line(e: BaseException) -> str:
 def main(argv=None, *, prepared=None) -> int:
     """``prepared``: for ``worker``, config → its ready preparation or None (the standby's head start)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "app":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.streamlit_args = [a for a in extra if a != "--"]
     args.prepared = prepared
     if args.data_dir:
         os.environ["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.data_dir))

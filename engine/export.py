@@ -8,6 +8,7 @@ the UI shows as is, while HTML, CSV and JSON keep working.
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import os
@@ -243,6 +244,12 @@ PLOTLY_JS = "plotly.min.js"  # the one copy of plotly.js every HTML file of a pa
 def pack_figures(runs: list[dict], *, theme: str = "presentation", names=None) -> list:
     """The figures a presentation pack of ``runs`` can hold (the picker's options), in pack order."""
     return build_figures(runs, theme=theme, names=names, skip_empty=True)
+
+
+@functools.lru_cache(maxsize=1)
+def figure_titles() -> dict[str, str]:
+    """Figure name → title, for every figure a pack can hold (the picker's labels; cheap: no data)."""
+    return {s.name: s.title for s in build_figures([])}
 
 
 def slide_table(fig, *, width: int, height: int, rows: int):

@@ -92,8 +92,8 @@ scale = c3.number_input("Scale", 0.5, 4.0, 2.0, 0.5, key="pack_scale")
 pack_theme = c4.selectbox("Theme", ["presentation", "light", "dark"], key="pack_theme")
 ids = "-".join(str(r["id"]) for r in runs)
 # the pack's figures: the live ones (every run here has evaluations) and the non-empty result figures
-titles = {n: n.replace("_", " ").capitalize() for n in LIVE_FIGURES}
-titles.update({n: s.title for n, s in specs.items() if not s.data.empty})
+names = list(LIVE_FIGURES) + [n for n, s in specs.items() if not s.data.empty]
+titles = {n: export.figure_titles()[n] for n in names}
 chosen = st.multiselect("Figures in the pack", list(titles), default=list(titles), key="pack_figures",
                         format_func=lambda n: titles.get(n, n), help="Default: every figure of the selection")
 request = (ids, tuple(chosen), int(width), int(height), float(scale), pack_theme)

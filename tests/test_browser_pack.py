@@ -22,47 +22,20 @@ import pytest
 
 from engine.store import RunStore
 
-CHROMIUM = "/usr/bin/chromium"
+from test_browser import CHROMIUM, UI, UI_MS, _free_port, browser  # noqa: F401 - (browser: a fixture)
+from test_export import train_comparison
+
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-UI = 240.0
-UI_MS = int(UI * 1000)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _train_comparison(store: RunStore) -> list[int]:
-    import torch
-
-    from engine.config import RunConfig
-    from engine.train import train
-
-    torch.set_num_threads(1)
-    ids = []
-    for alg in ("idp_sample", "ino"):
-        cfg = RunConfig().replace(**{"algorithm.name": alg, "epochs": 2.0, "model.name": "lr",
-                                     "data.max_train": 300, "batch_size": 64}).validate()
-        rid = store.create_run(cfg, group_id="cmp-pack")
-        train(cfg, store=store, run_id=rid)
-        ids.append(rid)
-    return ids
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab-pack")
     store = RunStore(tmp / "runs.sqlite")
-    ids = _train_comparison(store)
+    ids = train_comparison(store, group_id="cmp-pack")
     port = _free_port()
     log = open(tmp / "app.log", "wb")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -87,16 +60,6 @@ def server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def test_pack_from_the_results_page(server, browser, tmp_path):

@@ -98,26 +98,32 @@ def test_without_chromium_static_export_explains_and_html_still_works(monkeypatc
     assert {p.suffix for p in paths} == {".html", ".csv", ".json"}
 
 
-@pytest.fixture(scope="module")
-def trained_runs(tmp_path_factory):
-    """A real small comparison: IDP-SGD and INO-SGD trained on 300 digits for 2 epochs through
-    engine.train with the run store, read back as run records."""
+def train_comparison(store: RunStore, group_id: str = "g-pack") -> list[int]:
+    """A real small comparison in ``store``: IDP-SGD and INO-SGD trained on 300 digits for 2 epochs
+    through engine.train; returns the run ids."""
     import torch
 
     from engine.config import RunConfig
-    from engine.runs import run_record
     from engine.train import train
 
     torch.set_num_threads(1)
-    store = RunStore(tmp_path_factory.mktemp("pack") / "runs.sqlite")
     ids = []
     for alg in ("idp_sample", "ino"):
         cfg = RunConfig().replace(**{"algorithm.name": alg, "epochs": 2.0, "model.name": "lr",
                                      "data.max_train": 300, "batch_size": 64}).validate()
-        rid = store.create_run(cfg, group_id="g-pack")
+        rid = store.create_run(cfg, group_id=group_id)
         train(cfg, store=store, run_id=rid)
         ids.append(rid)
-    runs = [run_record(store, i) for i in ids]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+    """:func:`train_comparison`, read back as run records."""
+    from engine.runs import run_record
+
+    store = RunStore(tmp_path_factory.mktemp("pack") / "runs.sqlite")
+    runs = [run_record(store, i) for i in train_comparison(store)]
     assert all(r["status"] == "finished" and r["evals"] for r in runs)
     return runs
 

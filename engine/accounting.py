@@ -36,6 +36,7 @@ import functools
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as dataclasses_replace
 from typing import Callable
 
 import numpy as np
@@ -53,6 +54,8 @@ __all__ = [
     "noise_multiplier_for",
     "TierAccountant",
     "adaptive_clipping_noise_multiplier",
+    "plan_with_release",
+    "release_noise_multiplier_default",
     "epsilon_floor",
     "clear_caches",
 ]
@@ -102,6 +105,9 @@ class Plan:
     tier_sizes: tuple[int, ...]
     expected_batch_size: float  # Σ q_n N_n
     notes: tuple[str, ...] = field(default=())  # e.g. sample rates capped at 1
+    # one-off (not subsampled) Gaussian releases of L2 sensitivity 1 composed with the T steps, as noise
+    # multipliers (DP-SGD-S's noisy group sizes); ``epsilons`` include them
+    release_noise_multipliers: tuple[float, ...] = field(default=())
 
     @property
     def noise_multipliers(self) -> tuple[float, ...]:
@@ -743,10 +749,12 @@ class TierAccountant:
 
     noise_multipliers (optional, per tier) overrides the shared noise_multiplier, e.g. the
     SCALE effective multipliers σ*·C/C_n (``Plan.noise_multipliers``).
-    Before any step, epsilons() returns 0.0 for every tier.
+    ``releases``: noise multipliers of one-off Gaussian releases (sensitivity 1, no subsampling) made
+    before step 1 (``Plan.release_noise_multipliers``); their RDP is composed with the steps.
+    Before any step, epsilons() returns 0.0 for every tier (the releases' ε if there are any).
     """
 
-    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None):
+    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None, releases=()):
         rates = tuple(float(q) for q in sample_rates)
         if not rates:
             raise PlanError("sample_rates must contain at least one tier")
@@ -772,6 +780,7 @@ class TierAccountant:
         self.delta = float(delta)
         self.steps = 0
         self._rdp1 = [_opacus_rdp_one_step(q, s) for q, s in zip(rates, sig)]
+        self._release = _release_rdp(tuple(float(r) for r in releases))
 
     def step(self, n: int = 1) -> None:
         if not _is_int(n) or n < 0:
@@ -779,9 +788,67 @@ class TierAccountant:
         self.steps += int(n)
 
     def epsilons(self) -> list[float]:
-        if self.steps == 0:
+        if self.steps == 0 and self._release is None:
             return [0.0] * len(self._rdp1)
-        return [_opacus_eps_from_rdp(r * self.steps, self.delta) for r in self._rdp1]
+        extra = 0.0 if self._release is None else self._release
+        return [_opacus_eps_from_rdp(r * self.steps + extra, self.delta) for r in self._rdp1]
+
+
+def _release_rdp(releases: tuple) -> np.ndarray | None:
+    """Summed per-order RDP of one-off Gaussian releases (q = 1, Opacus' formula), None if there are none."""
+    for k, r in enumerate(releases):
+        if not (math.isfinite(r) and r > 0):
+            raise PlanError(f"releases[{k}] must be finite and > 0, got {r!r}")
+    if not releases:
+        return None
+    return sum(_opacus_rdp_one_step(1.0, r) for r in releases)
+
+
+def release_noise_multiplier_default(*, noise_multiplier: float, sample_rate: float, steps: int,
+                                     share: float = 0.01) -> float:
+    """A one-off release's noise multiplier whose RDP is about ``share`` of the T training steps' RDP
+    (small-q estimate: T steps cost ≈ 2 T q² α / z², one release α / (2 σ²)), at least 1."""
+    return max(1.0, float(noise_multiplier) / (2.0 * float(sample_rate) * math.sqrt(share * int(steps))))
+
+
+def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
+    """``p`` (a plan with one sample rate and one noise multiplier: a DP-SGD plan) with a one-off
+    Gaussian release of noise multiplier ``release_noise_multiplier`` composed in: the noise
+    multiplier is raised to the smallest z' with Opacus ε(T steps at z' ∘ the release) ≤ the strictest
+    target (tight to 1e-6 below it), and ``epsilons`` are the composed ε (Opacus)."""
+    rates, mults = set(p.sample_rates), set(p.noise_multipliers)
+    if len(rates) != 1 or len(mults) != 1:
+        raise PlanError("a one-off release can only be composed with a plan of one sample rate and noise multiplier")
+    q, T, delta, target = float(p.sample_rates[0]), p.steps, p.delta, min(p.target_epsilons)
+    extra = _release_rdp((float(release_noise_multiplier),))
+
+    def eps_at(z: float) -> float:
+        return _opacus_eps_from_rdp(_opacus_rdp_one_step(q, z) * T + extra, delta)
+
+    if _opacus_eps_from_rdp(extra, delta) >= target:
+        raise PlanError(f"the one-off release (noise multiplier {release_noise_multiplier:g}) alone spends "
+                        f"ε ≥ {target:g}; raise its noise")
+    lo, hi = float(p.noise_multiplier), float(p.noise_multiplier)
+    while eps_at(hi) > target:  # grow until feasible (ε → the release's ε as z → ∞)
+        lo, hi = hi, hi * 1.25
+        if hi > _SIGMA_MAX:
+            raise PlanError(f"epsilon={target:g} cannot be met together with the one-off release; raise epsilon")
+    for _ in range(200):  # bisection on z: the smallest z' with ε ≤ target, ε ≥ (1 − 1e-6)·target
+        if hi == lo or eps_at(hi) >= target * (1 - _TIGHT_RTOL):
+            break
+        mid = 0.5 * (lo + hi)
+        if eps_at(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    z = hi
+    eps = eps_at(z)
+    if eps > target:  # cannot happen: hi is always feasible
+        raise RuntimeError(f"internal error: composed ε={eps} exceeds target {target}")
+    C = min(p.clip_norms)
+    return dataclasses_replace(p, noise_multiplier=float(z), noise_std=float(z * C),
+                               epsilons=(float(eps),) * len(p.epsilons),
+                               release_noise_multipliers=p.release_noise_multipliers + (float(release_noise_multiplier),))
 
 
 # --------------------------------------------------------------------------------------

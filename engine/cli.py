@@ -45,9 +45,15 @@ def tier_table(summary: dict) -> str:
                      f"{str(mid.get('end_step') or '—'):>8}")
     lines.append(f"overall accuracy {summary['accuracy']:.4f}, balanced accuracy {summary['balanced_accuracy']:.4f}, "
                  f"{summary['steps']} steps in {summary['seconds']:.1f} s"
-                 + ("" if summary.get("formal_dp", True) or summary["algorithm"] == "nonprivate"
-                    else "  [no formal DP guarantee: non-private quantile]"))
+                 + no_dp_note(summary))
     return "\n".join(lines)
+
+
+def no_dp_note(summary: dict) -> str:
+    """'' for a run with a formal DP guarantee, else "  [no formal DP guarantee: <why>]" (ε spent is null)."""
+    if summary.get("formal_dp", True):
+        return ""
+    return f"  [no formal DP guarantee: {summary.get('formal_dp_reason') or 'see the run plan'}]"
 
 
 def cmd_run(args) -> int:

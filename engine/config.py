@@ -40,6 +40,8 @@ MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
 TIF_SHAPES = ("beta", "linear", "power", "step", "piecewise")
 TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
 GROUP_BY = ("tier", "class", "attribute")
+CLIP_RULES = ("quantile", "reference")  # DP-SGD-S: the lab's bounded relative quantile rule; fair-privacy's rule
+MAX_GROUPS = 100_000
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -60,12 +62,18 @@ MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 MAX_SEED = 2**63 - 1
 MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
+STEPS_RULES = ("round", "floor_per_epoch")
+MAX_CNN_PADDING = 8
 
 
-def total_steps(epochs: float, n_train: int, batch_size: int) -> int:
-    """Optimizer steps of a run: epochs × n_train / batch_size, rounded, at least 1. The one steps
-    formula (training, audits, previews and the work cap all use it)."""
-    steps = epochs * n_train / batch_size
+def total_steps(epochs: float, n_train: int, batch_size: int, rule: str = "round") -> int:
+    """Optimizer steps of a run, at least 1. The one steps formula (training, audits, previews and the
+    work cap all use it). ``rule``: "round" (default) T = round(E · N / B) — 12 epochs of MNIST at B = 512
+    are 1406 steps; "floor_per_epoch" T = E · ⌊N / B⌋ (rounded), the reference code's count (1404)."""
+    if rule == "floor_per_epoch":
+        steps = epochs * (n_train // batch_size)
+    else:
+        steps = epochs * n_train / batch_size
     if not math.isfinite(steps):
         raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
     return max(1, int(round(steps)))
@@ -174,11 +182,14 @@ class TiersConfig:
 class ModelConfig:
     name: str = "auto"  # auto: CNN for images, logistic regression for tabular data
     hidden: tuple[int, ...] = (64,)  # MLP hidden widths
+    cnn_padding: int | None = None  # Papernot CNN's first-conv padding on 28×28 inputs; None: 3 (the reference uses 2)
 
     def validate(self) -> None:
         check_section(self, "model.")
         check_choice(self.name, "model.name", MODELS)
         check_hidden(self.hidden, "model.hidden", required=self.name == "mlp")
+        if self.cnn_padding is not None:
+            check_int(self.cnn_padding, "model.cnn_padding", 0, MAX_CNN_PADDING)
 
 
 def check_hidden(hidden, field: str, *, required: bool = True) -> tuple[int, ...]:
@@ -206,16 +217,25 @@ class AlgorithmConfig:
     knots: tuple[tuple[float, float], ...] = ()  # tif="piecewise": (u, TIF(u)) points, linear between
     tail_length: float | None = None  # absolute γ in clip-norm units; wins over tail_fraction
     tail_fraction: float | None = 0.5  # γ as a fraction of the expected batch clip mass Σ q_n N_n C_n
-    # DP-SGD-S: per-group clip C_k = max(tau * EMA(quantile of group k's grad norms), min_clip).
+    # DP-SGD-S (clip_rule "quantile"): group k's clip C_k = C · clamp(tau · S_k / mean_j S_j, c_min, c_max),
+    # S_k the EMA of a (private) tracked quantile of group k's gradient norms, C the run's clip_norm.
+    # clip_rule "reference" (fair-privacy's DP-SGD-S): C_k = C · min(c_max, ‖batch mean grad‖ / ‖group k's
+    # batch mean grad‖), computed from the batch's gradients without privacy: no formal DP guarantee.
+    clip_rule: str = "quantile"
     tau: float = 1.0
     quantile: float = 0.75
     ema: float = 0.9
-    min_clip: float = 0.01
+    c_min: float = 0.5
+    c_max: float = 4.0
     initial_clip: float | None = None  # start of the quantile estimate; None: the run's clip_norm
     group_by: str = "tier"
+    # public group sizes (one per group, in the order of the group names: tiers, classes, sorted attribute
+    # values) that normalise the private counts; None: sizes released once with Gaussian noise (accounted)
+    group_sizes: tuple[int, ...] | None = None
+    group_size_noise_std: float | None = None  # σ of that release; None: ≈ 1 % of the training RDP
     private_quantile: bool = True  # False: non-private batch quantile, no formal DP guarantee
     quantile_lr: float = 0.2  # geometric update step of the private quantile tracker (Andrew et al. 2021)
-    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: expected batch / 20
+    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: max(expected batch / 20, z)
 
     def validate(self, prefix: str = "algorithm.") -> None:
         """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names
@@ -248,11 +268,21 @@ class AlgorithmConfig:
                 except (ValueError, TypeError) as e:
                     raise ConfigError(p + "knots", str(e)) from None
         if self.name == "dpsgd_s":
+            check_choice(self.clip_rule, p + "clip_rule", CLIP_RULES)
             check_positive(self.tau, p + "tau")
             check_number(self.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
             check_number(self.ema, p + "ema", 0, 1, high_open=True)
-            check_positive(self.min_clip, p + "min_clip")
+            check_positive(self.c_min, p + "c_min")
+            check_positive(self.c_max, p + "c_max")
+            if self.c_min > self.c_max:
+                raise ConfigError(p + "c_min", f"must be at most c_max = {_show(self.c_max)}, got {_show(self.c_min)}")
             check_positive(self.quantile_lr, p + "quantile_lr")
+            if self.group_sizes is not None:
+                check_list(self.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
+                for k, n in enumerate(self.group_sizes):
+                    check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
+            if self.group_size_noise_std is not None:
+                check_positive(self.group_size_noise_std, p + "group_size_noise_std")
             if self.initial_clip is not None:
                 check_positive(self.initial_clip, p + "initial_clip")
             if self.count_noise_std is not None:
@@ -296,6 +326,8 @@ class RunConfig:
     name: str = ""
     allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
     secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
+    steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
+    train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
 
     def validate(self) -> "RunConfig":
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
@@ -316,12 +348,24 @@ class RunConfig:
         if self.threads is not None:
             check_int(self.threads, "threads", 1, MAX_THREADS)
         check_str(self.name, "name", max_len=MAX_NAME_CHARS)
+        check_choice(self.steps_rule, "steps_rule", STEPS_RULES)
+        if self.train_epochs is not None:
+            check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
         return self
 
     def planned_steps(self, n_train: int) -> int:
         """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming
         ``epochs``) over :data:`MAX_TOTAL_STEPS` unless ``allow_large``."""
-        return check_work(total_steps(self.epochs, n_train, self.batch_size), "epochs", allow_large=self.allow_large)
+        return check_work(total_steps(self.epochs, n_train, self.batch_size, self.steps_rule), "epochs",
+                          allow_large=self.allow_large)
+
+    def trained_steps(self, n_train: int) -> int:
+        """Steps actually trained: :meth:`planned_steps`, or with ``train_epochs`` the first
+        :func:`total_steps` (train_epochs, …) of them — the privacy plan is still made for ``epochs``."""
+        planned = self.planned_steps(n_train)
+        if self.train_epochs is None:
+            return planned
+        return min(planned, total_steps(self.train_epochs, n_train, self.batch_size, self.steps_rule))
 
     # --- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -450,16 +450,17 @@ def preview(config) -> dict:
     """Validate a run config with the data (exactly like the worker will) and return its plan.
 
     Raises ``ConfigError`` (or ``DataError``) with the engine's message. Returns a JSON-able dict:
-    {"steps", "n_train", "tier_names", "tier_sizes", "target_epsilons", "formal_dp", "tail_length",
-    "plan": Plan.to_dict() or None, "expected_batch_size"}.
+    {"steps", "n_train", "tier_names", "tier_sizes", "target_epsilons", "formal_dp", "formal_dp_reason", "tail_length",
+    "plan": the run's plan record (``engine.train.plan_record``) or None, "expected_batch_size"}.
     """
-    from engine.train import prepare
+    from engine.train import plan_record, prepare
 
     prep = prepare(config)
-    plan = prep.plan.to_dict() if prep.plan is not None else None
+    plan = plan_record(prep) if prep.plan is not None else None  # the run's plan record (null ε without formal DP)
     return {"steps": prep.steps, "n_train": int(len(prep.dataset.y_train)), "tier_names": list(prep.tiers.names),
             "tier_sizes": list(prep.tiers.sizes), "target_epsilons": list(prep.tiers.epsilons),
-            "formal_dp": bool(prep.mechanism.formal_dp), "tail_length": prep.tail_length,
+            "formal_dp": bool(prep.privacy.formal_dp), "formal_dp_reason": prep.privacy.formal_dp_reason,
+            "tail_length": prep.tail_length,
             "expected_batch_size": float(prep.expected_batch), "plan": plan,
             "algorithm": config.algorithm.name, "info": dict(prep.info)}
 

@@ -6,11 +6,12 @@ take and return torch tensors on the run's device, one row per model:
 
 * :class:`Clipped` — DP-SGD and IDP-SGD: C_i from the plan (per tier), ρ_i = 1.
 * :class:`Importance` — INO-SGD: same C_i, ρ_i from ``engine.importance.ino_weights`` per row.
-* :class:`GroupAdaptive` — DP-SGD-S: C_i = C_k of the sample's group, tracked from a
-  (private) quantile of the group's gradient norms; noise scales with max_k C_k.
+* :class:`GroupAdaptive` — DP-SGD-S: C_i = C_k of the sample's group, C_k = C · clamp(τ S̄_k / mean S̄, c_min,
+  c_max) from a (private) tracked quantile of the group's gradient norms; noise scales with max_k C_k.
 * :class:`NonPrivate` — the reference: no clipping, no noise.
 
-Hooks: ``clip_norms(idx (M, L)) → (M, L)``, ``weights(losses, clip, mask) → (M, L) or None``
+Hooks: ``see_batch(idx, work, mask)`` (before clipping; only the non-private reference rule reads it),
+``clip_norms(idx (M, L)) → (M, L)``, ``weights(losses, clip, mask) → (M, L) or None``
 (None: ρ ≡ 1), ``noise_std() → (M,)``, ``observe(idx, norms, mask, gen)`` — called after EVERY
 step, an empty Poisson batch included — and ``state()``. :func:`build_mechanism` is the one
 factory; the privacy preparation (``engine.prepare.prepare_privacy``) gives it its inputs.
@@ -47,6 +48,10 @@ class Mechanism:
     def noise_std(self) -> torch.Tensor:
         """(M,) std of the Gaussian noise added to each model's clipped sum (float64)."""
         raise NotImplementedError
+
+    def see_batch(self, idx: torch.Tensor, work, mask: torch.Tensor) -> None:
+        """Called before ``clip_norms`` with the batch's per-sample work (only the reference DP-SGD-S rule,
+        which is not private, reads the gradients here)."""
 
     def observe(self, idx: torch.Tensor, norms: torch.Tensor, mask: torch.Tensor, gen: torch.Generator) -> None:
         """Called after every step (empty batches too) with the unclipped per-sample gradient norms."""
@@ -97,36 +102,84 @@ class Importance(Clipped):
 
 
 class GroupAdaptive(Mechanism):
-    """DP-SGD-S: group k's clip C_k = max(τ · S̄_k, C_min), S̄_k an EMA of a tracked quantile,
-    one (S_k, S̄_k) state per model.
+    """DP-SGD-S: sample i in group k gets the clip C_k, one (S_k, S̄_k) state per model; the noise
+    std is noise_multiplier · max_k C_k (with clip_rule "quantile" ≤ noise_multiplier · c_max · C).
 
-    Private mode (default) tracks the quantile as Andrew et al. (2021): each step releases,
-    per model and group, Σ_i (1[‖g_i‖ ≤ S_k] − ½) + N(0, σ_b²) (every sample is in one group, so
-    the vector has L2 sensitivity ½) — also on an empty batch —, estimates the clipped fraction
-    b̃_k by dividing by the model's expected group batch Σ_{i∈k} q_i, and updates
-    S_k ← S_k · exp(−η (b̃_k − quantile)). The gradient noise multiplier is raised to z_Δ so both
-    releases together cost what z alone would. Non-private mode replaces the release by the exact
-    batch quantile (numpy's linear interpolation; unchanged on an empty group): no formal guarantee.
+    ``clip_rule="quantile"`` (the lab's rule, bounded and relative): C_k = C · clamp(τ · S̄_k / mean_j S̄_j,
+    c_min, c_max), S̄_k the EMA (momentum ``ema``) of a tracked quantile S_k of group k's gradient norms.
+    Private mode (default) tracks S_k as Andrew et al. (2021): each step releases, per model and group,
+    Σ_i (1[‖g_i‖ ≤ S_k] − ½) + N(0, σ_b²) (every sample is in one group, so the vector has L2 sensitivity
+    ½) — also on an empty batch —, estimates the clipped fraction b̃_k by dividing by the group's PUBLIC
+    expected count per step (``expected_group_batch``: declared or noisily released sizes, never the exact
+    N_k) and clamping to [0, 1], and updates S_k ← S_k · exp(−η (b̃_k − quantile)). The gradient noise
+    multiplier is raised to z_Δ so both releases together cost what z alone would. Non-private mode
+    replaces the release by the exact batch quantile (numpy's linear interpolation; unchanged on an empty
+    group): no formal guarantee.
+
+    ``clip_rule="reference"`` (ruayz/fair-privacy's DP-SGD-S, for comparison): at each step, from this
+    batch's unclipped gradients, C_k = C · min(c_max, ‖mean of the batch's g_i‖ / ‖mean of group k's g_i‖)
+    (c_max plays the reference's ``scale``; a group absent from the batch gets c_max, as the reference's
+    1e-6 norm does). The reference adds one scalar N(0, σ²) to every coordinate of these unclipped sums,
+    which bounds no sensitivity; it is left out here. Not private: no formal guarantee.
     """
 
+    _S_RANGE = (1e-100, 1e100)  # S_k is kept in this range so that ratios stay finite under any norms
+
     def __init__(self, *, groups, n_groups: int, noise_multiplier: float, expected_group_batch, initial: float,
-                 tau: float, quantile: float, ema: float, min_clip: float, private: bool, quantile_lr: float,
-                 count_noise_std: float, device="cpu"):
-        exp = np.maximum(np.atleast_2d(np.asarray(expected_group_batch, dtype=np.float64)), 1e-12)  # (M, K)
+                 tau: float, quantile: float, ema: float, c_min: float, c_max: float, base_clip: float,
+                 private: bool, quantile_lr: float, count_noise_std: float, clip_rule: str = "quantile",
+                 n_models: int = 1, device="cpu"):
+        exp = np.broadcast_to(np.asarray(expected_group_batch, dtype=np.float64), (int(n_models), int(n_groups)))
+        if not np.all(exp >= 1.0):  # engine.prepare refuses such groups with a ConfigError naming them
+            raise ValueError(f"every group needs an expected count per step >= 1, got {exp.min():g}")
         super().__init__(exp.shape[0], device)
         self.groups = torch.as_tensor(np.asarray(groups, dtype=np.int64), device=self.device)
         self.k = int(n_groups)
-        self.expected = torch.as_tensor(exp, dtype=torch.float64, device=self.device)
+        self.expected = torch.as_tensor(exp.copy(), dtype=torch.float64, device=self.device)
         self.estimate = torch.full((self.n_models, self.k), float(initial), dtype=torch.float64, device=self.device)
         self.smoothed = self.estimate.clone()  # S̄_k
         self.noise_multiplier = float(noise_multiplier)
-        self.tau, self.quantile, self.ema, self.min_clip = tau, quantile, ema, min_clip
-        self.formal_dp = bool(private)  # the gradient release is always private; formal_dp says if the whole run is
-        self.quantile_lr, self.count_noise_std = quantile_lr, count_noise_std
+        self.tau, self.quantile, self.ema = float(tau), float(quantile), float(ema)
+        self.c_min, self.c_max, self.base_clip = float(c_min), float(c_max), float(base_clip)
+        self.clip_rule = clip_rule
+        self.private_quantile = bool(private)
+        self.formal_dp = bool(private) and clip_rule == "quantile"  # the gradient release is always noised
+        self.quantile_lr, self.count_noise_std = float(quantile_lr), float(count_noise_std)
+        self._batch_clips = None  # the reference rule's clips of the current batch
 
     def group_clips(self) -> torch.Tensor:
         """(M, K) current clip norm of each group."""
-        return torch.clamp(self.tau * self.smoothed, min=self.min_clip)
+        if self.clip_rule == "reference":
+            if self._batch_clips is None:
+                return torch.full((self.n_models, self.k), self.base_clip * self.c_max, dtype=torch.float64,
+                                  device=self.device)
+            return self._batch_clips
+        ratio = self.tau * self.smoothed / self.smoothed.mean(dim=1, keepdim=True)
+        return self.base_clip * torch.clamp(ratio, min=self.c_min, max=self.c_max)
+
+    def see_batch(self, idx, work, mask):
+        if self.clip_rule != "reference":
+            return
+        g = self.groups[idx]
+        sums, counts = [], []
+        for j in range(self.k):
+            sel = (mask & (g == j)).to(work.norms.dtype)
+            sums.append(work.weighted_sum(sel))
+            counts.append(sel.sum(1).to(torch.float64))
+        n_all = torch.stack(counts, 1).sum(1)  # (M,)
+        sq_all = torch.zeros(self.n_models, dtype=torch.float64, device=self.device)
+        for name in sums[0]:
+            whole = sum(s[name] for s in sums).to(torch.float64)
+            sq_all += whole.reshape(self.n_models, -1).pow(2).sum(1)
+        mean_all = torch.sqrt(sq_all) / n_all.clamp(min=1)
+        clips = torch.empty((self.n_models, self.k), dtype=torch.float64, device=self.device)
+        for j in range(self.k):
+            sq = sum(v.to(torch.float64).reshape(self.n_models, -1).pow(2).sum(1) for v in sums[j].values())
+            mean_j = torch.sqrt(sq) / counts[j].clamp(min=1)
+            ratio = torch.where((counts[j] > 0) & (mean_j > 0), mean_all / mean_j.clamp(min=1e-300),
+                                torch.full_like(mean_j, self.c_max))
+            clips[:, j] = self.base_clip * torch.clamp(torch.nan_to_num(ratio, nan=self.c_max), max=self.c_max)
+        self._batch_clips = clips
 
     def clip_norms(self, idx):
         return torch.gather(self.group_clips(), 1, self.groups[idx])
@@ -135,13 +188,15 @@ class GroupAdaptive(Mechanism):
         return self.noise_multiplier * self.group_clips().max(dim=1).values
 
     def observe(self, idx, norms, mask, gen):
+        if self.clip_rule == "reference":  # its clips come from each batch (see_batch), nothing to track
+            return
         g = self.groups[idx]  # (M, L)
         norms = norms.to(torch.float64)
-        if self.formal_dp:
+        if self.private_quantile:
             below = ((norms <= torch.gather(self.estimate, 1, g)).to(torch.float64) - 0.5) * mask
             counts = torch.zeros_like(self.estimate).scatter_add_(1, g, below)
             noise = torch.randn(self.estimate.shape, generator=gen, device=self.device, dtype=torch.float64)
-            frac = (counts + self.count_noise_std * noise) / self.expected + 0.5
+            frac = torch.clamp((counts + self.count_noise_std * noise) / self.expected + 0.5, 0.0, 1.0)
             self.estimate = self.estimate * torch.exp(-self.quantile_lr * (frac - self.quantile))
         else:
             for j in range(self.k):
@@ -152,20 +207,24 @@ class GroupAdaptive(Mechanism):
                 lo, hi = pos.floor().long(), pos.ceil().long()
                 vlo, vhi = vals.gather(1, lo[:, None])[:, 0], vals.gather(1, hi[:, None])[:, 0]
                 q = vlo + (vhi - vlo) * (pos - lo)
-                self.estimate[:, j] = torch.where(cnt > 0, q, self.estimate[:, j])
+                self.estimate[:, j] = torch.where((cnt > 0) & torch.isfinite(q), q, self.estimate[:, j])
+        self.estimate = torch.clamp(self.estimate, *self._S_RANGE)
         self.smoothed = self.ema * self.smoothed + (1 - self.ema) * self.estimate
 
     def state(self):
-        return {"group_clip_norms": self.group_clips().mean(0).tolist()}
+        clips = self.group_clips()
+        return {"group_clip_norms": clips.mean(0).tolist(),
+                "noise_std": float((self.noise_multiplier * clips.max(dim=1).values).mean())}
 
 
 def build_tif(algo):
     return make_tif(algo.tif, alpha=algo.alpha, beta=algo.beta, power=algo.power, cut=algo.step_cut, knots=algo.knots)
 
 
-def default_count_noise_std(expected_batch: float) -> float:
-    # Andrew et al. (2021) use σ_b = expected batch / 20.
-    return max(expected_batch / 20.0, 1.0)
+def default_count_noise_std(expected_batch: float, noise_multiplier: float = 0.0) -> float:
+    """Andrew et al. (2021) use σ_b = expected batch / 20; at least the gradient noise multiplier z, so
+    the default is always feasible (2σ_b > z; z_Δ ≤ z / √(3/4))."""
+    return max(expected_batch / 20.0, float(noise_multiplier), 1.0)
 
 
 def build_mechanism(*, privacy, members, device) -> Mechanism:
@@ -184,13 +243,9 @@ def build_mechanism(*, privacy, members, device) -> Mechanism:
                           tif=build_tif(algo), n_models=m, device=device)
     if algo.name == "dpsgd_s":
         s = privacy.dpsgd_s
-        k = len(s.group_names)
-        onehot = np.zeros((len(s.groups), k))
-        onehot[np.arange(len(s.groups)), s.groups] = 1.0
-        expected_groups = (members * privacy.sample_rates[None, :]) @ onehot  # (M, K) Σ q_i over members of group k
-        return GroupAdaptive(groups=s.groups, n_groups=k, noise_multiplier=s.noise_multiplier,
-                             expected_group_batch=expected_groups, initial=s.initial_clip, tau=algo.tau,
-                             quantile=algo.quantile, ema=algo.ema, min_clip=algo.min_clip,
-                             private=algo.private_quantile, quantile_lr=algo.quantile_lr,
-                             count_noise_std=s.count_noise_std, device=device)
+        return GroupAdaptive(groups=s.groups, n_groups=len(s.group_names), noise_multiplier=s.noise_multiplier,
+                             expected_group_batch=s.expected_group_batch, initial=s.initial_clip, tau=algo.tau,
+                             quantile=algo.quantile, ema=algo.ema, c_min=algo.c_min, c_max=algo.c_max,
+                             base_clip=s.base_clip, private=algo.private_quantile, quantile_lr=algo.quantile_lr,
+                             count_noise_std=s.count_noise_std, clip_rule=algo.clip_rule, n_models=m, device=device)
     raise ValueError(f"no mechanism for algorithm {algo.name!r}")

@@ -41,11 +41,12 @@ def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
 class PapernotCNN(nn.Module):
     """Papernot et al. (2021) tanh CNN for MNIST: conv 16 8×8 s2 → tanh → maxpool 2 s1 →
     conv 32 4×4 s2 → tanh → maxpool 2 s1 → fc 32 → tanh → fc. On small inputs (digits 8×8)
-    the kernels shrink so every layer still sees at least one position."""
+    the kernels shrink so every layer still sees at least one position. ``padding``: the first conv's
+    padding on inputs of at least 16×16 (default 3; the INO-SGD reference code uses 2)."""
 
-    def __init__(self, in_channels: int, height: int, num_classes: int):
+    def __init__(self, in_channels: int, height: int, num_classes: int, padding: int | None = None):
         super().__init__()
-        k1, p1 = (8, 3) if height >= 16 else (3, 1)
+        k1, p1 = (8, 3 if padding is None else padding) if height >= 16 else (3, 1)
         k2, s2 = (4, 2) if height >= 16 else (2, 1)
         s = height
         s = _conv_out(s, k1, 2, p1)
@@ -160,7 +161,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple, num_classes: int) -> nn.Mo
     if h != w:
         raise ConfigError("model.name", f"{name} needs square images, got {h}×{w}")
     if name == "cnn":
-        return PapernotCNN(c, h, num_classes) if c == 1 else CifarCNN(c, h, num_classes)
+        return PapernotCNN(c, h, num_classes, cfg.cnn_padding) if c == 1 else CifarCNN(c, h, num_classes)
     if name == "resnet18":
         if h < 8:
             raise ConfigError("model.name", f"resnet18 needs images of at least 8×8, got {h}×{w}")

@@ -10,6 +10,7 @@ Planning failures (``accounting.PlanError``) become ``ConfigError`` in one place
 """
 from __future__ import annotations
 
+import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -102,13 +103,19 @@ def make_plan(config: RunConfig, tier_sizes, steps: int):
 
 @dataclass
 class GroupClipSetup:
-    """DP-SGD-S: clip groups and the noise of its two releases (the gradient sum and the counts)."""
+    """DP-SGD-S: clip groups, the public group sizes that normalise the counts, and the noise of its
+    releases (the gradient sum, the clipped counts, once: the group sizes unless declared)."""
 
     groups: np.ndarray  # group index per training sample
     group_names: list
     noise_multiplier: float  # gradient noise multiplier: z_Δ (private quantile) or the plan's z
     count_noise_std: float  # σ_b of the clipped-count release
     initial_clip: float
+    base_clip: float  # the run's clip_norm C: C_k = C · clamp(τ S_k / S̄, c_min, c_max)
+    group_sizes: np.ndarray  # (K,) public sizes: declared, or released with noise (float)
+    group_size_source: str  # "declared" | "released"
+    group_size_noise_std: float | None  # σ of the one-off release (None: declared)
+    expected_group_batch: np.ndarray  # (K,) public expected count of group k in one model's batch
 
 
 @dataclass
@@ -124,6 +131,7 @@ class PrivacyPlan:
     tail_length: float | None  # INO-SGD's γ, absolute clip-mass units
     dpsgd_s: GroupClipSetup | None
     formal_dp: bool
+    formal_dp_reason: str | None = None  # why there is no formal guarantee (None: there is one)
 
     @property
     def accountant_noise(self) -> tuple | None:
@@ -131,13 +139,33 @@ class PrivacyPlan:
         return None if self.plan is None else tuple(self.plan.noise_multipliers)
 
     @property
+    def accountant_releases(self) -> tuple:
+        """Noise multipliers of the one-off releases composed with the steps (``Plan.release_noise_multipliers``)."""
+        return () if self.plan is None else tuple(self.plan.release_noise_multipliers)
+
+    def accountant(self, delta: float):
+        """The live per-tier accountant of this plan; None without a formal guarantee (nothing to account)."""
+        if self.plan is None or not self.formal_dp:
+            return None
+        return accounting.TierAccountant(sample_rates=list(self.plan.sample_rates),
+                                         noise_multiplier=self.plan.noise_multiplier, delta=delta,
+                                         noise_multipliers=list(self.accountant_noise),
+                                         releases=self.accountant_releases)
+
+    @property
     def info(self) -> dict:
+        """What DP-SGD-S uses instead of the plan's noise std and clip (those are per step: ``state()``)."""
         s = self.dpsgd_s
         if s is None:
             return {}
+        a = self.algorithm
+        private_counts = a.clip_rule == "quantile" and a.private_quantile
         return {"gradient_noise_multiplier": s.noise_multiplier,
-                "count_noise_std": s.count_noise_std if self.algorithm.private_quantile else None,
-                "clip_groups": list(s.group_names)}
+                "count_noise_std": s.count_noise_std if private_counts else None,
+                "clip_rule": a.clip_rule, "base_clip": s.base_clip, "c_min": a.c_min, "c_max": a.c_max,
+                "clip_groups": list(s.group_names), "group_sizes": [float(v) for v in s.group_sizes],
+                "group_size_source": s.group_size_source, "group_size_noise_std": s.group_size_noise_std,
+                "expected_group_batch": [float(v) for v in s.expected_group_batch]}
 
 
 def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_sizes=None,
@@ -153,31 +181,75 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
         q = min(1.0, config.batch_size / sum(sizes))
         return PrivacyPlan(algorithm=algo, plan=None, sample_rates=np.full(data.n_train, q), sample_clips=None,
                            expected_batch=float(config.batch_size), expected_clip_mass=None, tail_length=None,
-                           dpsgd_s=None, formal_dp=False)
+                           dpsgd_s=None, formal_dp=False, formal_dp_reason=NO_DP_REASONS["nonprivate"])
+    dpsgd_s = None
+    if algo.name == "dpsgd_s":
+        plan, dpsgd_s = group_clip_setup(config, data, plan, tier_sizes=sizes, group_attribute=group_attribute,
+                                         field=field)
     rates, clips = np.asarray(plan.sample_rates, dtype=float), np.asarray(plan.clip_norms, dtype=float)
     mass = float(np.sum(rates * clips * np.asarray(plan.tier_sizes, dtype=float)))
-    out = PrivacyPlan(algorithm=algo, plan=plan, sample_rates=rates[tier_of], sample_clips=clips[tier_of],
-                      expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
-                      tail_length=resolve_tail_length(algo, mass) if algo.name == "ino" else None,
-                      dpsgd_s=None, formal_dp=True)
-    if algo.name == "dpsgd_s":
-        out.dpsgd_s = group_clip_setup(config, data, plan, group_attribute=group_attribute, field=field)
-        out.formal_dp = bool(algo.private_quantile)
-    return out
+    reason = dpsgd_s_reason(algo) if algo.name == "dpsgd_s" else None
+    return PrivacyPlan(algorithm=algo, plan=plan, sample_rates=rates[tier_of], sample_clips=clips[tier_of],
+                       expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
+                       tail_length=resolve_tail_length(algo, mass) if algo.name == "ino" else None,
+                       dpsgd_s=dpsgd_s, formal_dp=reason is None, formal_dp_reason=reason)
 
 
-def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, group_attribute=None,
-                     field: str = "algorithm") -> GroupClipSetup:
-    """DP-SGD-S's groups, z_Δ (Andrew et al. 2021) and count noise σ_b (default: expected batch / 20)."""
+NO_DP_REASONS = {
+    "nonprivate": "non-private SGD (no clipping, no noise)",
+    "nonprivate_quantile": "DP-SGD-S with a non-private quantile (the exact batch quantile of gradient norms)",
+    "reference": "DP-SGD-S with the reference clip rule (clips from the batch's gradients, not privatised)",
+}
+
+
+def dpsgd_s_reason(algo) -> str | None:
+    """Why a DP-SGD-S configuration has no formal DP guarantee; None when it has one."""
+    if algo.clip_rule == "reference":
+        return NO_DP_REASONS["reference"]
+    if not algo.private_quantile:
+        return NO_DP_REASONS["nonprivate_quantile"]
+    return None
+
+
+def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes, group_attribute=None,
+                     field: str = "algorithm"):
+    """DP-SGD-S's set-up (runs and audits): its groups; the public group sizes (declared in
+    ``group_sizes``, else released once with Gaussian noise of std σ_N and composed into the plan, whose
+    noise multiplier is raised so the total still meets ε); each group's public expected per-step count
+    q · N_k · (planned size / training-set size) — refused below 1 —; z_Δ (Andrew et al. 2021) and the
+    count noise σ_b (default: max(expected batch / 20, z)). Returns (the plan it trains with, the set-up)."""
     algo = config.algorithm
     groups, names = clip_groups(algo.group_by, data, attribute=group_attribute, field=f"{field}.group_by")
-    sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size))
+    if algo.group_sizes is not None:
+        if len(algo.group_sizes) != len(names):
+            raise ConfigError(f"{field}.group_sizes", f"needs one size per group ({len(names)}: "
+                                                       f"{', '.join(names[:20])}), got {len(algo.group_sizes)}")
+        public, source, sigma_n = np.asarray(algo.group_sizes, dtype=float), "declared", None
+    else:
+        q0, steps = float(plan.sample_rates[0]), int(plan.steps)
+        sigma_n = float(algo.group_size_noise_std or accounting.release_noise_multiplier_default(
+            noise_multiplier=plan.noise_multiplier, sample_rate=q0, steps=steps))
+        with plan_errors(f"{field}.group_size_noise_std"):
+            plan = accounting.plan_with_release(plan, sigma_n)
+        exact = np.bincount(groups, minlength=len(names)).astype(float)
+        rng = np.random.default_rng(secrets.randbits(63) if config.secure_rng else [int(config.seed), 0x5e7])
+        public, source = exact + sigma_n * rng.standard_normal(len(names)), "released"
+    share = float(sum(tier_sizes)) / float(len(groups))  # the audit trains each model on about half the data
+    expected = float(plan.sample_rates[0]) * share * public
+    for name, e, size in zip(names, expected, public):
+        if not e >= 1.0:
+            raise ConfigError(f"{field}.group_by", f"group {name!r} expects {e:.3g} samples per step (< 1; "
+                                                   f"{source} size {size:.4g}): too small "
+                                                   f"to track its clip; group differently or raise batch_size")
+    sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size), plan.noise_multiplier)
     z = plan.noise_multiplier
-    if algo.private_quantile:
+    if algo.private_quantile and algo.clip_rule == "quantile":
         with plan_errors(f"{field}.count_noise_std"):
             z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
-    return GroupClipSetup(groups=groups, group_names=names, noise_multiplier=float(z), count_noise_std=float(sigma_b),
-                          initial_clip=float(algo.initial_clip or config.clip_norm))
+    return plan, GroupClipSetup(groups=groups, group_names=names, noise_multiplier=float(z),
+                                count_noise_std=float(sigma_b), initial_clip=float(algo.initial_clip or config.clip_norm),
+                                base_clip=float(config.clip_norm), group_sizes=public, group_size_source=source,
+                                group_size_noise_std=sigma_n, expected_group_batch=expected)
 
 
 def clip_groups(group_by: str, data: PreparedData, *, attribute: str | None = None, field: str = "algorithm.group_by"):

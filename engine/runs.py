@@ -41,17 +41,29 @@ def formal_dp(run: dict) -> bool | None:
     if "formal_dp" in summary:
         return bool(summary["formal_dp"])
     cfg = run_config(run) if run.get("kind", "train") == "train" else None
-    if cfg is not None and cfg.algorithm.name == "dpsgd_s" and not cfg.algorithm.private_quantile:
+    if cfg is not None and cfg.algorithm.name == "dpsgd_s" and (not cfg.algorithm.private_quantile
+                                                                or cfg.algorithm.clip_rule == "reference"):
         return False
     return None
 
 
+def formal_dp_reason(run: dict) -> str | None:
+    """Why a run has no formal DP guarantee, as its plan or summary records it (None if not recorded)."""
+    for part in ("plan", "summary"):
+        reason = (run.get(part) or {}).get("formal_dp_reason")
+        if reason:
+            return str(reason)
+    return None
+
+
 def dp_note(run: dict) -> str:
-    """'' for a run with a formal DP guarantee; otherwise a short warning for labels and tables."""
+    """'' for a run with a formal DP guarantee; otherwise a short warning for labels and tables:
+    "no formal DP guarantee: <why>" (its ε spent is null)."""
     if run.get("algorithm") == "nonprivate":
         return "non-private reference (no DP)"
     if formal_dp(run) is False:
-        return "no formal DP guarantee"
+        reason = formal_dp_reason(run)
+        return f"no formal DP guarantee: {reason}" if reason else "no formal DP guarantee"
     return ""
 
 

@@ -4,7 +4,7 @@
         idx, mask ← Poisson batch of each model (its own members, per-sample rates q_i)
         non-private: gradient of the summed batch loss (no per-sample work)
         private:     per-sample losses ℓ and gradients g (``models.per_sample``)
-                     C, ρ ← mechanism;  sum_m = Σ_i ρ_i · g_i · min(1, C_i/‖g_i‖)
+                     C, ρ ← mechanism (see_batch, clip_norms, weights);  sum_m = Σ_i ρ_i · g_i · min(1, C_i/‖g_i‖)
                      sum_m += N(0, std_m² I), std_m = mechanism.noise_std() with THIS step's C
                      mechanism.observe(...)      — always, an empty batch included
         grad_m = sum_m / (model m's expected batch Σ_{i∈members} q_i)
@@ -121,6 +121,7 @@ def dp_step(models, x: torch.Tensor, y: torch.Tensor, sampler: PoissonSampler, m
     else:
         work = models.per_sample(x, y, idx, mask)
         losses, norms = work.losses, work.norms
+        mechanism.see_batch(idx, work, mask)
         clip = mechanism.clip_norms(idx)
         rho = mechanism.weights(losses, clip, mask)
         coef = torch.clamp(clip.to(norms.dtype) / torch.clamp(norms, min=1e-12), max=1.0) * mask

@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import signal
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import accounting
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig
 from engine.grad_sample import ModuleGrads
 from engine.mechanisms import build_mechanism
@@ -62,7 +60,8 @@ class Prepared:
     privacy: PrivacyPlan
     model: torch.nn.Module
     mechanism: object
-    steps: int
+    steps: int  # T the privacy plan is made for
+    train_steps: int = 0  # steps this run trains (config.train_epochs: the first ones of T); 0: T
 
     dataset = property(lambda self: self.data.dataset)
     tiers = property(lambda self: self.data.tiers)
@@ -85,7 +84,8 @@ def prepare(config: RunConfig) -> Prepared:
     steps = total_steps(config, n)
     privacy = prepare_privacy(config, data, steps=steps)
     mechanism = build_mechanism(privacy=privacy, members=np.ones((1, n), bool), device=data.device)
-    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps)
+    return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps,
+                    train_steps=config.trained_steps(n))
 
 
 def step_generator(config: RunConfig, device) -> torch.Generator:
@@ -119,16 +119,13 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
     sampler = PoissonSampler(np.ones((1, n), bool), prep.sample_rates, device)
     optimizer = _optimizer(config, model)
     grads_of = ModuleGrads(model)  # per-sample gradients of this one model (M = 1)
-    accountant = None
-    if prep.plan is not None:
-        accountant = accounting.TierAccountant(sample_rates=list(prep.plan.sample_rates),
-                                               noise_multiplier=prep.plan.noise_multiplier, delta=config.delta,
-                                               noise_multipliers=list(prep.accountant_noise))
-    eval_every = config.eval_every or max(1, prep.steps // 25)
+    accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
+    last = prep.train_steps or prep.steps
+    eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
-    plan_dict = _plan_dict(prep)
+    plan_dict = plan_record(prep)
     if store is not None and run_id is not None:
-        store.start_run(run_id, pid=os.getpid(), total_steps=prep.steps, plan=plan_dict)
+        store.start_run(run_id, pid=os.getpid(), total_steps=last, plan=plan_dict)
     evals, pending_steps = [], []
     started = time.time()
     last_flush = started
@@ -142,8 +139,8 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
             store.log_eval(run_id, step, e)
 
     record_eval(0)
-    bar = _progress_bar(prep.steps, config.label) if progress else None
-    for step in range(1, prep.steps + 1):
+    bar = _progress_bar(last, config.label) if progress else None
+    for step in range(1, last + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1}")
         out = dp_step(grads_of, x_train, y_train, sampler, mech, gen)
@@ -156,7 +153,7 @@ def train(config: RunConfig, *, store=None, run_id: int | None = None, progress:
         pending_steps.append((step, out.mean_losses()[0], int(out.batch_sizes[0])))
         if bar is not None:
             bar.update(1)
-        if step % eval_every == 0 or step == prep.steps:
+        if step % eval_every == 0 or step == last:
             record_eval(step)
             last_flush = time.time()
         elif store is not None and run_id is not None and time.time() - last_flush > 0.5:
@@ -184,15 +181,24 @@ def _progress_bar(total, label):
     return tqdm(total=total, desc=label, unit="step", leave=False)
 
 
-def _plan_dict(prep: Prepared) -> dict:
-    d = {"steps": prep.steps, "expected_batch_size": prep.expected_batch,
+def plan_record(prep: Prepared) -> dict:
+    """The plan record the store keeps. Without a formal guarantee ``epsilons`` is null and
+    ``formal_dp_reason`` says why; DP-SGD-S records what it uses (``prep.info``: z_Δ, count noise, base
+    clip, c_min/c_max, public group sizes) instead of a noise std and clip (those change every step and
+    are in each evaluation: ``group_clip_norms``, ``noise_std``)."""
+    d = {"steps": prep.steps, "trained_steps": prep.train_steps or prep.steps, "expected_batch_size": prep.expected_batch,
          "tier_names": list(prep.tiers.names), "tier_sizes": list(prep.tiers.sizes),
-         "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.mechanism.formal_dp,
-         "tail_length": prep.tail_length, **prep.info}
+         "target_epsilons": list(prep.tiers.epsilons), "formal_dp": prep.privacy.formal_dp,
+         "formal_dp_reason": prep.privacy.formal_dp_reason, "tail_length": prep.tail_length}
     if prep.config.secure_rng:
         d["reproducible"] = False  # sampling and noise drawn from OS entropy
     if prep.plan is not None:
         d.update(prep.plan.to_dict())
+        if prep.privacy.dpsgd_s is not None:
+            d.update(noise_std=None, clip_norms=None)
+        if not prep.privacy.formal_dp:
+            d["epsilons"] = None
+    d.update(prep.info)
     return d
 
 
@@ -226,9 +232,9 @@ class _Evaluator:
         overall, tiers, classes, pred = group_metrics(self.y, logp, self.tier_groups, k, ds.num_classes)
         if self.tier_groups is None:
             _, tiers, _, _ = group_metrics(self.y_sub, predict(model, self.x_sub), self.tier_sub, k, ds.num_classes)
-        spent = accountant.epsilons() if accountant is not None else [math.inf] * k
+        spent = [float(e) for e in accountant.epsilons()] if accountant is not None else [None] * k
         for j, t in enumerate(tiers):
-            t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=float(spent[j]))
+            t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=spent[j])
         for c, m in enumerate(classes):
             m["name"] = ds.class_names[c]
         out = {"step": step, "epoch": step * prep.expected_batch / len(ds.y_train), "elapsed": elapsed,
@@ -252,7 +258,8 @@ def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
     return {
         "algorithm": prep.config.algorithm.name,
         "label": prep.config.label or ALGORITHM_LABELS[prep.config.algorithm.name],
-        "steps": prep.steps, "seconds": seconds, "formal_dp": prep.mechanism.formal_dp,
+        "steps": prep.train_steps or prep.steps, "planned_steps": prep.steps, "seconds": seconds,
+        "formal_dp": prep.privacy.formal_dp, "formal_dp_reason": prep.privacy.formal_dp_reason,
         "accuracy": last["overall"]["accuracy"], "balanced_accuracy": last["overall"]["balanced_accuracy"],
         "loss": last["overall"]["loss"], "tiers": tiers,
         "class_recall": [c["recall"] for c in last["classes"]],

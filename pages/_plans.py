@@ -35,17 +35,36 @@ def _planned(preview, config, errors: list[str]) -> dict | None:
 
 
 def plan_frame(p: dict) -> pd.DataFrame:
-    """One row per tier: owners, target ε and, for private runs, planned ε, q, C and σ."""
+    """One row per tier: owners, target ε and, for private runs, planned ε (None without a formal
+    guarantee), q, C and σ (DP-SGD-S: its per-group clips change every step; σ is z_Δ)."""
     plan = p.get("plan")
     rows = []
     for k, name in enumerate(p["tier_names"]):
         row = {"tier": name, "owners": p["tier_sizes"][k], "ε target": p["target_epsilons"][k]}
         if plan:
-            row.update({"ε planned": round(plan["epsilons"][k], 4), "q (sample rate)": round(plan["sample_rates"][k], 5),
-                        "C (clip)": round(plan["clip_norms"][k], 4),
-                        "σ (noise mult.)": round(plan["noise_std"] / plan["clip_norms"][k], 4)})
+            eps = plan.get("epsilons")
+            row.update({"ε planned": None if eps is None else round(eps[k], 4),
+                         "q (sample rate)": round(plan["sample_rates"][k], 5)})
+            if plan.get("clip_norms") is None:  # DP-SGD-S
+                row.update({"C (clip)": f"per group, {plan['c_min']:g}–{plan['c_max']:g} × {plan['base_clip']:g}",
+                            "σ (noise mult.)": round(plan["gradient_noise_multiplier"], 4)})
+            else:
+                row.update({"C (clip)": round(plan["clip_norms"][k], 4),
+                            "σ (noise mult.)": round(plan["noise_std"] / plan["clip_norms"][k], 4)})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _plan_caption(p: dict) -> str:
+    plan = p["plan"]
+    extra = f" · INO tail γ = {p['tail_length']:.3g}" if p.get("tail_length") else ""
+    head = f"{p['steps']} steps · expected batch {plan['expected_batch_size']:.1f}"
+    if plan.get("noise_std") is None:  # DP-SGD-S: noise z_Δ · max_k C_k, clips from the tracked quantiles
+        sizes = "declared" if plan.get("group_size_source") == "declared" else \
+            f"released with noise σ = {plan.get('group_size_noise_std') or 0:.3g}"
+        return (f"{head} · noise std z_Δ · max_k C_k per step, z_Δ = {plan['gradient_noise_multiplier']:.4g} · "
+                f"C_k in [{plan['c_min']:g}, {plan['c_max']:g}] × C = {plan['base_clip']:g} · group sizes {sizes}")
+    return f"{head} · noise std {plan['noise_std']:.4g} · σ* = {plan['noise_multiplier']:.4g}{extra}"
 
 
 def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
@@ -64,13 +83,12 @@ def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
                 if plan is None:
                     st.caption(f"Non-private reference: no clipping, no noise, no DP guarantee · {p['steps']} steps")
                 else:
-                    extra = f" · INO tail γ = {p['tail_length']:.3g}" if p.get("tail_length") else ""
-                    st.caption(f"{p['steps']} steps · expected batch {plan['expected_batch_size']:.1f} · noise std "
-                               f"{plan['noise_std']:.4g} · σ* = {plan['noise_multiplier']:.4g}{extra}")
+                    st.caption(ui.md(_plan_caption(p)))
                     for note in plan.get("notes") or []:
                         st.caption(ui.md(f"note: {note}"))
                 if not p["formal_dp"] and cfg.algorithm.name != "nonprivate":
-                    st.warning("No formal DP guarantee (DP-SGD-S with a non-private quantile).")
+                    st.warning(ui.md(f"No formal DP guarantee: {p.get('formal_dp_reason') or 'see the plan'} "
+                                     f"(ε spent is not reported)."))
                 st.dataframe(plan_frame(p), hide_index=True, width="stretch")
     return previews
 

@@ -58,10 +58,19 @@ with algo_col:
         tau = a1.number_input("τ", min_value=0.01, value=1.0, step=0.1, key="tau", bind="query-params")
         quantile = a2.number_input("Quantile", min_value=0.01, max_value=0.99, value=0.75, step=0.05,
                                    key="quantile", bind="query-params")
+        a1, a2 = st.columns(2)
+        c_min = a1.number_input("c_min (× C)", min_value=0.01, value=0.5, step=0.1, key="c_min", bind="query-params")
+        c_max = a2.number_input("c_max (× C)", min_value=0.01, value=4.0, step=0.5, key="c_max", bind="query-params")
+        clip_rule = st.selectbox("Clip rule", ["quantile", "reference"], key="clip_rule", bind="query-params",
+                                 format_func={"quantile": "bounded relative quantile (private)",
+                                              "reference": "fair-privacy reference (not private)"}.get,
+                                 help="reference: C_k = C · min(c_max, ‖batch mean grad‖ / ‖group mean grad‖)")
         private_q = st.toggle("Private quantile (formal DP)", value=True, key="private_q", bind="query-params",
                               help="Off: the exact batch quantile is used — no formal DP guarantee")
         if not private_q:
             st.warning("DP-SGD-S with a non-private quantile has **no formal DP guarantee**.")
+        if clip_rule == "reference":
+            st.warning("DP-SGD-S with the reference clip rule has **no formal DP guarantee**.")
 
 # --- tiers ------------------------------------------------------------------------------------------------
 st.subheader("Privacy tiers")
@@ -101,7 +110,8 @@ with st.container():
                 model=ModelConfig(name=model),
                 algorithm=AlgorithmConfig(name="ino", idp_mode=idp_mode, tif=tif, alpha=float(alpha), beta=float(beta),
                                           power=float(power), step_cut=float(cut), tail_fraction=tail_pct / 100.0,
-                                          tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q)),
+                                          tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q),
+                                          c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
                 optimizer=OptimizerConfig(lr=float(train["lr"])), epochs=float(train["epochs"]),
                 batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
                 seed=int(train["seed"]), eval_every=int(eval_every))

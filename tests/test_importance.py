@@ -155,8 +155,8 @@ def test_dpsgd_and_group_adaptive_sensitivity(batch):
     # DP-SGD / IDP-SGD / DP-SGD-S all use ρ = 1 with the sample's own C_i.
     assert sensitivity_excess(rows_weights(Clipped(sample_clip_norms=np.ones(1), noise_std=1)), batch) <= 1e-9
     ga = GroupAdaptive(groups=np.zeros(1, int), n_groups=1, noise_multiplier=1, expected_group_batch=[1],
-                       initial=1, tau=1, quantile=0.5, ema=0.9, min_clip=0.01, private=True, quantile_lr=0.2,
-                       count_noise_std=1)
+                       initial=1, tau=1, quantile=0.5, ema=0.9, c_min=0.5, c_max=4, base_clip=1, private=True,
+                       quantile_lr=0.2, count_noise_std=1)
     assert sensitivity_excess(rows_weights(ga), batch) <= 1e-9
 
 

@@ -45,7 +45,8 @@ DEFAULT_RUN = RunConfig(data=DataConfig(name="adult"), tiers=None, model=ModelCo
 _NOT_IN_AUDIT = {"algorithm": "an audit lists its algorithms in the top-level 'algorithms'",
                  "eval_every": "an audit evaluates every model once, at the end",
                  "name": "an audit's name is the top-level 'name'",
-                 "secure_rng": "an audit's generators are seeded so that it resumes bit-identically"}
+                 "secure_rng": "an audit's generators are seeded so that it resumes bit-identically",
+                 "train_epochs": "an audit's models train their whole plan (run.epochs)"}
 # The earlier flat audit config: top-level key → path in the run.
 _FLAT = {"dataset": ("data", "name"), "data_dir": ("data", "data_dir"), "max_train": ("data", "max_train"),
          "model": ("model", "name"), "hidden": ("model", "hidden"), "lr": ("optimizer", "lr"),

@@ -136,8 +136,14 @@ def fig_epsilon_spent(hist: pd.DataFrame, *, theme: str = "light", notes: dict |
                       title: str = "ε spent per tier vs budget (dashed)") -> go.Figure:
     """Per run: each tier's ε spent so far (Opacus RDP) and its budget as a dashed line."""
     df = hist.dropna(subset=["epsilon_spent"]) if not hist.empty else hist
+    # runs without a formal guarantee record ε spent as null: name them (and why) instead of a curve
+    unaccounted = [r for r in dict.fromkeys(hist["run"])] if not hist.empty else []
+    unaccounted = [r for r in unaccounted if r not in set(df["run"])]
+    unaccounted_text = "ε spent null (no accounting): " + "; ".join(
+        f"{esc(r)} — {esc((notes or {}).get(r) or 'no formal DP guarantee')}" for r in unaccounted)
     if df.empty:
-        return empty_figure(title, theme, "no privacy accounting (non-private runs or no evaluations yet)")
+        return empty_figure(title, theme, unaccounted_text if unaccounted else
+                            "no privacy accounting (non-private runs or no evaluations yet)")
     notes = {esc(r): esc(n) for r, n in (notes or {}).items()}  # keyed by run label
     df = escape_columns(df, "run", "tier")
     runs = list(dict.fromkeys(df["run"]))
@@ -158,6 +164,9 @@ def fig_epsilon_spent(hist: pd.DataFrame, *, theme: str = "light", notes: dict |
         fig.update_xaxes(title_text="step", row=row, col=col)
     fig.update_yaxes(title_text="ε", col=1, rangemode="tozero")
     fig.update_layout(height=max(380, 320 * nrows))
+    if unaccounted:
+        fig.add_annotation(text=unaccounted_text, xref="paper", yref="paper", x=0, y=-0.18, showarrow=False,
+                           xanchor="left", font=dict(size=11))
     return fig
 
 

@@ -1,0 +1,107 @@
+"""Figures of the experiment scripts (``experiments/``) that the training and audit figures do not cover:
+pure functions, a tidy frame in, a plotly figure out (themed by ``engine.figures.scaffold``).
+
+    gain_frame(gains, labels, tiers, epochs)   the per-tier gains of experiments.tiered.tier_gains as a frame
+    fig_gain_by_tier(frame)                    recall gain per tier vs epoch, mean ± s.e. over seeds (+ seeds)
+    fig_pareto(frame)                          imbalance vs overall accuracy, ± s.e. both ways, one point per setting
+    fig_gpr_vs_epsilon(frame)                  audited group privacy risk per tier vs its ε, one line per algorithm
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.figures.scaffold import EXTRA_COLORS, TIER_COLORS, apply_theme
+
+GAIN_COLUMNS = ["variant", "point", "epoch", "tier", "tier_index", "mean", "se", "seed", "value"]
+
+
+def gain_frame(gains: dict, labels: dict, tiers: list[str], epochs: dict) -> pd.DataFrame:
+    """Rows per (variant, point, tier): the mean/se row (seed = None) and one row per seed.
+    ``gains[variant][point]`` as returned by ``tier_gains``; ``epochs[point]``: the x value."""
+    rows = []
+    for variant, by_point in gains.items():
+        for point, g in by_point.items():
+            if point not in epochs:
+                continue
+            for j, t in enumerate(tiers):
+                rows.append({"variant": labels.get(variant, variant), "point": point, "epoch": epochs[point], "tier": t,
+                             "tier_index": j, "mean": g["mean"][j], "se": g["se"][j], "seed": None, "value": None})
+                for s, row in enumerate(g["per_seed"]):
+                    rows.append({"variant": labels.get(variant, variant), "point": point, "epoch": epochs[point],
+                                 "tier": t, "tier_index": j, "mean": None, "se": None, "seed": s, "value": row[j]})
+    return pd.DataFrame(rows, columns=GAIN_COLUMNS)
+
+
+def fig_gain_by_tier(frame: pd.DataFrame, *, theme: str = "light",
+                     title: str = "Recall gain INO − IDP per tier (mean ± s.e. over paired seeds; dots: seeds)") -> go.Figure:
+    variants = list(dict.fromkeys(frame["variant"]))
+    fig = make_subplots(rows=1, cols=max(1, len(variants)), subplot_titles=variants, shared_yaxes=True)
+    for c, v in enumerate(variants, start=1):
+        fv = frame[frame.variant == v]
+        for t, g in fv.groupby("tier", sort=False):
+            k = int(g["tier_index"].iloc[0])
+            color = TIER_COLORS[k % len(TIER_COLORS)]
+            m = g[g.seed.isna()].sort_values("epoch")
+            fig.add_trace(go.Scatter(x=m["epoch"], y=m["mean"], error_y=dict(type="data", array=m["se"].fillna(0)),
+                                     mode="lines+markers", name=t, legendgroup=t, showlegend=c == 1,
+                                     line=dict(color=color)), row=1, col=c)
+            s = g[g.seed.notna()]
+            fig.add_trace(go.Scatter(x=s["epoch"] + 0.01 * (k - 1), y=s["value"], mode="markers", name=f"{t} seeds",
+                                     legendgroup=t, showlegend=False, opacity=0.45,
+                                     marker=dict(color=color, size=5, symbol="circle-open")), row=1, col=c)
+        fig.add_hline(y=0, line=dict(color="gray", width=1), row=1, col=c)
+        fig.update_xaxes(title_text="epoch", row=1, col=c)
+    fig.update_yaxes(title_text="recall gain (pp)", row=1, col=1)
+    fig.update_layout(title=title)
+    return apply_theme(fig, theme)
+
+
+PARETO_COLUMNS = ["setting", "kind", "tail_fraction", "beta", "accuracy", "accuracy_se", "imbalance", "imbalance_se",
+                  "auc_private", "auc_private_se", "n"]
+
+
+def fig_pareto(frame: pd.DataFrame, *, theme: str = "light",
+               title: str = "Utility imbalance vs overall accuracy (mean ± s.e. over seeds)") -> go.Figure:
+    """Two panels: the recall gap (least − most private tier) and the most private tier's recall AUC, each
+    against overall accuracy; INO-SGD settings coloured by β, labelled by γ; IDP-SGD the black reference."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["recall gap, least − most private tier (pp)",
+                                                        "recall AUC of the most private tier (%)"])
+    for c, (col, se) in enumerate((("imbalance", "imbalance_se"), ("auc_private", "auc_private_se")), start=1):
+        for i, (beta, g) in enumerate(frame[frame.kind == "ino"].groupby("beta", sort=True)):
+            fig.add_trace(go.Scatter(x=g["accuracy"], y=g[col], mode="markers+text+lines",
+                                     error_x=dict(type="data", array=g["accuracy_se"].fillna(0)),
+                                     error_y=dict(type="data", array=g[se].fillna(0)),
+                                     text=[f"γ={t:g}" for t in g["tail_fraction"]], textposition="top center",
+                                     name=f"INO-SGD β={beta:g}", legendgroup=f"b{beta}", showlegend=c == 1,
+                                     marker=dict(size=9, color=EXTRA_COLORS[i % len(EXTRA_COLORS)])), row=1, col=c)
+        ref = frame[frame.kind == "reference"]
+        fig.add_trace(go.Scatter(x=ref["accuracy"], y=ref[col], mode="markers", name="IDP-SGD", legendgroup="ref",
+                                 showlegend=c == 1, error_x=dict(type="data", array=ref["accuracy_se"].fillna(0)),
+                                 error_y=dict(type="data", array=ref[se].fillna(0)),
+                                 marker=dict(size=12, color="black", symbol="x")), row=1, col=c)
+        fig.update_xaxes(title_text="overall test accuracy (%)", row=1, col=c)
+    fig.update_layout(title=title)
+    return apply_theme(fig, theme)
+
+
+GPR_TIER_COLUMNS = ["algorithm", "tier", "epsilon", "gpr", "low", "high", "null_floor"]
+
+
+def fig_gpr_vs_epsilon(frame: pd.DataFrame, *, theme: str = "light",
+                       title: str = "Audited group privacy risk per tier vs its ε (bootstrap CI)") -> go.Figure:
+    fig = go.Figure()
+    for i, (algo, g) in enumerate(frame.groupby("algorithm", sort=False)):
+        g = g.sort_values("epsilon")
+        fig.add_trace(go.Scatter(x=g["epsilon"], y=g["gpr"], mode="lines+markers", name=algo,
+                                 error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).fillna(0),
+                                              arrayminus=(g["gpr"] - g["low"]).fillna(0)),
+                                 marker=dict(size=9, color=EXTRA_COLORS[i % len(EXTRA_COLORS)])))
+    if frame["null_floor"].notna().any():
+        fig.add_hline(y=float(frame["null_floor"].max()), line=dict(color="gray", dash="dot"),
+                      annotation_text="null floor (largest)")
+    fig.update_xaxes(title_text="tier ε")
+    fig.update_yaxes(title_text="GPR (mean per-sample advantage)")
+    fig.update_layout(title=title)
+    return apply_theme(fig, theme)

@@ -1,0 +1,174 @@
+"""The experiment scripts (experiments/*.py): argument handling, a tiny smoke configuration of each, the
+paired-seed property they rely on, and the two configurable conventions (steps rule, CNN padding).
+The quick and full runs are not run here (they take minutes to hours)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import ConfigError, ModelConfig, RunConfig, total_steps
+from engine.models import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = ("ino_vs_idp.py", "pareto.py", "group_risk.py")
+
+
+def _cli(script, *args):
+    return subprocess.run([sys.executable, str(REPO / "experiments" / script), *args], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+
+
+# --- conventions ---------------------------------------------------------------------------------
+
+def test_steps_rule_round_is_default_and_floor_per_epoch_is_the_reference_count():
+    assert total_steps(12, 60000, 512) == 1406  # round(12 · 60000 / 512) = round(1406.25)
+    assert total_steps(12, 60000, 512, "floor_per_epoch") == 1404  # 12 · ⌊60000 / 512⌋ = 12 · 117
+    assert RunConfig().steps_rule == "round"
+    cfg = RunConfig.from_dict({"epochs": 12, "batch_size": 512, "steps_rule": "floor_per_epoch"}).validate()
+    assert cfg.planned_steps(60000) == 1404
+    assert RunConfig(epochs=12, batch_size=512).planned_steps(60000) == 1406
+    assert RunConfig.from_json(cfg.to_json()) == cfg
+    for bad in ("floor", 3, None):
+        with pytest.raises(ConfigError) as e:
+            RunConfig.from_dict({"steps_rule": bad}).validate()
+        assert e.value.field == "steps_rule"
+
+
+def test_cnn_padding_is_configurable_and_defaults_to_3():
+    default = build_model(ModelConfig(name="cnn"), (1, 28, 28), 10)
+    ref = build_model(ModelConfig(name="cnn", cnn_padding=2), (1, 28, 28), 10)
+    assert default.features[0].padding == (3, 3) and ref.features[0].padding == (2, 2)
+    assert ref(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    small = build_model(ModelConfig(name="cnn", cnn_padding=2), (1, 8, 8), 10)  # digits: its own small kernels
+    assert small.features[0].padding == (1, 1)
+    for bad in (-1, 9, "2", 2.0):
+        with pytest.raises(ConfigError) as e:
+            RunConfig.from_dict({"model": {"name": "cnn", "cnn_padding": bad}}).validate()
+        assert e.value.field == "model.cnn_padding"
+
+
+def test_train_epochs_trains_the_first_epochs_of_the_planned_run(one_thread):
+    from engine.train import prepare, train
+
+    full = RunConfig.from_dict({"data": {"name": "digits", "max_train": 400}, "model": {"name": "lr"}, "epochs": 4,
+                                "batch_size": 50, "eval_every": 2, "device": "cpu",
+                                "algorithm": {"name": "idp_sample"}}).validate()
+    part = full.replace(train_epochs=1.0)
+    assert (full.trained_steps(400), part.trained_steps(400)) == (32, 8)
+    res = train(part)
+    assert [e["step"] for e in res.evals][-1] == 8 and res.summary["steps"] == 8
+    assert res.summary["planned_steps"] == 32 and res.plan["steps"] == 32 and res.plan["trained_steps"] == 8
+    assert res.plan["sample_rates"] == prepare(full).plan.to_dict()["sample_rates"]  # the 4-epoch plan
+    spent = [t["epsilon_spent"] for t in res.summary["tiers"]]
+    assert all(s < t["epsilon"] for s, t in zip(spent, res.summary["tiers"]))  # a quarter of the steps
+    with pytest.raises(ConfigError) as e:
+        full.replace(train_epochs=5.0).validate()
+    assert e.value.field == "train_epochs"
+
+
+# --- argument handling ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bad_arguments_end_with_one_line_and_exit_2(script):
+    for args in (["--bogus"], ["--quick", "--full"], ["--threads", "0"], ["--device", "tpu"]):
+        r = _cli(script, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (args, r.stderr)
+
+
+def test_bad_spec_or_missing_mode_is_one_line(tmp_path):
+    r = _cli("ino_vs_idp.py", "--config", str(tmp_path / "nope.json"), "--smoke")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "nope.json" in r.stderr
+    r = _cli("ino_vs_idp.py", "--quick", "--config", str(REPO / "experiments" / "ino_vs_idp_cifar10.json"))
+    assert r.returncode == 2 and "no quick mode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.json"
+    spec = json.loads((REPO / "experiments" / "ino_vs_idp.json").read_text())
+    spec["modes"]["smoke"]["batch_size"] = 0
+    bad.write_text(json.dumps(spec))
+    r = _cli("ino_vs_idp.py", "--smoke", "--config", str(bad), "--store", str(tmp_path / "s.sqlite"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: batch_size")
+
+
+# --- pairing ---------------------------------------------------------------------------------------
+
+def _tiny(algorithm, seed=0):
+    return RunConfig.from_dict({"data": {"name": "digits", "max_train": 300}, "model": {"name": "cnn"},
+                                "batch_size": 64, "epochs": 1, "seed": seed, "device": "cpu",
+                                "optimizer": {"lr": 0.5, "momentum": 0.5}, "algorithm": algorithm}).validate()
+
+
+def test_paired_runs_share_init_batches_and_noise_draws(one_thread):
+    from experiments.pairing import check_pairing
+
+    idp, ino = _tiny({"name": "idp_sample"}), _tiny({"name": "ino", "beta": 3.0})
+    out = check_pairing(idp, ino, steps=4)
+    assert out["paired"] and out["same_batches"] and out["same_random_numbers"] and out["same_init"]
+    assert out["gradients_differ"]  # the weights ρ do change the update: the pair is not one run twice
+    other = check_pairing(idp, _tiny({"name": "ino", "beta": 3.0}, seed=1), steps=2)
+    assert not other["paired"] and not other["same_init"] and not other["same_batches"]
+
+
+# --- smoke runs ------------------------------------------------------------------------------------
+
+def _main(module, argv, capsys):
+    module.main(argv)
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_ino_vs_idp_smoke(tmp_path, capsys, one_thread):
+    from experiments import ino_vs_idp
+
+    store = tmp_path / "s.sqlite"
+    d = _main(ino_vs_idp, ["--smoke", "--json", "--no-figures", "--store", str(store)], capsys)
+    for key in ("epochs", "recall_gain_by_tier", "overall_accuracy", "pearson", "seeds", "mid", "per_epoch", "pairing"):
+        assert key in d
+    assert d["seeds"] == [0, 1] and d["epochs"] == [1]
+    assert d["tier_epsilons"] == sorted(d["tier_epsilons"])  # from the smallest ε
+    g = d["recall_gain_by_tier"]
+    assert set(g) >= {"epoch1", "epoch2", "final", "auc"} and g["epoch2"] is None
+    assert all(len(g[k]) == 3 for k in ("epoch1", "final", "auc"))
+    assert set(d["overall_accuracy"]) >= {"ino", "idp"} and 0 <= d["overall_accuracy"]["idp"] <= 100
+    assert set(d["pearson"]) >= {"r", "p"}
+    assert all(p["paired"] for p in d["pairing"].values())
+    per_seed = d["variants"]["ino_b1"]["gains"]["final"]["per_seed"]
+    assert len(per_seed) == 2 and all(len(row) == 3 for row in per_seed)
+    mean = [sum(row[j] for row in per_seed) / 2 for j in range(3)]
+    assert mean == pytest.approx(g["final"])
+    # the runs are in the store, one per (algorithm, seed), and --reuse takes them instead of training again
+    from engine.store import RunStore
+
+    assert len(RunStore(store).list_runs(kind="train", status="finished")) == 6
+    again = _main(ino_vs_idp, ["--smoke", "--json", "--no-figures", "--reuse", "--store", str(store)], capsys)
+    assert again["run_ids"] == d["run_ids"] and again["recall_gain_by_tier"] == g
+
+
+def test_pareto_smoke(tmp_path, capsys, one_thread):
+    from experiments import pareto
+
+    d = _main(pareto, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "p.sqlite")], capsys)
+    kinds = [s["kind"] for s in d["settings"]]
+    assert kinds == ["reference", "ino"] and d["n_seeds"] == 2
+    for s in d["settings"]:
+        assert s["n"] == 2 and 0 <= s["accuracy"] <= 100 and s["imbalance"] is not None
+
+
+def test_group_risk_smoke(tmp_path, capsys, one_thread):
+    from experiments import group_risk
+
+    d = _main(group_risk, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "g.sqlite")], capsys)
+    adult = d["audits"]["adult"]
+    assert set(adult) == {"eps1", "eps10"}
+    assert set(adult["eps10"]["algorithms"]) == {"nonprivate", "dpsgd", "dpsgd_s"}
+    assert set(adult["eps1"]["algorithms"]) == {"dpsgd", "dpsgd_s"}  # the non-private reference is audited once
+    row = adult["eps10"]["algorithms"]["dpsgd"]
+    assert set(row["gpr"]) == set(adult["eps10"]["groups"]) and len(row["gpr"]) == 2
+    assert {"value", "low", "high"} <= set(row["delta_pp"]) and row["null_floor"] is not None
+    assert adult["eps10"]["n_models_per_algorithm"] == 4
+    assert len(d["audits"]["mnist10k"]["eps1"]["groups"]) == 10
+    tiers = d["tiered"]["algorithms"]["idp"]["gpr_by_tier"]
+    assert [t["epsilon"] for t in tiers] == [1.0, 2.0, 3.0]
+    fair = d["fairness"]["eps10"]["dpsgd"]
+    assert fair["demographic_parity_difference"]["n"] == 1 and 0 <= fair["equalized_odds_difference"]["mean"] <= 1

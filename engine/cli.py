@@ -1,4 +1,9 @@
-"""Command line: ``python -m engine {run,plan,show,list,worker}``.
+"""Command line: ``privacy-lab`` (installed) or ``python -m engine``, with the subcommands
+``run, rerun, plan, show, list, export, audit, worker, app``.
+
+``rerun RUN_ID --set dotted.key=JSON`` re-runs a stored run's config as a new run (overrides typed and
+validated like a config file); ``app`` starts the dashboard (``streamlit run`` of the installed app.py,
+bound to 127.0.0.1) and ends it with itself. ``--data-dir`` sets ``$PRIVACY_LAB_DATA_DIR`` for the command.
 
 Configuration errors print one line (``error: <field>: <message>``) and exit with code 2; so do data
 errors, run-store errors (a corrupt, read-only, missing or full store: the line names the file) and, as a
@@ -176,6 +181,125 @@ def cmd_audit(args) -> int:
     return cli_audit(args, _store(args))
 
 
+def parse_override(text: str) -> tuple[str, object]:
+    """``dotted.key=JSON_VALUE`` → (key, value); a value that is not JSON is taken as a string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError("--set", f"expected dotted.key=JSON_VALUE, got {text[:80]!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(config, overrides: list[str]):
+    """``config`` with each ``dotted.key=JSON_VALUE`` applied through ``replace`` (train configs) or
+    its dataclass path, every value type-checked against the field's annotation, then validated.
+    Unknown keys and wrong values raise one ConfigError naming the dotted key."""
+    import dataclasses
+
+    from engine.config_schema import _field_types, parse_value
+
+    for text in overrides or ():
+        key, value = parse_override(text)
+        obj = config
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            if not dataclasses.is_dataclass(obj):
+                raise ConfigError(key, f"{'.'.join(parts[:depth])} is not a section")
+            names = [f.name for f in dataclasses.fields(obj)]
+            if part not in names:
+                raise ConfigError(".".join(parts[:depth + 1]), f"unknown field; allowed: {', '.join(sorted(names))}")
+            hint = _field_types(type(obj)).get(part)
+            obj = getattr(obj, part)
+        parsed = parse_value(hint, value, key)
+        if hasattr(config, "replace"):
+            config = config.replace(**{key: parsed})
+        else:
+            from engine.config import _replace_path
+
+            config = _replace_path(config, parts, parsed)
+    return config.validate() or config
+
+
+def cmd_rerun(args) -> int:
+    """A stored run's config, with ``--set`` overrides, as a new run of the same kind."""
+    from engine.lifecycle import execute, job_kind
+
+    store = _store(args)
+    old = store.get_run(args.run_id)
+    if old is None:
+        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+    job = job_kind(old["kind"])
+    config = apply_overrides(job.parse(old["config"]), args.overrides)
+    store.mark_dead_runs()
+    if job.name == "train":
+        _print_data_report(config)
+    run_id = store.create_run(config, kind=job.name, status="queued", group_id=old.get("group_id"))
+    execute(store, run_id, config, kind=job.name, progress=not args.json)
+    run = store.get_run(run_id)
+    if args.json:
+        print(json.dumps({"run_id": run_id, "rerun_of": args.run_id, **(run["summary"] or {})}, sort_keys=True,
+                         default=str))
+    else:
+        print(f"run {run_id} (re-run of {args.run_id}) — {run['status']}")
+        if run["summary"]:
+            print(job.summary_table(run["summary"]))
+    return 0
+
+
+def app_path() -> str:
+    """The dashboard's app.py: beside the engine package in a checkout (or an editable install), else
+    the installed ``privacy_lab_app`` package's."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for p in (root / "app.py", root / "privacy_lab_app" / "app.py"):
+        if p.is_file():
+            return str(p)
+    raise ConfigError("app", "app.py was not found beside the engine package (reinstall privacy-imbalance-lab)")
+
+
+def cmd_app(args) -> int:
+    """``streamlit run`` of the installed app.py on 127.0.0.1; SIGTERM/SIGINT go to the child, which
+    ends with this process."""
+    import signal
+    import subprocess
+
+    cmd = [sys.executable, "-m", "streamlit", "run", app_path(), "--server.address", "127.0.0.1",
+           "--server.port", str(args.port), "--server.headless", "true", *args.streamlit_args]
+    env = dict(os.environ)
+    env["PRIVACY_LAB_STORE"] = str(resolve_store_path(args.store).resolve())
+    if env.get("PRIVACY_LAB_DATA_DIR"):
+        env["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(env["PRIVACY_LAB_DATA_DIR"])
+    # run in app.py's folder: Streamlit reads .streamlit/config.toml from the working directory
+    child = subprocess.Popen(cmd, env=env, cwd=os.path.dirname(cmd[4]))
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
 def cmd_export(args) -> int:
     from engine.export import export_runs
 
@@ -187,9 +311,10 @@ def cmd_export(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine", description="Privacy Imbalance Lab engine")
+    p = argparse.ArgumentParser(prog="privacy-lab", description="Privacy Imbalance Lab engine")
     p.add_argument("--store", default=os.environ.get("PRIVACY_LAB_STORE"),
                    help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
+    p.add_argument("--data-dir", dest="data_dir", help="data folder (sets $PRIVACY_LAB_DATA_DIR for this command)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an error (after its one-line message)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -198,6 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--algorithm", help="override algorithm.name")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     r.set_defaults(func=cmd_run)
+
+    rr = sub.add_parser("rerun", help="re-run a stored run (train or audit) as a new run, with overrides")
+    rr.add_argument("run_id", type=int)
+    rr.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
+                    help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable)")
+    rr.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
+    rr.set_defaults(func=cmd_rerun)
 
     pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")
     pl.add_argument("config", nargs="?", help="plan for this run config (else use the flags)")
@@ -237,6 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--theme", default="light", choices=("light", "dark"))
     ex.set_defaults(func=cmd_export)
 
+    ap = sub.add_parser("app", help="start the dashboard (streamlit run app.py on 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=8501)
+    ap.epilog = "Other options (e.g. --theme.base dark) are passed to streamlit run."
+    ap.set_defaults(func=cmd_app)
+
     w = sub.add_parser("worker", help="(internal) execute a queued run from the store")
     w.add_argument("run_id", type=int)
     w.add_argument("--threads", type=int, default=1)
@@ -251,8 +389,13 @@ def _one_line(e: BaseException) -> str:
 def main(argv=None, *, prepared=None) -> int:
     """``prepared``: for ``worker``, config → its ready preparation or None (the standby's head start)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "app":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.streamlit_args = [a for a in extra if a != "--"]
     args.prepared = prepared
+    if args.data_dir:
+        os.environ["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.data_dir))
     try:
         return args.func(args)
     except (ConfigError, StoreError) as e:

@@ -8,6 +8,7 @@ the UI shows as is, while HTML, CSV and JSON keep working.
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import os
@@ -116,8 +117,11 @@ def figure_bytes(fig, fmt: str, *, width: int = 1000, height: int = 600, scale: 
                 raise ExportUnavailable(f"Kaleido could not start Chromium: {e}") from None
 
 
-def html_bytes(fig) -> bytes:
-    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False}).encode("utf-8")
+def html_bytes(fig, *, plotlyjs: str | None = None) -> bytes:
+    """A full HTML page: plotly.js inlined (self-contained), or loaded from ``plotlyjs`` (a file name
+    beside the page: the presentation pack's one shared copy)."""
+    include = True if plotlyjs is None else plotlyjs
+    return fig.to_html(include_plotlyjs=include, full_html=True, config={"displaylogo": False}).encode("utf-8")
 
 
 def csv_bytes(df) -> bytes:
@@ -233,33 +237,81 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
     return paths
 
 
-def presentation_pack(runs: list[dict], *, width: int = 1600, height: int = 900, scale: float = 2.0,
-                      theme: str = "presentation", formats=("png", "svg", "pdf", "html", "csv")) -> bytes:
-    """A zip with every figure of a comparison for slides (light, large fonts), its data and configs.
+PACK_FORMATS = ("png", "svg", "pdf", "html", "csv")
+PLOTLY_JS = "plotly.min.js"  # the one copy of plotly.js every HTML file of a pack loads from beside it
 
+
+def pack_figures(runs: list[dict], *, theme: str = "presentation", names=None) -> list:
+    """The figures a presentation pack of ``runs`` can hold (the picker's options), in pack order."""
+    return build_figures(runs, theme=theme, names=names, skip_empty=True)
+
+
+@functools.lru_cache(maxsize=1)
+def figure_titles() -> dict[str, str]:
+    """Figure name → title, for every figure a pack can hold (the picker's labels; cheap: no data)."""
+    return {s.name: s.title for s in build_figures([])}
+
+
+def slide_table(fig, *, width: int, height: int, rows: int):
+    """A table figure restyled to fill a ``width`` × ``height`` slide: large fonts, tall rows, columns
+    as wide as their longest text."""
+    body = max(120, height - 160)  # title and margins
+    row_h = max(28, min(90, body // max(rows + 1, 2)))
+    font = max(14, min(36, int(row_h * 0.5), int(width / 60)))
+    import plotly.graph_objects as go
+
+    fig = go.Figure(fig)  # a copy: the dashboard's figure keeps its own size
+    for t in fig.data:
+        if t.type == "table":
+            cols = zip(t.header.values or (), t.cells.values or ())
+            t.columnwidth = [min(24, max([len(str(h)) / 2] + [len(str(v)) for v in c])) + 2 for h, c in cols]
+    fig.update_traces(header=dict(height=row_h, font=dict(size=font)), cells=dict(height=row_h, font=dict(size=font)),
+                      selector=dict(type="table"))
+    fig.update_layout(width=width, height=height, margin=dict(l=40, r=40, t=100, b=40), title_font_size=font + 10)
+    return fig
+
+
+def presentation_pack(runs: list[dict], *, names=None, width: int = 1600, height: int = 900, scale: float = 2.0,
+                      theme: str = "presentation", formats=PACK_FORMATS, progress=None) -> bytes:
+    """A zip with the figures of a comparison for slides (light, large fonts), their data and the configs.
+
+    ``names``: the figures to include (the picker's choice; default all of :func:`pack_figures`).
+    The HTML files share one ``html/plotly.min.js`` (a zip of 11 figures stays a few MB); tables are
+    slide-sized. ``progress(done, total, title)`` is called before each figure and once at the end.
     Without Chromium the static formats are left out and README.txt says why.
     """
+    from plotly.offline import get_plotlyjs
+
     ok, reason = static_export_available()
-    specs = build_figures(runs, theme=theme, skip_empty=True)
+    specs = pack_figures(runs, theme=theme, names=names)
     buf = io.BytesIO()
     notes = [f"Privacy Imbalance Lab presentation pack — runs {', '.join(str(r['id']) for r in runs)}",
-             f"created {time.strftime('%Y-%m-%d %H:%M:%S')}, {width}×{height} px at scale {scale}, theme {theme}", ""]
+             f"created {time.strftime('%Y-%m-%d %H:%M:%S')}, {width}×{height} px at scale {scale}, theme {theme}",
+             f"HTML files load {PLOTLY_JS} from their folder: keep the html/ folder together.", ""]
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for i, spec in enumerate(specs, 1):
-            stem = f"{i:02d}_{_safe(spec.name)}"
+        for i, spec in enumerate(specs):
+            if progress is not None:
+                progress(i, len(specs), spec.title)
+            stem = f"{i + 1:02d}_{_safe(spec.name)}"
+            fig = spec.figure
+            if any(t.type == "table" for t in fig.data):
+                fig = slide_table(fig, width=width, height=height, rows=len(spec.data))
             for fmt in formats:
                 if fmt in STATIC_FORMATS:
                     if not ok:
                         continue
-                    z.writestr(f"{fmt}/{stem}.{fmt}",
-                               figure_bytes(spec.figure, fmt, width=width, height=height, scale=scale))
+                    z.writestr(f"{fmt}/{stem}.{fmt}", figure_bytes(fig, fmt, width=width, height=height, scale=scale))
                 elif fmt == "html":
-                    z.writestr(f"html/{stem}.html", html_bytes(spec.figure))
+                    z.writestr(f"html/{stem}.html", html_bytes(fig, plotlyjs=PLOTLY_JS))
                 elif fmt == "csv":
                     z.writestr(f"data/{stem}.csv", csv_bytes(spec.data))
             notes.append(f"{stem}: {spec.title}")
+        if "html" in formats and specs:
+            z.writestr(f"html/{PLOTLY_JS}", get_plotlyjs())
         z.writestr("configs.json", configs_json(runs))
         if not ok:
             notes += ["", reason]
         z.writestr("README.txt", "\n".join(notes) + "\n")
+    if progress is not None:
+        progress(len(specs), len(specs), "done")
     return buf.getvalue()

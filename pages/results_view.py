@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine import export
 from engine.figures import frames
-from engine.figures.training import RESULT_FIGURES, build_figures
+from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
 from engine.runs import dp_note, run_label, run_record
 from pages import _common as ui
 from pages import _widgets as widgets
@@ -91,12 +91,33 @@ height = c2.number_input("Height (px)", 300, 3000, 900, 100, key="pack_h")
 scale = c3.number_input("Scale", 0.5, 4.0, 2.0, 0.5, key="pack_scale")
 pack_theme = c4.selectbox("Theme", ["presentation", "light", "dark"], key="pack_theme")
 ids = "-".join(str(r["id"]) for r in runs)
-c1, c2 = st.columns(2)
-c1.download_button("Presentation pack (zip)", icon=":material/slideshow:", key="pack", on_click="ignore",
-                   data=lambda: export.presentation_pack(runs, width=int(width), height=int(height), scale=float(scale),
-                                                         theme=pack_theme),
-                   file_name=f"privacy-lab-runs-{ids}.zip", mime=export.MIME["zip"], type="primary",
-                   help="Every figure of the selection as PNG, SVG, PDF and HTML, its data as CSV, and the configs")
-c2.download_button("Run configs (JSON)", data=export.configs_json(runs), file_name=f"runs-{ids}-configs.json",
+# the pack's figures: the live ones (every run here has evaluations) and the non-empty result figures
+names = list(LIVE_FIGURES) + [n for n, s in specs.items() if not s.data.empty]
+titles = {n: export.figure_titles()[n] for n in names}
+chosen = st.multiselect("Figures in the pack", list(titles), default=list(titles), key="pack_figures",
+                        format_func=lambda n: titles.get(n, n), help="Default: every figure of the selection")
+request = (ids, tuple(chosen), int(width), int(height), float(scale), pack_theme)
+c1, c2, c3 = st.columns(3)
+if c1.button("Build presentation pack", icon=":material/slideshow:", key="pack-build", type="primary",
+             disabled=not chosen, help="The chosen figures as PNG, SVG, PDF and HTML (one shared plotly.js), "
+                                       "their data as CSV, and the configs, zipped"):
+    with st.status(f"Building the presentation pack ({len(chosen)} figures)…", expanded=True) as status:
+        bar = st.progress(0.0, text="preparing figures")
+
+        def step(done: int, total: int, title: str) -> None:
+            bar.progress(done / max(total, 1), text=f"{done}/{total} · {title}")
+
+        data = export.presentation_pack(runs, names=chosen, width=int(width), height=int(height), scale=float(scale),
+                                        theme=pack_theme, progress=step)
+        status.update(label=f"Presentation pack ready: {len(chosen)} figures, {len(data) / 1e6:.1f} MB",
+                      state="complete", expanded=False)
+    st.session_state["pack-data"] = (request, data)
+built = st.session_state.get("pack-data")
+if built is not None and built[0] == request:
+    c2.download_button("Download pack (zip)", data=built[1], file_name=f"privacy-lab-runs-{ids}.zip",
+                       mime=export.MIME["zip"], key="pack", on_click="ignore", icon=":material/download:")
+elif built is not None:
+    c2.caption("The selection changed: build the pack again.")
+c3.download_button("Run configs (JSON)", data=export.configs_json(runs), file_name=f"runs-{ids}-configs.json",
                    mime=export.MIME["json"], key="configs", on_click="ignore")
-st.caption(f"CLI: `python -m engine export {' '.join(str(r['id']) for r in runs)} --format png --out export/`")
+st.caption(f"CLI: `privacy-lab export {' '.join(str(r['id']) for r in runs)} --format png --out export/`")

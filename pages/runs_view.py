@@ -3,6 +3,7 @@ download the config JSON and the metrics CSV."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 import pandas as pd
@@ -29,6 +30,15 @@ runs = store.list_runs(kind=kind_filter or None)
 if status_filter:
     runs = [r for r in runs if r["status"] in status_filter]
 any_active = any(r["status"] in ACTIVE for r in runs)
+
+
+def rerun_command(run_id: int) -> str:
+    """The short ``privacy-lab rerun`` line of a run: this store and data folder as absolute paths
+    (shell-quoted, whatever they contain)."""
+    from engine.data.files import data_dir
+
+    return (f"privacy-lab --store {shlex.quote(str(store.path.resolve()))} "
+            f"--data-dir {shlex.quote(str(data_dir()))} rerun {int(run_id)}")
 
 
 def _duration(r: dict) -> float | None:
@@ -90,11 +100,9 @@ for r in selected:
         if dp_note(r):
             st.warning(ui.md(dp_note(r)))
         config_text = json.dumps(r["config"], indent=2, sort_keys=True)
-        # a quoted here-document: the shell expands nothing inside, whatever the config contains
-        verb = "audit" if r["kind"] == "audit" else "run"
-        cmd = f"cat > run_{r['id']}.json <<'JSON'\n{config_text}\nJSON\npython -m engine {verb} run_{r['id']}.json"
-        st.caption("Copy as CLI command (reproduces this run in the terminal):")
-        st.code(cmd, language="bash")
+        st.caption("Copy as CLI command (re-runs this config as a new run, from any directory; add "
+                   "`--set key=value` to change a field, e.g. `--set epochs=4`):")
+        st.code(rerun_command(r["id"]), language="bash")
         d1, d2 = st.columns(2)
         d1.download_button("Config (JSON)", data=config_text, file_name=f"run_{r['id']}.json",
                            mime=export.MIME["json"], key=f"cfg-{r['id']}", on_click="ignore")

@@ -74,3 +74,94 @@ def test_plan_flags(store):
     bad = cli("plan", "--mode", "sample", "--epsilons", "-1", "--tier-sizes", "10", "--batch-size", "5",
               "--steps", "10", store=store)
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+def test_rerun_overrides_and_bad_values(tmp_path, store):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"max_train": 200},
+                               "algorithm": {"name": "idp_sample"}}))
+    assert cli("run", str(cfg), "--json", store=store).returncode == 0
+    out = cli("rerun", "1", "--set", "seed=7", "--set", "optimizer.lr=0.2", "--json", store=store)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["run_id"] == 2 and summary["rerun_of"] == 1
+    shown = json.loads(cli("show", "2", "--json", store=store).stdout)
+    assert shown["status"] == "finished" and shown["config"]["seed"] == 7
+    assert shown["config"]["optimizer"]["lr"] == 0.2 and shown["config"]["data"]["max_train"] == 200
+    for bad, field in (("seed=-1", "seed"), ("seed=1.5", "seed"), ("data.nope=1", "data.nope"),
+                       ("=3", "--set"), ("tiers=[]", "tiers")):
+        out = cli("rerun", "1", "--set", bad, store=store)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}"), (bad, out.stderr)
+    missing = cli("rerun", "99", store=store)
+    assert missing.returncode == 2 and "no run 99" in missing.stderr
+    assert len(json.loads(cli("list", "--json", store=store).stdout)) == 2  # no bad override started a run
+
+
+def test_data_dir_flag_is_used(tmp_path, store):
+    """``--data-dir`` names the data folder: adult from an empty folder falls back to the shipped copy,
+    and the run's data report does not mention the caller's $PRIVACY_LAB_DATA_DIR."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"name": "nope-set"}}))
+    empty = tmp_path / "data"
+    out = cli("--data-dir", str(empty), "run", str(cfg), store=store)
+    assert out.returncode == 2 and out.stderr.startswith("error: data.name")
+
+
+def test_app_serves_on_localhost_and_ends_with_its_parent(tmp_path, store):
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store), "app", "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        body = b""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.3)
+        assert body == b"ok", "the dashboard did not answer"
+        children = _descendants(proc.pid)
+        assert children
+        assert _listening(port) == {"0100007F"}  # 127.0.0.1 only
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{c}").exists() for c in children):
+            time.sleep(0.2)
+        assert not [c for c in children if Path(f"/proc/{c}").exists()]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            kids = [int(k) for k in (task / "children").read_text().split()]
+            out += kids
+            todo += kids
+    return out
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on ``port``."""
+    addrs = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            addr, hexport = fields[1].split(":")
+            if fields[3] == "0A" and int(hexport, 16) == port:
+                addrs.add(addr)
+    return addrs

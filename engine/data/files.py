@@ -34,7 +34,9 @@ ENV_VAR = "PRIVACY_LAB_DATA_DIR"
 OFFLINE_ENV_VAR = "PRIVACY_LAB_OFFLINE"
 DEFAULT_DATA_DIR = Path("~/.cache/privacy-imbalance-lab/data")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ASSETS_DIR = REPO_ROOT / "assets"
+# A checkout (or an editable install) has assets/ at its root; `pip install .` puts them in privacy_lab_app/.
+ASSETS_DIR = next((p for p in (REPO_ROOT / "assets", REPO_ROOT / "privacy_lab_app" / "assets") if p.is_dir()),
+                  REPO_ROOT / "assets")
 DOWNLOAD_TIMEOUT_S = 10.0
 MAX_DECOMPRESSED_BYTES = 256 << 20  # decompression cap of a file whose original size is not pinned
 MAX_FILE_BYTES = 512 << 20  # largest data file read or downloaded at all (CIFAR tarballs are 170 MB)

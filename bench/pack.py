@@ -1,0 +1,76 @@
+"""The presentation pack of a small real comparison (IDP-SGD vs INO-SGD on digits, trained here):
+its size, build time and contents, as the Results page builds it (1600×900 at scale 2, every format).
+
+    python bench/pack.py [--json] [--max-train 300] [--epochs 2]
+
+Targets (issue 10): a zip of 11 figures ≤ 5 MB, built in ≤ 10 s on 2 cores. The headless browser is
+started before the clock (the dashboard keeps one), so the time is the pack's own.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--max-train", type=int, default=300)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    from engine import export
+    from engine.config import RunConfig
+    from engine.runs import run_record
+    from engine.store import RunStore
+    from engine.train import train
+
+    torch.set_num_threads(1)
+    store = RunStore(Path(tempfile.mkdtemp()) / "runs.sqlite")
+    ids = []
+    for alg in ("idp_sample", "ino"):
+        cfg = RunConfig().replace(**{"algorithm.name": alg, "epochs": args.epochs, "model.name": "lr",
+                                     "data.max_train": args.max_train}).validate()
+        rid = store.create_run(cfg, group_id="bench-pack")
+        train(cfg, store=store, run_id=rid)
+        ids.append(rid)
+    runs = [run_record(store, i) for i in ids]
+    static, _ = export.static_export_available()
+    if static:
+        export.figure_bytes(export.pack_figures(runs, names=["accuracy"])[0].figure, "png")
+    steps = []
+    t0 = time.perf_counter()
+    data = export.presentation_pack(runs, progress=lambda i, n, title: steps.append(time.perf_counter() - t0))
+    seconds = time.perf_counter() - t0
+    z = zipfile.ZipFile(io.BytesIO(data))
+    by_folder: dict[str, int] = {}
+    for info in z.infolist():
+        folder = info.filename.split("/", 1)[0] if "/" in info.filename else "."
+        by_folder[folder] = by_folder.get(folder, 0) + info.compress_size
+    per_figure = [round(b - a, 2) for a, b in zip(steps, steps[1:])]
+    out = {"per_figure_seconds": per_figure, "figures": len(steps) - 1, "zip_mb": round(len(data) / 1e6, 2), "seconds": round(seconds, 2),
+           "plotly_js_copies": sum(n.endswith(".js") for n in z.namelist()), "static_formats": static,
+           "mb_by_folder": {k: round(v / 1e6, 2) for k, v in sorted(by_folder.items())},
+           "cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return
+    print(f"{out['figures']} figures: {out['zip_mb']} MB in {out['seconds']} s "
+          f"({out['plotly_js_copies']} plotly.js; {out['cpus']} CPUs, load {out['load_1min']})")
+    for k, v in out["mb_by_folder"].items():
+        print(f"  {k:<6} {v:6.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The installable package: ``pip install`` of the repository into a fresh virtual environment gives
+the ``privacy-lab`` console command, which works from any directory (store and data folder passed as
+paths), re-runs a stored run with overrides, and refuses a bad override in one line (exit 2)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = ("run", "rerun", "plan", "show", "list", "export", "audit", "worker", "app")
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A virtual environment over this interpreter's packages with the repository installed (not
+    editable: the command must not depend on the checkout being the working directory)."""
+    root = tmp_path_factory.mktemp("venv")
+    # --without-pip: the venv's own old setuptools would shadow the system's; pip comes from the system
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root / "env")],
+                   check=True, timeout=120)
+    py = root / "env" / "bin" / "python"
+    build = root / "src"  # a copy: building in the checkout would leave build/ and *.egg-info there
+    _copy_tree(REPO, build)
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--no-index", str(build)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root / "env" / "bin"
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    import shutil
+
+    files = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        p = src / rel
+        if p.is_file() and not rel.startswith(("tests/", "docs/", "bench/")):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dst / rel)
+
+
+def lab(venv: Path, *args, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PRIVACY_LAB_STORE")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([str(venv / "privacy-lab"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_console_command_lists_its_subcommands(venv, tmp_path):
+    out = lab(venv, "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: privacy-lab")
+    for sub in SUBCOMMANDS:
+        assert sub in out.stdout
+    # the installed code is the package's, not the checkout's
+    where = subprocess.run([str(venv / "python"), "-c", "import engine, privacy_lab_app, os;"
+                            "print(engine.__file__); print(os.path.isfile(os.path.join("
+                            "privacy_lab_app.__path__[0], 'app.py')))"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    engine_file, has_app = where.stdout.split()
+    assert not Path(engine_file).is_relative_to(REPO) and has_app == "True", where.stderr
+
+
+def test_rerun_with_an_override_from_another_directory(venv, tmp_path):
+    data = os.environ.get("PRIVACY_LAB_DATA_DIR") or str(tmp_path / "no-data")
+    store = tmp_path / "store" / "runs.sqlite"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"name": "digits", "max_train": 200},
+                               "algorithm": {"name": "idp_sample"}, "batch_size": 50}))
+    first = lab(venv, "--store", str(store), "--data-dir", data, "run", str(cfg), "--json", cwd=elsewhere)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout.strip().splitlines()[-1])["run_id"] == 1
+
+    listed = lab(venv, "--store", str(store), "list", cwd=tmp_path)
+    assert listed.returncode == 0 and "finished" in listed.stdout and "idp_sample" in listed.stdout
+
+    # the Runs page's "copy as CLI" line, plus overrides, from yet another directory
+    again = lab(venv, "--store", str(store), "--data-dir", data, "rerun", "1", "--set", "epochs=2",
+                "--set", 'algorithm.name="ino"', "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["run_id"] == 2 and summary["rerun_of"] == 1 and summary["algorithm"] == "ino"
+    runs = json.loads(lab(venv, "--store", str(store), "list", "--json", cwd=elsewhere).stdout)
+    by_id = {r["id"]: r for r in runs}
+    assert by_id[2]["status"] == "finished" and by_id[2]["algorithm"] == "ino"
+    assert by_id[2]["total_steps"] == 2 * by_id[1]["total_steps"]  # epochs 1 → 2
+    shown = json.loads(lab(venv, "--store", str(store), "show", "2", "--json", cwd=elsewhere).stdout)
+    assert shown["config"]["epochs"] == 2 and shown["config"]["data"]["max_train"] == 200  # the rest is kept
+
+
+@pytest.mark.parametrize("override,field", [("epochs=abc", "epochs"), ("nope=1", "nope"),
+                                            ("algorithm.name=\"banana\"", "algorithm.name"),
+                                            ("epochs", "--set"), ("delta=5", "delta"),
+                                            ("epochs.x=1", "epochs.x")])
+def test_bad_override_is_one_line_exit_2(venv, tmp_path, override, field):
+    store = tmp_path / "runs.sqlite"
+    from engine.config import RunConfig
+    from engine.store import RunStore
+
+    RunStore(store).create_run(RunConfig().validate(), status="finished")
+    out = lab(venv, "--store", str(store), "rerun", "1", "--set", override, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), out.stderr
+    assert len(RunStore(store, readonly=True).list_runs()) == 1  # nothing was started

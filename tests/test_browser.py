@@ -56,16 +56,7 @@ def server(tmp_path_factory):
                              "--browser.gatherUsageStats", "false"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + UI
-    while True:
-        try:
-            with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError((tmp / "streamlit.log").read_text()[-3000:])
-            time.sleep(0.25)
+    wait_healthy(url, proc, tmp / "streamlit.log")
     store = RunStore(store_path)
     _STORE[:] = [store]
     yield url, store, tmp
@@ -90,6 +81,20 @@ def browser():
 
 
 _STORE: list = []  # the module's run store, for failure messages
+
+
+def wait_healthy(url: str, proc, log_path: Path, timeout: float = UI) -> None:
+    """Poll the Streamlit server's health endpoint until it answers (or its process died / time ran out)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(log_path.read_text()[-3000:])
+            time.sleep(0.25)
 
 
 def wait_until(pred, timeout=UI, what="condition", interval=0.2):

@@ -13,8 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 
 from engine.store import RunStore
 
-from test_browser import CHROMIUM, UI, UI_MS, _free_port, browser  # noqa: F401 - (browser: a fixture)
+from test_browser import CHROMIUM, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
 from test_export import train_comparison
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,16 +41,7 @@ def server(tmp_path_factory):
                              "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + UI
-    while True:
-        try:
-            with urllib.request.urlopen(url + "_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError((tmp / "app.log").read_text()[-3000:])
-            time.sleep(0.25)
+    wait_healthy(url, proc, tmp / "app.log")
     yield url, ids
     proc.send_signal(signal.SIGTERM)  # `privacy-lab app` forwards it to streamlit and waits
     try:

@@ -266,3 +266,25 @@ def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> di
     specs = {s.name: s for s in build()}
     st.session_state[name] = (signature, specs)
     return specs
+
+
+PRESETS_HELP = ("Named audits from the engine (engine/audit/presets.py): quick (digits LR, seconds to a minute) and "
+                "quick-eps1 show non-private > DP-SGD ε = 10 > DP-SGD ε = 1; adult-paper and mnist-paper follow the "
+                "papers' training (20 epochs, lr 0.1, C 5, 2R = 400)")
+AUDIT_EXPLAINER = ("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on each, "
+           "so every sample is a member of exactly R of the 2R models. A sample's **advantage** is the best TPR − FPR of "
+           "the rule *member if score ≥ t* over those models (score: the logit-scaled confidence of the true class, "
+           "log p_y − log(1 − p_y), in float64); a group's **GPR** is the mean advantage of its samples and "
+           "**Δ** the gap between the riskiest and the safest group (percentage points). The tick on each bar is that "
+           "group's **null floor**, the same estimator on shuffled membership labels: bars near it show no measurable "
+           "leakage. Δ is *not resolved* when its CI reaches the spread of Δ under shuffled labels.")
+
+
+def null_floor_warning(report) -> None:
+    """Say in words when every bar sits at its null floor (the audit measured no leakage)."""
+    at_floor = report.at_null_floor()
+    if at_floor:
+        st.warning("Every bar sits at its null floor: this audit measures no membership leakage for "
+                   f"{', '.join(at_floor)} (each group's GPR CI reaches its floor under shuffled labels). Train models "
+                   "that fit their half more closely (more epochs, fewer samples, a larger model), raise R, or start "
+                   "from the quick preset.")

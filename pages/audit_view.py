@@ -19,13 +19,7 @@ CUSTOM = "custom (the settings below)"
 
 st.title("Privacy audit")
 ui.intro()
-st.caption("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on each, "
-           "so every sample is a member of exactly R of the 2R models. A sample's **advantage** is the best TPR − FPR of "
-           "the rule *member if score ≥ t* over those models (score: the logit-scaled confidence of the true class, "
-           "log p_y − log(1 − p_y), in float64); a group's **GPR** is the mean advantage of its samples and "
-           "**Δ** the gap between the riskiest and the safest group (percentage points). The tick on each bar is that "
-           "group's **null floor**, the same estimator on shuffled membership labels: bars near it show no measurable "
-           "leakage. Δ is *not resolved* when its CI reaches the spread of Δ under shuffled labels.")
+st.caption(widgets.AUDIT_EXPLAINER)
 url = widgets.UrlParams(labels={"a_algos": ui.algo_label})
 mgr = ui.manager()
 store = mgr.store
@@ -33,9 +27,7 @@ errors: list[str] = []
 
 # --- configuration --------------------------------------------------------------------------------------------
 preset_name = st.selectbox("Audit preset", [CUSTOM, *PRESETS], key="a_preset",
-                           help="Named audits from the engine (engine/audit/presets.py): quick (digits LR, seconds to a "
-                                "minute) and quick-eps1 show non-private > DP-SGD ε = 10 > DP-SGD ε = 1; adult-paper and "
-                                "mnist-paper follow the papers' training (20 epochs, lr 0.1, C 5, 2R = 400)")
+                           help=widgets.PRESETS_HELP)
 names = dataset_names()
 left, right = st.columns([3, 2], gap="large")
 with left:
@@ -147,8 +139,6 @@ if not audits:
     st.info("No audits yet: launch one above. Audits keep running in the background when you close the tab.")
     st.stop()
 by_id = {r["id"]: r for r in audits}
-
-
 active = [r["id"] for r in audits if ui.is_active(r)]
 current = widgets.run_picker("Audit", list(by_id), key="a_pick", param="audit", default=(active or list(by_id))[0],
                              format_func=lambda i: widgets.audit_label(by_id[i]), url=url, cast=int)
@@ -172,12 +162,7 @@ def view(run_id: int) -> None:
     if report.partial:
         st.caption(ui.md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
                          "the rest is still training."))
-    at_floor = _at_null_floor(report)
-    if at_floor:
-        st.warning("Every bar sits at its null floor: this audit measures no membership leakage for "
-                   f"{', '.join(at_floor)} (each group's GPR CI reaches its floor under shuffled labels). Train models "
-                   "that fit their half more closely (more epochs, fewer samples, a larger model), raise R, or start "
-                   "from the quick preset.")
+    widgets.null_floor_warning(report)
     theme = ui.plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = widgets.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
@@ -195,17 +180,6 @@ def view(run_id: int) -> None:
     widgets.audit_downloads(run, report, store)
     if any_active and not ui.is_active(run):
         st.rerun()  # finished: one full rerun stops the polling
-
-
-def _at_null_floor(report) -> list[str]:
-    """Labels of the algorithms whose every group's GPR CI reaches down to that group's null floor."""
-    out = []
-    for a in report.algorithms:
-        lows = [(e.low, a.null_groups.get(g, a.null_floor)) for g, e in a.gpr.items()]
-        known = [(lo, f) for lo, f in lows if lo is not None and f is not None]
-        if known and all(lo <= f for lo, f in known):
-            out.append(a.label)
-    return out if out and len(out) == len(report.algorithms) else []
 
 
 view(current)

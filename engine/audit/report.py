@@ -243,6 +243,17 @@ class AuditReport:
                 return a
         raise KeyError(f"no algorithm {key!r} in this audit; there are: {', '.join(a.key for a in self.algorithms)}")
 
+    def at_null_floor(self) -> list[str]:
+        """Labels of the algorithms, when ALL of them have every group's GPR CI reaching down to that group's
+        own null floor (the audit measured no leakage at all); else []."""
+        out = []
+        for a in self.algorithms:
+            known = [(e.low, a.null_groups.get(g, a.null_floor)) for g, e in a.gpr.items()]
+            known = [(lo, f) for lo, f in known if lo is not None and f is not None]
+            if known and all(lo <= f for lo, f in known):
+                out.append(a.label)
+        return out if out and len(out) == len(self.algorithms) else []
+
     # --- tidy frames (what the figures, CSV exports and tables show) ---------------------------------
     def gpr_frame(self):
         return _frames().gpr_frame(self)

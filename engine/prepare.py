@@ -260,9 +260,15 @@ def clip_groups(group_by: str, data: PreparedData, *, attribute: str | None = No
         return np.asarray(tiers.train, dtype=np.int64), list(tiers.names)
     if group_by == "class":
         return ds.y_train.numpy().astype(np.int64), [str(c) for c in ds.class_names]
+    names, inv = np.unique(sensitive_values(ds, attribute, field), return_inverse=True)
+    return inv.astype(np.int64), [str(v) for v in names]
+
+
+def sensitive_values(ds, attribute: str | None, field: str) -> np.ndarray:
+    """The training samples' values (str) of ``attribute`` (None: the dataset's default sensitive attribute);
+    ConfigError naming ``field`` when the dataset has no such attribute."""
     attr = attribute or ds.default_sensitive
     if attr is None or attr not in ds.sensitive_train:
         known = ", ".join(ds.sensitive_train) or "none"
         raise ConfigError(field, f"{ds.name} has no sensitive attribute {attr!r} to group by; known: {known}")
-    names, inv = np.unique(np.asarray(ds.sensitive_train[attr]).astype(str), return_inverse=True)
-    return inv.astype(np.int64), [str(v) for v in names]
+    return np.asarray(ds.sensitive_train[attr]).astype(str)

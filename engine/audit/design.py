@@ -11,21 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from engine.audit.config import AuditConfig, single_tier
-from engine.config import ConfigError, TiersConfig
+from engine.config import TiersConfig
+from engine.prepare import sensitive_values
 
 
 def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
     if config.run.tiers is not None:
         return config.run.tiers
     return single_tier(config.epsilon, range(dataset.num_classes))
-
-
-def group_attribute_values(config: AuditConfig, dataset, field_name: str) -> np.ndarray:
-    attr = config.group_attribute or dataset.default_sensitive
-    if attr is None or attr not in dataset.sensitive_train:
-        known = ", ".join(dataset.sensitive_train) or "none"
-        raise ConfigError(field_name, f"{dataset.name} has no sensitive attribute {attr!r} to group by; known: {known}")
-    return np.asarray(dataset.sensitive_train[attr]).astype(str)
 
 
 def group_labels(config, dataset, tiers, by: str, field_name: str):
@@ -39,7 +32,7 @@ def group_labels(config, dataset, tiers, by: str, field_name: str):
         arr = np.asarray(names + [""], dtype=object)  # test samples outside every tier (-1) → ""
         test = None if tiers.test is None else arr[tiers.test].astype(str)
         return arr[tiers.train].astype(str), names, test
-    values = group_attribute_values(config, dataset, field_name)
+    values = sensitive_values(dataset, config.group_attribute, field_name)
     attr = config.group_attribute or dataset.default_sensitive
     test = np.asarray(dataset.sensitive_test[attr]).astype(str) if attr in dataset.sensitive_test else None
     return values, sorted(set(values.tolist())), test

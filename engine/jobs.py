@@ -182,16 +182,18 @@ class JobManager:
     # --- submitting -------------------------------------------------------------------------
     def submit(self, configs, *, group_id: str | None = None, kind: str = "train", names=None) -> list[int]:
         """Queue one run per config (RunConfig / AuditConfig or its dict) of a registered ``kind`` under one
-        group; returns the run ids. An unknown kind raises ConfigError before anything is queued."""
+        group; returns the run ids — k of them, in seed order, for a train config with ``seeds = k`` (one job:
+        one worker, one row per seed; ``names[k]`` names every row of config k). An unknown kind or an
+        invalid ``seeds`` raises ConfigError before anything is queued."""
         from engine.lifecycle import job_kind
 
         job_kind(kind)
         group_id = group_id or new_group_id("audit" if kind == "audit" else "cmp")
+        jobs = [seed_rows(cfg) if kind == "train" else [cfg] for cfg in configs]
         ids = []
-        for k, cfg in enumerate(configs):
-            name = names[k] if names else None
-            rows = seed_rows(cfg) if kind == "train" else [cfg]
-            ids += self.store.create_job(rows, kind=kind, group_id=group_id, status="queued", name=name)
+        for k, rows in enumerate(jobs):
+            ids += self.store.create_job(rows, kind=kind, group_id=group_id, status="queued",
+                                         name=names[k] if names else None)
         self.kick()
         return ids
 

@@ -244,6 +244,6 @@ def test_submit_expands_a_dict_config_with_seeds(tmp_path):
     from engine.config import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        mgr.submit([TINY.to_dict() | {"seeds": 99}])
-    assert e.value.field == "seeds"
+        mgr.submit([TINY, TINY.to_dict() | {"seeds": 99}], group_id="g-bad")
+    assert e.value.field == "seeds" and mgr.store.list_runs(group_id="g-bad") == []  # nothing queued
     mgr.shutdown()

@@ -54,7 +54,10 @@ def with_units(df: pd.DataFrame, bands: bool, *, run_col: str = "run", id_col: s
 def seed_mean(df: pd.DataFrame, keys: list[str], value: str, *, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     """Mean of ``value`` over the rows sharing ``keys`` (the seeds of a series at one evaluation) with its
     standard error (sample sd / √n; 0 for one seed) and n; ``extra`` columns are averaged too (x values)."""
-    grouped = df.groupby(keys, sort=False)
+    if not df.duplicated(keys).any():  # one seed per key (no series): the values themselves
+        out = df[keys + [value, *extra]].reset_index(drop=True)
+        return out.assign(se=0.0, n=np.where(np.isfinite(out[value].to_numpy(float)), 1, 0))
+    grouped = df.groupby(keys, sort=False, dropna=False)
     out = grouped[[value, *extra]].mean()
     v = grouped[value]
     count = v.count()
@@ -77,11 +80,14 @@ def recall_gain_spread(gain: pd.DataFrame) -> pd.DataFrame:
 
     out = seed_mean(gain, ["series", "tier", "tier_index", "epsilon", "step"], "gain", extra=("progress",))
     out = out.rename(columns={"gain": "mean_gain"})
-    ps = []
-    for _, g in gain.groupby(["series", "tier", "tier_index", "epsilon", "step"], sort=False):
-        x = g["gain"].dropna().to_numpy(float)
-        ps.append(float(ttest_1samp(x, 0.0).pvalue) if len(x) >= 2 and np.ptp(x) > 0 else float("nan"))
-    out["p"] = ps
+    keys = ["series", "tier", "tier_index", "epsilon", "step"]
+    values = gain["gain"].to_numpy(float)
+    p = {}
+    for key, pos in gain.groupby(keys, sort=False, dropna=False).indices.items():
+        x = values[pos]
+        x = x[np.isfinite(x)]
+        p[key] = float(ttest_1samp(x, 0.0).pvalue) if len(x) >= 2 and np.ptp(x) > 0 else float("nan")
+    out["p"] = [p.get(k, float("nan")) for k in out[keys].itertuples(index=False, name=None)]
     out["beyond_spread"] = (out["n"] >= 2) & (out["mean_gain"] - 2 * out["se"] > 0)
     return out[GAIN_SPREAD_COLUMNS]
 
@@ -136,14 +142,19 @@ def diverged_step(steps, losses, factor: float = DIVERGENCE_FACTOR):
     return None
 
 
-def diverged_units(df: pd.DataFrame, value: str = "raw_loss") -> dict:
-    """unit → the first step at which any of its runs' tier curves diverged (units that never did are absent)."""
-    out: dict = {}
-    for (unit, _run, _tier), g in df.sort_values("step").groupby(["unit", "run_id", "tier"], sort=False):
-        s = diverged_step(g["step"].to_numpy(), g[value].to_numpy(float))
-        if s is not None:
-            out[unit] = s if unit not in out else min(out[unit], s)
-    return out
+def diverged_units(df: pd.DataFrame, value: str = "raw_loss", factor: float = DIVERGENCE_FACTOR) -> dict:
+    """unit → the first step at which any of its runs' tier curves diverged (:func:`diverged_step`'s rule,
+    vectorised; units that never did are absent)."""
+    if df.empty:
+        return {}
+    d = df.sort_values("step", kind="stable")
+    v = d[value].to_numpy(float)
+    initial = d.groupby(["run_id", "tier"], sort=False)[value].transform("first").to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        flag = ~np.isfinite(v) | (np.isfinite(initial) & (v > factor * np.maximum(initial, 1e-12)))
+    if not flag.any():
+        return {}
+    return d[flag].groupby("unit", sort=False)["step"].min().to_dict()
 
 
 # --- the x axis ------------------------------------------------------------------------------------
@@ -159,8 +170,9 @@ def with_x(df: pd.DataFrame, x_axis: str, *, per_tier: bool) -> tuple[pd.DataFra
     no ε spent (no formal DP guarantee) when ``x_axis="epsilon"``, runs without epochs or times otherwise."""
     col = {"step": "step", "epoch": "epoch", "elapsed": "elapsed",
            "epsilon": "epsilon_spent" if per_tier else "private_epsilon_spent"}[x_axis]
-    out = df.copy()
-    out["x"] = out[col].astype(float)
-    has = out.groupby("unit", sort=False)["x"].apply(lambda v: bool(np.isfinite(v.to_numpy(float)).any()))
-    missing = [u for u, ok in has.items() if not ok]
-    return out[out["unit"].isin(has[has].index) & np.isfinite(out["x"].to_numpy(float))], missing
+    x = df[col].to_numpy(float)
+    finite = np.isfinite(x)
+    out = df[finite].assign(x=x[finite])
+    kept = set(out["unit"])
+    missing = [u for u in df["unit"].unique() if u not in kept]
+    return out, missing

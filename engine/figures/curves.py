@@ -27,7 +27,7 @@ NEUTRAL = "#888888"
 def unit_styles(df: pd.DataFrame) -> dict:
     """unit → (colour, marker): the algorithm's colour for its first unit, distinct extra colours after."""
     used, out, extra = set(), {}, iter(EXTRA_COLORS * 8)
-    for unit, algo in dict.fromkeys(zip(df["unit"], df["algorithm"])):
+    for unit, algo in df[["unit", "algorithm"]].drop_duplicates().itertuples(index=False):
         if unit in out:
             continue
         color = ALGORITHM_COLORS[algo] if algo in ALGORITHM_COLORS and algo not in used else next(extra)
@@ -36,10 +36,21 @@ def unit_styles(df: pd.DataFrame) -> dict:
     return out
 
 
-def _arrays(g: pd.DataFrame, value: str):
-    g = g.sort_values("step")
-    return (g["step"].to_numpy(), g["x"].to_numpy(float), g[value].to_numpy(float), g["se"].to_numpy(float),
-            int(g["n"].max()))
+def _groups(agg: pd.DataFrame, outer: str, inner: list[str], value: str) -> dict:
+    """outer value → [(inner key, (steps, x, mean, se, n))] in order of first appearance, each curve in step
+    order (one pass over numpy columns: no per-group frames)."""
+    if agg.empty:
+        return {}
+    cols = {c: agg[c].to_numpy() for c in ("step", "x", value, "se", "n")}
+    keys = [outer, *inner]
+    groups = sorted(agg.groupby(keys, sort=False, dropna=False).indices.items(), key=lambda kv: kv[1].min())
+    out: dict = {}
+    for key, pos in groups:
+        pos = pos[np.argsort(cols["step"][pos], kind="stable")]
+        curve = (cols["step"][pos], cols["x"][pos].astype(float), cols[value][pos].astype(float),
+                 cols["se"][pos].astype(float), int(cols["n"][pos].max()))
+        out.setdefault(key[0], []).append((key[1:] if len(key) > 2 else key[1], curve))
+    return out
 
 
 def _curve(traces: list, key: str, x, mean, se, *, panel: int, color: str, name: str, group: str, show: bool,
@@ -137,16 +148,16 @@ def mid_curves_plan(hist: pd.DataFrame, *, layout: str = "facet", x_axis: str = 
         return Plan(title, empty=_missing_note(missing, x_axis)["text"])
     diverged = bd.diverged_units(df)
     agg = bd.seed_mean(df, ["unit", "algorithm", "tier", "tier_index", "step"], "loss", extra=("x",))
-    agg = agg.sort_values(["tier_index", "step"], kind="stable")
-    units = list(dict.fromkeys(df["unit"]))
+    agg = agg.sort_values("tier_index", kind="stable")
+    by_unit = _groups(agg, "unit", ["tier", "tier_index"], "loss")
+    units = list(df["unit"].unique())
     styles = unit_styles(df)
     traces, spans, notes, ranges, shown, any_band = [], [], [], {}, set(), False
     for p, u in enumerate(units):
-        gu = agg[agg.unit == u]
-        top = gu["tier_index"].min()
+        top = min(ti for (_, ti), _ in by_unit[u])
         color_u, symbol = styles[u]
-        for (tier, ti), g in gu.groupby(["tier", "tier_index"], sort=False):
-            steps, x, m, se, n = _arrays(g, "loss")
+        for (tier, ti), g in by_unit[u]:
+            steps, x, m, se, n = g
             band = bands and n > 1
             key = f"{u}|{tier}"
             if overlay and ti != top:
@@ -170,6 +181,7 @@ def mid_curves_plan(hist: pd.DataFrame, *, layout: str = "facet", x_axis: str = 
             if span:
                 spans.append(Span(f"mid|{key}", span[0], span[1], color, 0.10 if overlay else 0.12, 0 if overlay else p))
         if u in diverged:
+            gu = agg[agg.unit == u]
             if overlay:
                 notes.append(_badge(f"diverged: {u}", 0, len(notes)))
             else:
@@ -200,9 +212,10 @@ def mid_curves_plan(hist: pd.DataFrame, *, layout: str = "facet", x_axis: str = 
 def _panel_lines(agg: pd.DataFrame, panel_col: str, panels: list, value: str, styles: dict, *, smoothing: float,
                  bands: bool) -> tuple[list, bool]:
     traces, shown, any_band = [], set(), False
+    by_panel = _groups(agg, panel_col, ["unit"], value)
     for p, panel in enumerate(panels):
-        for u, g in agg[agg[panel_col] == panel].groupby("unit", sort=False):
-            _, x, m, se, n = _arrays(g, value)
+        for u, g in by_panel.get(panel, []):
+            _, x, m, se, n = g
             color, symbol = styles[u]
             any_band |= bands and n > 1
             _curve(traces, f"{u}|{panel}", x, m, se, panel=p, color=color, name=u, group=f"unit|{u}",
@@ -230,7 +243,7 @@ def tier_recall_plan(hist: pd.DataFrame, *, x_axis: str = "step", smoothing: flo
     df, missing = _prepare(hist, bands, x_axis, per_tier=True)
     if df.empty:
         return Plan(title, empty=_missing_note(missing, x_axis)["text"])
-    panels = list(dict.fromkeys(df.sort_values("tier_index", kind="stable")["tier"]))
+    panels = list(df.sort_values("tier_index", kind="stable")["tier"].unique())
     return _grid_plan(df, missing, "tier", panels, "recall", title=title, x_axis=x_axis, per_tier=True,
                       smoothing=smoothing, bands=bands)
 
@@ -240,11 +253,12 @@ def class_recall_plan(ch: pd.DataFrame, *, x_axis: str = "step", smoothing: floa
     if ch.empty:
         return Plan(title, empty="no evaluations yet")
     df = ch.copy()
-    df["panel"] = [f"{c} ({t})" if t else str(c) for c, t in zip(df["class"], df["tier"])]
+    cls, tier = df["class"].astype(str), df["tier"].fillna("").astype(str)
+    df["panel"] = cls.where(tier == "", cls + " (" + tier + ")")
     df, missing = _prepare(df, bands, x_axis, per_tier=False, text=("run", "panel", "series"))
     if df.empty:
         return Plan(title, empty=_missing_note(missing, x_axis)["text"])
-    panels = list(dict.fromkeys(df["panel"]))[:max_classes]
+    panels = list(df["panel"].unique())[:max_classes]
     return _grid_plan(df[df["panel"].isin(panels)], missing, "panel", panels, "recall", title=title, x_axis=x_axis,
                       per_tier=False, smoothing=smoothing, bands=bands, max_cols=5)
 
@@ -273,7 +287,7 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
     notes = notes or {}  # keyed by run label (raw)
     accounted = hist.dropna(subset=["epsilon_spent"]) if not hist.empty else hist
     # runs without a formal guarantee record ε spent as null: name them (and why) instead of a curve
-    unaccounted = [r for r in dict.fromkeys(hist["run"])] if not hist.empty else []
+    unaccounted = list(hist["run"].unique()) if not hist.empty else []
     unaccounted = [r for r in unaccounted if r not in set(accounted["run"])]
     text = "ε spent null (no accounting): " + "; ".join(
         f"{esc(r)} — {esc(notes.get(r) or 'no formal DP guarantee')}" for r in unaccounted)
@@ -283,13 +297,15 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
     df, missing = _prepare(accounted, bands, axis, per_tier=True)
     if df.empty:
         return Plan(title, empty=_missing_note(missing, axis)["text"])
-    unit_note = {u: esc(notes.get(r, "")) for u, r in zip(df["unit"], accounted.loc[df.index, "run"])}
+    pairs = pd.DataFrame({"unit": df["unit"], "run": accounted.loc[df.index, "run"]}).drop_duplicates()
+    unit_note = {u: esc(notes.get(r, "")) for u, r in pairs.itertuples(index=False)}
     agg = bd.seed_mean(df, ["unit", "tier", "tier_index", "epsilon", "step"], "epsilon_spent", extra=("x",))
-    units = list(dict.fromkeys(df["unit"]))
+    units = list(df["unit"].unique())
     traces, shown = [], set()
+    by_unit = _groups(agg, "unit", ["tier", "tier_index", "epsilon"], "epsilon_spent")
     for p, u in enumerate(units):
-        for (tier, ti, eps), g in agg[agg.unit == u].groupby(["tier", "tier_index", "epsilon"], sort=False):
-            _, x, m, _, _ = _arrays(g, "epsilon_spent")
+        for (tier, ti, eps), g in by_unit[u]:
+            _, x, m, _, _ = g
             color = tier_color(int(ti))
             traces.append(Trace(f"line|{u}|{tier}", x, m, dict(mode="lines+markers", name=tier, line=dict(color=color),
                                                                marker=dict(size=4), legendgroup=f"tier|{tier}",
@@ -322,12 +338,12 @@ def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing
     if df.empty:
         return Plan(title, empty=_missing_note(missing, x_axis)["text"])
     agg = bd.seed_mean(df, ["unit", "tier", "tier_index", "step"], "gain", extra=("x",))
-    agg = agg.sort_values(["tier_index", "step"], kind="stable")
-    units = list(dict.fromkeys(df["unit"]))
+    by_unit = _groups(agg.sort_values("tier_index", kind="stable"), "unit", ["tier", "tier_index"], "gain")
+    units = list(df["unit"].unique())
     traces, any_band = [], False
     for i, u in enumerate(units):
-        for (tier, ti), g in agg[agg.unit == u].groupby(["tier", "tier_index"], sort=False):
-            _, x, m, se, n = _arrays(g, "gain")
+        for (tier, ti), g in by_unit[u]:
+            _, x, m, se, n = g
             any_band |= bands and n > 1
             _curve(traces, f"{u}|{tier}", x, m, se, panel=0, color=tier_color(int(ti)),
                    name=tier + (f" · {u}" if len(units) > 1 else ""), group=f"{u}|{tier}", show=True,

@@ -61,8 +61,10 @@ def escape_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """A copy of ``df`` with the named text columns escaped (missing values stay missing)."""
     out = df.copy()
     for c in columns:
-        if c in out.columns:
-            out[c] = [v if v is None or (isinstance(v, float) and math.isnan(v)) else esc(v) for v in out[c]]
+        if c in out.columns and len(out):
+            values = out[c].unique()
+            mapping = {v: v if v is None or (isinstance(v, float) and math.isnan(v)) else esc(v) for v in values}
+            out[c] = out[c].map(mapping) if any(k != v for k, v in mapping.items()) else out[c]
     return out
 
 

@@ -89,9 +89,17 @@ class LiveFigures:
         self._specs: dict[str, FigureSpec] = {}
         self._evals: tuple = ()
 
-    def update(self, records: list[dict]) -> dict[str, FigureSpec]:
+    def update(self, records: list[dict], **figure_options) -> dict[str, FigureSpec]:
+        """The figures of ``records``; ``figure_options`` (optional) change the options: a rebuild."""
         from engine.figures.training import build_figures
 
+        if figure_options:
+            options = {**self.options, **{k: v for k, v in figure_options.items() if k != "theme"}}
+            theme = figure_options.get("theme", self.theme)
+            if options != self.options or theme != self.theme:
+                bd.check_options(mid_layout=options["mid_layout"], x_axis=options["x_axis"],
+                                 smoothing=options["smoothing"])
+                self.options, self.theme, self._signature = options, theme, None
         signature = _signature(records)
         if signature != self._signature:
             self._plans.clear()

@@ -44,8 +44,8 @@ def with_units(df: pd.DataFrame, bands: bool, *, run_col: str = "run", id_col: s
         return out
     if bands:
         sizes = df.groupby("series", sort=False)[id_col].nunique()
-        multi = df["series"].map(sizes) > 1
-        out["unit"] = np.where(multi, df["series"], df[run_col])
+        multi = sizes[sizes > 1].index
+        out["unit"] = df[run_col].where(~df["series"].isin(multi), df["series"]) if len(multi) else df[run_col]
     else:
         out["unit"] = df[run_col]
     return out
@@ -53,10 +53,10 @@ def with_units(df: pd.DataFrame, bands: bool, *, run_col: str = "run", id_col: s
 
 def seed_mean(df: pd.DataFrame, keys: list[str], value: str, *, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     """Mean of ``value`` over the rows sharing ``keys`` (the seeds of a series at one evaluation) with its
-    standard error (sample sd / √n; 0 for one seed) and n; ``extra`` columns are averaged too (x values)."""
+    standard error (sample sd / √n; 0 for one seed) and n; ``extra`` columns are averaged too (x values).
+    Without replicates (no two rows share ``keys``) the rows themselves come back, with se 0 and n 1."""
     if not df.duplicated(keys).any():  # one seed per key (no series): the values themselves
-        out = df[keys + [value, *extra]].reset_index(drop=True)
-        return out.assign(se=0.0, n=np.where(np.isfinite(out[value].to_numpy(float)), 1, 0))
+        return df.assign(se=0.0, n=np.isfinite(df[value].to_numpy(float)).astype(int))
     grouped = df.groupby(keys, sort=False, dropna=False)
     out = grouped[[value, *extra]].mean()
     v = grouped[value]

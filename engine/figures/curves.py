@@ -27,9 +27,10 @@ NEUTRAL = "#888888"
 def unit_styles(df: pd.DataFrame) -> dict:
     """unit → (colour, marker): the algorithm's colour for its first unit, distinct extra colours after."""
     used, out, extra = set(), {}, iter(EXTRA_COLORS * 8)
-    for unit, algo in df[["unit", "algorithm"]].drop_duplicates().itertuples(index=False):
-        if unit in out:
-            continue
+    units, first = np.unique(df["unit"].to_numpy(object), return_index=True)
+    algos = df["algorithm"].to_numpy(object)[first]
+    for i in np.argsort(first):
+        unit, algo = units[i], algos[i]
         color = ALGORITHM_COLORS[algo] if algo in ALGORITHM_COLORS and algo not in used else next(extra)
         used.add(algo)
         out[unit] = (color, algo_symbol(algo))
@@ -367,15 +368,16 @@ CURVE_TITLES = {"mid_curves": "MID curves", "tier_recall": "Per-tier recall", "c
 
 
 def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0,
-                bands: bool = True) -> dict:
-    """name → (plan, data frame) for the curve figures among ``names`` (frames computed once)."""
+                bands: bool = True, memo: dict | None = None) -> dict:
+    """name → (plan, data frame) for the curve figures among ``names`` (frames computed once; ``memo``: the
+    frames' row memo of a live view, see :func:`engine.figures.frames.tier_history`)."""
     from engine.runs import dp_note, run_label
 
     out, cache = {}, {}
 
     def hist():
         if "hist" not in cache:
-            cache["hist"] = fr.tier_history(runs) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS)
+            cache["hist"] = fr.tier_history(runs, memo) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS)
         return cache["hist"]
 
     opts = dict(x_axis=x_axis, smoothing=smoothing, bands=bands)
@@ -392,7 +394,7 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
             plan = tier_recall_plan(h, **opts)
             data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent", "recall", "accuracy"]]
         elif name == "class_recall":
-            data = fr.class_history(runs)
+            data = fr.class_history(runs, memo)
             plan = class_recall_plan(data, **opts)
         elif name == "accuracy":
             data = fr.overall_history(runs)

@@ -71,22 +71,49 @@ TIER_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "ti
                              "epsilon_spent", "loss", "recall", "accuracy", "raw_loss"]
 
 
-def tier_history(runs: list[dict]) -> pd.DataFrame:
-    """One row per (run, evaluation, tier); ``raw_loss`` keeps non-finite losses (divergence), ``loss`` has nan."""
+def _run_rows(run: dict, memo: dict | None, kind: str, stamp: tuple, make) -> list[dict]:
+    """The rows of one run's evaluations, ``make(evals, start)`` giving those of ``evals[start:]``. With a
+    ``memo`` (a live view's dict, kept between refreshes) only new evaluations are turned into rows: a run's
+    evaluations are append-only while its ``stamp`` (labels, totals, tiers) stays the same."""
+    evals = run.get("evals") or []
+    if memo is None:
+        return make(evals, 0)
+    key = (kind, run["id"])
+    done = memo.get(key)
+    if done is None or done[0] != stamp or done[1] > len(evals):
+        done = (stamp, 0, [])
+    rows = done[2] + make(evals, done[1]) if done[1] < len(evals) else done[2]
+    memo[key] = (stamp, len(evals), rows)
+    return rows
+
+
+def _stamp(run: dict, ident: dict, total) -> tuple:
+    last = (run.get("evals") or [{}])[-1]
+    return (tuple(ident.values()), total, tuple(t.get("name") for t in last.get("tiers") or []))
+
+
+def tier_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+    """One row per (run, evaluation, tier); ``raw_loss`` keeps non-finite losses (divergence), ``loss`` has nan.
+    ``memo``: see :func:`_run_rows` (the live figures' incremental refresh)."""
     rows = []
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
         total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
-        for e in run.get("evals") or []:
-            order = _tier_order(e.get("tiers") or [])
-            for k, t in enumerate(e.get("tiers") or []):
-                rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
-                             "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
-                             "tier": t["name"], "tier_index": order.get(t["name"], k), "raw_loss": _raw_loss(t.get("loss")),
-                             "epsilon": _finite(t.get("epsilon")), "epsilon_spent": _finite(t.get("epsilon_spent")),
-                             "loss": _finite(t.get("loss")), "recall": _finite(t.get("recall")),
-                             "accuracy": _finite(t.get("accuracy"))})
+
+        def make(evals, start, ident=ident, total=total):
+            out = []
+            for e in evals[start:]:
+                order = _tier_order(e.get("tiers") or [])
+                for k, t in enumerate(e.get("tiers") or []):
+                    out.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
+                                "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
+                                "tier": t["name"], "tier_index": order.get(t["name"], k),
+                                "raw_loss": _raw_loss(t.get("loss")), "epsilon": _finite(t.get("epsilon")),
+                                "epsilon_spent": _finite(t.get("epsilon_spent")), "loss": _finite(t.get("loss")),
+                                "recall": _finite(t.get("recall")), "accuracy": _finite(t.get("accuracy"))})
+            return out
+        rows.extend(_run_rows(run, memo, "tier", _stamp(run, ident, total), make))
     return pd.DataFrame(rows, columns=TIER_COLUMNS)
 
 
@@ -109,23 +136,35 @@ CLASS_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "private_e
                               "class_index", "tier", "epsilon", "loss", "recall", "accuracy"]
 
 
-def class_history(runs: list[dict]) -> pd.DataFrame:
+def class_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """One row per (run, evaluation, class); ``private_epsilon_spent``: ε spent of the most private tier."""
     rows = []
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
-        lookup = class_tier_lookup(run)
         total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
-        for e in run.get("evals") or []:
-            priv = private_epsilon_spent(e)
-            for c, m in enumerate(e.get("classes") or []):
-                tier, eps = lookup.get(c, ("", float("nan")))
-                rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
-                             "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
-                             "private_epsilon_spent": priv, "class": m.get("name", str(c)),
-                             "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.get("loss")),
-                             "recall": _finite(m.get("recall")), "accuracy": _finite(m.get("accuracy"))})
+        stamp = _stamp(run, ident, total)
+        key = ("lookup", run["id"])
+        if memo is not None and key in memo and memo[key][0] == stamp:
+            lookup = memo[key][1]
+        else:
+            lookup = class_tier_lookup(run)
+            if memo is not None:
+                memo[key] = (stamp, lookup)
+
+        def make(evals, start, ident=ident, total=total, lookup=lookup):
+            out = []
+            for e in evals[start:]:
+                priv = private_epsilon_spent(e)
+                for c, m in enumerate(e.get("classes") or []):
+                    tier, eps = lookup.get(c, ("", float("nan")))
+                    out.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
+                                "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
+                                "private_epsilon_spent": priv, "class": m.get("name", str(c)),
+                                "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.get("loss")),
+                                "recall": _finite(m.get("recall")), "accuracy": _finite(m.get("accuracy"))})
+            return out
+        rows.extend(_run_rows(run, memo, "class", stamp, make))
     return pd.DataFrame(rows, columns=CLASS_COLUMNS)
 
 

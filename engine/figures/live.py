@@ -88,6 +88,7 @@ class LiveFigures:
         self._plans: dict[str, Plan] = {}
         self._specs: dict[str, FigureSpec] = {}
         self._evals: tuple = ()
+        self._memo: dict = {}  # the frames' rows of evaluations seen so far (engine.figures.frames._run_rows)
 
     def update(self, records: list[dict], **figure_options) -> dict[str, FigureSpec]:
         """The figures of ``records``; ``figure_options`` (optional) change the options: a rebuild."""
@@ -104,13 +105,14 @@ class LiveFigures:
         if signature != self._signature:
             self._plans.clear()
             self._specs.clear()
+            self._memo.clear()
             self._signature = signature
         counts = tuple(len(r.get("evals") or []) for r in records)
         if self._specs and counts == self._evals:
             return dict(self._specs)  # nothing new
         self._evals = counts
         curve_names = [n for n in self.names if n in cv.CURVE_FIGURES]
-        parts = cv.curve_parts(records, curve_names, **self.options)
+        parts = cv.curve_parts(records, curve_names, memo=self._memo, **self.options)
         rebuild = []
         for name in self.names:
             old = self._plans.get(name)

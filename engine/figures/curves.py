@@ -1,7 +1,8 @@
 """The curves over training as plans (:class:`engine.figures.scaffold.Plan`): MID curves, per-tier and
 per-class recall, accuracy, ε spent and the recall gain INO − IDP. A plan holds the figure's data and
 structure as plain values; :func:`engine.figures.scaffold.render` builds the Plotly figure from it (the
-``fig_*`` builders of :mod:`engine.figures.training`), :mod:`engine.figures.live` patches a kept figure.
+``fig_*`` builders and ``curve_parts`` of :mod:`engine.figures.training`), :mod:`engine.figures.live`
+patches a kept figure.
 
 Every curve is one *unit* (a run, or a series' mean over its seeds with a ± 1 SE band, see
 :mod:`engine.figures.bands`), optionally smoothed (EMA; the raw curve faint behind), over the chosen x axis.
@@ -14,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from engine.figures import bands as bd
-from engine.figures import frames as fr
 from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, Plan, Span, Trace, algo_symbol, axis_name,
                                      escape_columns, esc, facets, rgba, tier_color)
 
@@ -358,55 +358,3 @@ def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing
     return Plan(title, traces, notes=notes, hlines=[dict(y=0, line=dict(color="gray", width=1))],
                 x_title=bd.x_title(x_axis, per_tier=True), y_title="recall gain (INO − IDP)",
                 layout=dict(margin=dict(t=90 + 16 * len(words))))
-
-
-# --- the curve figures of a selection ----------------------------------------------------------------------
-
-CURVE_TITLES = {"mid_curves": "MID curves", "tier_recall": "Per-tier recall", "class_recall": "Per-class recall",
-                "accuracy": "Overall accuracy", "epsilon_spent": "ε spent vs budget",
-                "recall_gain_time": "Recall gain over training"}
-
-
-def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0,
-                bands: bool = True, memo: dict | None = None) -> dict:
-    """name → (plan, data frame) for the curve figures among ``names`` (frames computed once; ``memo``: the
-    frames' row memo of a live view, see :func:`engine.figures.frames.tier_history`)."""
-    from engine.runs import dp_note, run_label
-
-    out, cache = {}, {}
-
-    def hist():
-        if "hist" not in cache:
-            cache["hist"] = fr.tier_history(runs, memo) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS)
-        return cache["hist"]
-
-    opts = dict(x_axis=x_axis, smoothing=smoothing, bands=bands)
-    ids = fr.ID_COLUMNS
-    for name in names:
-        if name == "mid_curves":
-            h = hist()
-            plan = mid_curves_plan(h, layout=mid_layout, **opts)
-            spans = fr.mid_spans(runs)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "loss"]].merge(
-                spans[["run_id", "tier", "onset_step", "end_step", "state"]], on=["run_id", "tier"], how="left")
-        elif name == "tier_recall":
-            h = hist()
-            plan = tier_recall_plan(h, **opts)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent", "recall", "accuracy"]]
-        elif name == "class_recall":
-            data = fr.class_history(runs, memo)
-            plan = class_recall_plan(data, **opts)
-        elif name == "accuracy":
-            data = fr.overall_history(runs)
-            plan = accuracy_plan(data, **opts)
-        elif name == "epsilon_spent":
-            h = hist()
-            plan = epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs}, x_axis=x_axis, bands=bands)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]]
-        elif name == "recall_gain_time":
-            data = fr.recall_gain_over_time(runs, hist())
-            plan = recall_gain_time_plan(data, **opts)
-        else:
-            continue
-        out[name] = (plan, data)
-    return out

@@ -92,7 +92,7 @@ class LiveFigures:
 
     def update(self, records: list[dict], **figure_options) -> dict[str, FigureSpec]:
         """The figures of ``records``; ``figure_options`` (optional) change the options: a rebuild."""
-        from engine.figures.training import build_figures
+        from engine.figures.training import CURVE_TITLES, build_figures, curve_parts
 
         if figure_options:
             options = {**self.options, **{k: v for k, v in figure_options.items() if k != "theme"}}
@@ -112,7 +112,7 @@ class LiveFigures:
             return dict(self._specs)  # nothing new
         self._evals = counts
         curve_names = [n for n in self.names if n in cv.CURVE_FIGURES]
-        parts = cv.curve_parts(records, curve_names, memo=self._memo, **self.options)
+        parts = curve_parts(records, curve_names, memo=self._memo, **self.options)
         rebuild = []
         for name in self.names:
             old = self._plans.get(name)
@@ -134,7 +134,7 @@ class LiveFigures:
             for name in rebuild:
                 if name in parts:
                     plan, data = parts[name]
-                    built[name] = FigureSpec(name, cv.CURVE_TITLES[name], render(plan, self.theme), data)
+                    built[name] = FigureSpec(name, CURVE_TITLES[name], render(plan, self.theme), data)
                     self._plans[name] = plan
                 self._specs[name] = built[name]
                 self.builds += 1

@@ -17,6 +17,7 @@ from engine.figures import curves as cv
 from engine.figures import frames as fr
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure,
                                      esc, escape_columns, fig_table, render, run_colors)
+from engine.runs import dp_note, run_label
 
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
@@ -181,6 +182,54 @@ def fig_fairness_bars(fair: pd.DataFrame, *, theme: str = "light", run_colors: d
 
 # --- the figure set of a selection ------------------------------------------------------------------
 
+CURVE_TITLES = {"mid_curves": "MID curves", "tier_recall": "Per-tier recall", "class_recall": "Per-class recall",
+                "accuracy": "Overall accuracy", "epsilon_spent": "ε spent vs budget",
+                "recall_gain_time": "Recall gain over training"}
+
+
+def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0,
+                bands: bool = True, memo: dict | None = None) -> dict:
+    """name → (plan, data frame) for the curve figures among ``names`` (frames computed once; ``memo``: the
+    frames' row memo of a live view, see :func:`engine.figures.frames.tier_history`)."""
+    out, cache = {}, {}
+
+    def hist():
+        if "hist" not in cache:
+            cache["hist"] = fr.tier_history(runs, memo) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS)
+        return cache["hist"]
+
+    opts = dict(x_axis=x_axis, smoothing=smoothing, bands=bands)
+    ids = fr.ID_COLUMNS
+    for name in names:
+        if name == "mid_curves":
+            h = hist()
+            plan = cv.mid_curves_plan(h, layout=mid_layout, **opts)
+            spans = fr.mid_spans(runs)
+            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "loss"]].merge(
+                spans[["run_id", "tier", "onset_step", "end_step", "state"]], on=["run_id", "tier"], how="left")
+        elif name == "tier_recall":
+            h = hist()
+            plan = cv.tier_recall_plan(h, **opts)
+            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent", "recall", "accuracy"]]
+        elif name == "class_recall":
+            data = fr.class_history(runs, memo)
+            plan = cv.class_recall_plan(data, **opts)
+        elif name == "accuracy":
+            data = fr.overall_history(runs)
+            plan = cv.accuracy_plan(data, **opts)
+        elif name == "epsilon_spent":
+            h = hist()
+            plan = cv.epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs}, x_axis=x_axis, bands=bands)
+            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]]
+        elif name == "recall_gain_time":
+            data = fr.recall_gain_over_time(runs, hist())
+            plan = cv.recall_gain_time_plan(data, **opts)
+        else:
+            continue
+        out[name] = (plan, data)
+    return out
+
+
 def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_layout: str = "facet",
                   x_axis: str = "step", smoothing: float = 0.0, bands: bool = True,
                   skip_empty: bool = False) -> list[FigureSpec]:
@@ -193,13 +242,13 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
     unknown = [n for n in names if n not in LIVE_FIGURES + RESULT_FIGURES + EXTRA_FIGURES]
     if unknown:
         raise ValueError(f"unknown figure {unknown[0]!r}")
-    curves = cv.curve_parts(runs, names, mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing, bands=bands)
+    curves = curve_parts(runs, names, mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing, bands=bands)
     colors = run_colors(runs)
     out: list[FigureSpec] = []
     for name in names:
         if name in curves:
             plan, data = curves[name]
-            spec = FigureSpec(name, cv.CURVE_TITLES[name], render(plan, theme), data)
+            spec = FigureSpec(name, CURVE_TITLES[name], render(plan, theme), data)
         elif name == "recall_vs_budget":
             owners = fr.owner_recall(runs)
             stats = fr.pearson_by_run(owners)

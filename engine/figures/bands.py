@@ -38,17 +38,14 @@ def check_options(*, mid_layout: str = "facet", x_axis: str = "step", smoothing:
 def with_units(df: pd.DataFrame, bands: bool, *, run_col: str = "run", id_col: str = "run_id") -> pd.DataFrame:
     """``df`` with a ``unit`` column: the series where ``bands`` and the series has more than one run,
     else the run."""
-    out = df.copy()
     if df.empty:
-        out["unit"] = pd.Series(dtype=object)
-        return out
+        return df.assign(unit=pd.Series(dtype=object))
     if bands:
         sizes = df.groupby("series", sort=False)[id_col].nunique()
         multi = sizes[sizes > 1].index
-        out["unit"] = df[run_col].where(~df["series"].isin(multi), df["series"]) if len(multi) else df[run_col]
-    else:
-        out["unit"] = df[run_col]
-    return out
+        if len(multi):
+            return df.assign(unit=df[run_col].where(~df["series"].isin(multi), df["series"]))
+    return df.assign(unit=df[run_col])
 
 
 def seed_mean(df: pd.DataFrame, keys: list[str], value: str, *, extra: tuple[str, ...] = ()) -> pd.DataFrame:

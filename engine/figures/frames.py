@@ -172,17 +172,19 @@ OVERALL_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "private_epsilon_spe
                                 "balanced_accuracy"]
 
 
-def overall_history(runs: list[dict]) -> pd.DataFrame:
+def overall_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     rows = []
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
-        for e in run.get("evals") or []:
-            o = e.get("overall") or {}
-            rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
-                         "elapsed": _finite(e.get("elapsed")), "private_epsilon_spent": private_epsilon_spent(e),
-                         "loss": _finite(o.get("loss")), "accuracy": _finite(o.get("accuracy")),
-                         "balanced_accuracy": _finite(o.get("balanced_accuracy"))})
+
+        def make(evals, start, ident=ident):
+            return [{**ident, "step": e["step"], "epoch": _finite(e.get("epoch")), "elapsed": _finite(e.get("elapsed")),
+                     "private_epsilon_spent": private_epsilon_spent(e), "loss": _finite((e.get("overall") or {}).get("loss")),
+                     "accuracy": _finite((e.get("overall") or {}).get("accuracy")),
+                     "balanced_accuracy": _finite((e.get("overall") or {}).get("balanced_accuracy"))}
+                    for e in evals[start:]]
+        rows.extend(_run_rows(run, memo, "overall", _stamp(run, ident, None), make))
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
 

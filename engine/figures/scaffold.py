@@ -59,7 +59,7 @@ def esc(text) -> str:
 
 def escape_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """A copy of ``df`` with the named text columns escaped (missing values stay missing)."""
-    out = df.copy()
+    out = df.copy(deep=False)  # copy-on-write: replacing a column never touches ``df``
     for c in columns:
         if c in out.columns and len(out):
             values = out[c].unique()

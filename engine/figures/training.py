@@ -215,7 +215,7 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
             data = fr.class_history(runs, memo)
             plan = cv.class_recall_plan(data, **opts)
         elif name == "accuracy":
-            data = fr.overall_history(runs)
+            data = fr.overall_history(runs, memo)
             plan = cv.accuracy_plan(data, **opts)
         elif name == "epsilon_spent":
             h = hist()

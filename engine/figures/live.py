@@ -11,6 +11,12 @@ FigureSpec gets the new data frame. Figures that are not curves (tables, bars) a
 data change. The patched figure equals a freshly built one (tests/test_live_figures.py).
 
 Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched.
+
+Use (one instance per view, kept across refreshes, e.g. in the session state)::
+
+    live = LiveFigures(LIVE_FIGURES, theme="light", mid_layout="facet")
+    specs = live.update(records)                       # {name: FigureSpec}, figures kept and patched
+    specs = live.update(records, x_axis="epoch")       # a changed option: rebuilt once, patched after
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine import accounting
 from engine.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig, TierConfig, TiersConfig
 from engine.grad_sample import PerSampleGrads
-from engine.mechanisms import GroupAdaptive, build_mechanism
+from engine.mechanisms import COUNT_NOISE_COST, COUNT_NOISE_PER_Z, GroupAdaptive, build_mechanism, default_count_noise_std
 from engine.prepare import prepare_data, prepare_privacy
 from engine.stacked import StackedModels, sgd_train
 from engine.step import PoissonSampler, dp_step
@@ -94,6 +94,40 @@ def test_clips_bounded_and_sensitivity_at_most_max_clip(k, c_min, spread, privat
     c_z = float(mech.group_clips()[0, groups[-1]])
     assert float((a - b).norm()) <= c_z * (1 + 1e-9) + 1e-9
     assert c_z <= float(mech.group_clips().max()) <= hi
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 5), base=st.lists(st.tuples(st.integers(0, 4), st.floats(0, 10)), max_size=12),
+       z_group=st.integers(0, 4), z_norm=st.floats(0, 10))
+def test_count_release_has_l2_sensitivity_one_half(k, base, z_group, z_norm):
+    """The per-group clipped counts Σ_i (1[‖g_i‖ ≤ S_k] − ½): adding one sample moves one coordinate by ½, so
+    the vector's L2 sensitivity is ½ whatever the groups (the accounting's 2σ_b). Read back from the
+    estimate's update with σ_b = 0 (exp(−η (counts / e + ½ − quantile)), e large so nothing clamps)."""
+    def counts(entries):
+        mech = _mech(k, 0.5, 4.0, count_noise=1e-300)
+        mech.expected = torch.full_like(mech.expected, 1e3)
+        idx = torch.as_tensor([[g % k for g, _ in entries] or [0]], dtype=torch.long)
+        mech.groups = torch.arange(64) % k
+        norms = torch.as_tensor([[v for _, v in entries] or [0.0]], dtype=torch.float64)
+        mask = torch.as_tensor([[True] * len(entries) or [False]])
+        mech.observe(idx, norms, mask, torch.Generator().manual_seed(0))
+        return (-torch.log(mech.estimate[0]) / 0.2 - 0.5 + 0.75) * 1e3
+    diff = counts(base + [(z_group, z_norm)]) - counts(base)
+    assert float(diff.norm()) == pytest.approx(0.5, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(z=st.floats(0.05, 50.0), smallest=st.floats(1.0, 1e4))
+def test_default_count_noise_costs_at_most_five_percent_and_the_pair_is_one_gaussian(z, smallest):
+    """Default σ_b = max(smallest group's expected count / 20, 1.64 z): z_Δ ≤ 1.05 z (exactly 1.05 z when
+    the z term rules), and (z_Δ, 2σ_b) compose to exactly the plan's z (Andrew et al. 2021, Thm 1: tight)."""
+    sb = default_count_noise_std(smallest, z)
+    assert sb >= smallest / 20 and sb >= COUNT_NOISE_PER_Z * z * (1 - 1e-12)
+    z_delta = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sb)
+    assert z < z_delta <= COUNT_NOISE_COST * z * (1 + 1e-9)
+    assert z_delta ** -2 + (2 * sb) ** -2 == pytest.approx(z ** -2, rel=1e-9)
+    if COUNT_NOISE_PER_Z * z >= smallest / 20:
+        assert z_delta == pytest.approx(COUNT_NOISE_COST * z, rel=1e-9)
 
 
 def test_noisy_fraction_is_clamped():
@@ -179,6 +213,8 @@ def test_dpsgd_s_plan_meets_the_budget_and_records_what_it_uses():
     dp = prepare(LR.replace(**{"algorithm.name": "dpsgd"})).plan
     assert plan.noise_multiplier > dp.noise_multiplier
     assert info["gradient_noise_multiplier"] > plan.noise_multiplier  # z_Δ
+    assert info["count_noise_std"] == default_count_noise_std(min(info["expected_group_batch"]), plan.noise_multiplier)
+    assert info["gradient_noise_multiplier"] <= COUNT_NOISE_COST * plan.noise_multiplier * (1 + 1e-9)
     result = train(LR.replace(epochs=0.3))
     rec = result.plan
     assert rec["noise_std"] is None and rec["clip_norms"] is None  # per step, not one number

@@ -217,7 +217,7 @@ def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes,
     ``group_sizes``, else released once with Gaussian noise of std σ_N and composed into the plan, whose
     noise multiplier is raised so the total still meets ε); each group's public expected per-step count
     q · N_k · (planned size / training-set size) — refused below 1 —; z_Δ (Andrew et al. 2021) and the
-    count noise σ_b (default: max(smallest expected group count / 20, 1.64 z), so z_Δ ≤ 1.05 z). Returns (the plan it trains with, the set-up)."""
+    count noise σ_b (default: max(expected batch / 20, 1.64 z, 1), so z_Δ ≤ 1.05 z). Returns (the plan it trains with, the set-up)."""
     algo = config.algorithm
     groups, names = clip_groups(algo.group_by, data, attribute=group_attribute, field=f"{field}.group_by")
     if algo.group_sizes is not None:
@@ -241,7 +241,7 @@ def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes,
             raise ConfigError(f"{field}.group_by", f"group {name!r} expects {e:.3g} samples per step (< 1; "
                                                    f"{source} size {size:.4g}): too small "
                                                    f"to track its clip; group differently or raise batch_size")
-    sigma_b = algo.count_noise_std or default_count_noise_std(float(expected.min()), plan.noise_multiplier)
+    sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size), plan.noise_multiplier)
     z = plan.noise_multiplier
     if algo.private_quantile and algo.clip_rule == "quantile":
         with plan_errors(f"{field}.count_noise_std"):

@@ -117,16 +117,16 @@ def test_count_release_has_l2_sensitivity_one_half(k, base, z_group, z_norm):
 
 
 @settings(max_examples=60, deadline=None)
-@given(z=st.floats(0.05, 50.0), smallest=st.floats(1.0, 1e4))
-def test_default_count_noise_costs_at_most_five_percent_and_the_pair_is_one_gaussian(z, smallest):
-    """Default σ_b = max(smallest group's expected count / 20, 1.64 z): z_Δ ≤ 1.05 z (exactly 1.05 z when
-    the z term rules), and (z_Δ, 2σ_b) compose to exactly the plan's z (Andrew et al. 2021, Thm 1: tight)."""
-    sb = default_count_noise_std(smallest, z)
-    assert sb >= smallest / 20 and sb >= COUNT_NOISE_PER_Z * z * (1 - 1e-12)
+@given(z=st.floats(0.05, 50.0), batch=st.floats(1.0, 1e4))
+def test_default_count_noise_costs_at_most_five_percent_and_the_pair_is_one_gaussian(z, batch):
+    """Default σ_b = max(expected batch / 20, 1.64 z, 1): z_Δ ≤ 1.05 z (exactly 1.05 z when the z term rules),
+    and (z_Δ, 2σ_b) compose to exactly the plan's z (Andrew et al. 2021, Thm 1: the accounting is tight)."""
+    sb = default_count_noise_std(batch, z)
+    assert sb >= max(batch / 20, 1.0) and sb >= COUNT_NOISE_PER_Z * z * (1 - 1e-12)
     z_delta = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sb)
     assert z < z_delta <= COUNT_NOISE_COST * z * (1 + 1e-9)
     assert z_delta ** -2 + (2 * sb) ** -2 == pytest.approx(z ** -2, rel=1e-9)
-    if COUNT_NOISE_PER_Z * z >= smallest / 20:
+    if COUNT_NOISE_PER_Z * z >= max(batch / 20, 1.0):
         assert z_delta == pytest.approx(COUNT_NOISE_COST * z, rel=1e-9)
 
 
@@ -213,7 +213,7 @@ def test_dpsgd_s_plan_meets_the_budget_and_records_what_it_uses():
     dp = prepare(LR.replace(**{"algorithm.name": "dpsgd"})).plan
     assert plan.noise_multiplier > dp.noise_multiplier
     assert info["gradient_noise_multiplier"] > plan.noise_multiplier  # z_Δ
-    assert info["count_noise_std"] == default_count_noise_std(min(info["expected_group_batch"]), plan.noise_multiplier)
+    assert info["count_noise_std"] == default_count_noise_std(plan.expected_batch_size, plan.noise_multiplier)
     assert info["gradient_noise_multiplier"] <= COUNT_NOISE_COST * plan.noise_multiplier * (1 + 1e-9)
     result = train(LR.replace(epochs=0.3))
     rec = result.plan

@@ -296,12 +296,21 @@ def _mean_accuracy(cfg, seeds=(0, 1, 2)):
     return float(np.mean([train(cfg.replace(seed=s)).summary["accuracy"] for s in seeds]))
 
 
-@pytest.mark.parametrize("case", ["adult LR ε=1", "digits CNN paper tiers ×10"])
+def _one_tier(data, eps, max_train=None, model="lr", epochs=5.0, group_by="class"):
+    tiers = TiersConfig(assign="random", tiers=(TierConfig(epsilon=eps, ratio=1.0),))
+    return RunConfig().replace(**{"data.name": data, "data.max_train": max_train, "model.name": model, "epochs": epochs,
+                                  "tiers": tiers, "algorithm.group_by": group_by, "device": "cpu", "eval_every": 10**6})
+
+
+@pytest.mark.parametrize("case", ["adult LR ε=1", "digits CNN paper tiers ×10", "digits CNN ε=10 class groups"])
 def test_accuracy_within_two_points_of_dpsgd(case, one_thread, shared_data):
+    """Issue 8's acceptance where it holds (seeds 0–2, paired: same init, batches and gradient noise). Not met
+    (docs/RESULTS.md, bench/dpsgd_s_accuracy.py): MNIST-10k LR (−6 / −3 points at ε = 1 / 10) and the digits
+    CNN at ε = 1 (−15 to −20), where the noise σ·max_k C_k follows a clip spread max_k C_k ≈ 1.25–1.7 C."""
     if case.startswith("adult"):
-        tiers = TiersConfig(assign="random", tiers=(TierConfig(epsilon=1.0, ratio=1.0),))
-        base = RunConfig().replace(**{"data.name": "adult", "model.name": "lr", "epochs": 1.0, "tiers": tiers,
-                                      "algorithm.group_by": "attribute", "device": "cpu", "eval_every": 10**6})
+        base = _one_tier("adult", 1.0, epochs=1.0, group_by="attribute")
+    elif case.endswith("class groups"):
+        base = _one_tier("digits", 10.0, model="cnn", epochs=10.0)
     else:  # the lab's default digits run (CNN, 10 epochs, groups = tiers) at ε = 10, 20, 30
         tiers = TiersConfig(tiers=tuple(TierConfig(epsilon=10.0 * t.epsilon, classes=t.classes, name=t.name)
                                         for t in RunConfig().tiers.tiers))
@@ -309,6 +318,17 @@ def test_accuracy_within_two_points_of_dpsgd(case, one_thread, shared_data):
     dp = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd"}))
     s = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd_s"}))
     assert s >= dp - 0.02, (case, dp, s)
+
+
+def test_with_every_clip_at_c_dpsgd_s_trains_as_dpsgd(one_thread, shared_data):
+    """Where the gap remains it is the clip spread, not the rest of the machinery: on MNIST-10k LR at ε = 1
+    (DP-SGD-S's largest gap on LR) the same DP-SGD-S run with c_min = c_max = 1 — private quantile, released
+    group sizes, z_Δ all still paid — is within 1 point of DP-SGD."""
+    base = _one_tier("mnist", 1.0, max_train=10000)
+    dp = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd"}), seeds=(0, 1))
+    pinned = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd_s", "algorithm.c_min": 1.0,
+                                            "algorithm.c_max": 1.0}), seeds=(0, 1))
+    assert pinned >= dp - 0.01, (dp, pinned)
 
 
 # --------------------------------------------------------------------------------------------

@@ -236,7 +236,7 @@ class AlgorithmConfig:
     group_size_noise_std: float | None = None  # σ of that release; None: ≈ 1 % of the training RDP
     private_quantile: bool = True  # False: non-private batch quantile, no formal DP guarantee
     quantile_lr: float = 0.2  # geometric update step of the private quantile tracker (Andrew et al. 2021)
-    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: max(expected batch / 20, z)
+    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: max(expected batch / 20, 1.64 z, 1)
 
     def validate(self, prefix: str = "algorithm.") -> None:
         """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names

@@ -109,7 +109,7 @@ class GroupAdaptive(Mechanism):
     c_min, c_max), S̄_k the EMA (momentum ``ema``) of a tracked quantile S_k of group k's gradient norms.
     Private mode (default) tracks S_k as Andrew et al. (2021): each step releases, per model and group,
     Σ_i (1[‖g_i‖ ≤ S_k] − ½) + N(0, σ_b²) (every sample is in one group, so the vector has L2 sensitivity
-    ½) — also on an empty batch —, estimates the clipped fraction b̃_k by dividing by the group's PUBLIC
+    ½; its noise comes from a stream of its own, see ``_count_generator``) — also on an empty batch —, estimates the clipped fraction b̃_k by dividing by the group's PUBLIC
     expected count per step (``expected_group_batch``: declared or noisily released sizes, never the exact
     N_k) and clamping to [0, 1], and updates S_k ← S_k · exp(−η (b̃_k − quantile)). The gradient noise
     multiplier is raised to z_Δ so both releases together cost what z alone would. Non-private mode
@@ -146,6 +146,7 @@ class GroupAdaptive(Mechanism):
         self.formal_dp = bool(private) and clip_rule == "quantile"  # the gradient release is always noised
         self.quantile_lr, self.count_noise_std = float(quantile_lr), float(count_noise_std)
         self._batch_clips = None  # the reference rule's clips of the current batch
+        self._counts_gen = None  # the count release's noise stream (``_count_generator``)
 
     def group_clips(self) -> torch.Tensor:
         """(M, K) current clip norm of each group."""
@@ -195,7 +196,8 @@ class GroupAdaptive(Mechanism):
         if self.private_quantile:
             below = ((norms <= torch.gather(self.estimate, 1, g)).to(torch.float64) - 0.5) * mask
             counts = torch.zeros_like(self.estimate).scatter_add_(1, g, below)
-            noise = torch.randn(self.estimate.shape, generator=gen, device=self.device, dtype=torch.float64)
+            noise = torch.randn(self.estimate.shape, generator=self._count_generator(gen), device=self.device,
+                                dtype=torch.float64)
             frac = torch.clamp((counts + self.count_noise_std * noise) / self.expected + 0.5, 0.0, 1.0)
             self.estimate = self.estimate * torch.exp(-self.quantile_lr * (frac - self.quantile))
         else:
@@ -211,6 +213,15 @@ class GroupAdaptive(Mechanism):
         self.estimate = torch.clamp(self.estimate, *self._S_RANGE)
         self.smoothed = self.ema * self.smoothed + (1 - self.ema) * self.estimate
 
+    def _count_generator(self, gen: torch.Generator) -> torch.Generator:
+        """The count noise's own stream, seeded once from the step generator's seed (as unpredictable as it:
+        secure_rng seeds that from the OS): the batches and gradient noise of a seed stay those of DP-SGD
+        with the same seed, so the two are paired as IDP-SGD and INO-SGD are."""
+        if self._counts_gen is None:
+            self._counts_gen = torch.Generator(device=gen.device).manual_seed(
+                (int(gen.initial_seed()) ^ 0x5EED_C0DE_D95) % (2**63))
+        return self._counts_gen
+
     def state(self):
         clips = self.group_clips()
         return {"group_clip_norms": clips.mean(0).tolist(),
@@ -221,10 +232,21 @@ def build_tif(algo):
     return make_tif(algo.tif, alpha=algo.alpha, beta=algo.beta, power=algo.power, cut=algo.step_cut, knots=algo.knots)
 
 
-def default_count_noise_std(expected_batch: float, noise_multiplier: float = 0.0) -> float:
-    """Andrew et al. (2021) use σ_b = expected batch / 20; at least the gradient noise multiplier z, so
-    the default is always feasible (2σ_b > z; z_Δ ≤ z / √(3/4))."""
-    return max(expected_batch / 20.0, float(noise_multiplier), 1.0)
+COUNT_NOISE_COST = 1.05  # the default σ_b raises the gradient noise multiplier by at most this factor (z_Δ / z)
+# the smallest σ_b / z with z_Δ / z ≤ COUNT_NOISE_COST: z_Δ = z (1 − (z / 2σ_b)²)^(-1/2) (Andrew et al. 2021, Thm 1)
+COUNT_NOISE_PER_Z = 1.0 / (2.0 * math.sqrt(1.0 - COUNT_NOISE_COST ** -2))  # ≈ 1.64
+
+
+def default_count_noise_std(expected_batch: float, noise_multiplier: float) -> float:
+    """σ_b of DP-SGD-S's per-group clipped-count release: Andrew et al.'s (2021) σ_b = expected batch / 20, but
+    never below COUNT_NOISE_PER_Z · z (≈ 1.64 z), the level at which the count release costs at most 5 % more
+    gradient noise (z_Δ ≤ 1.05 z; without that floor it could cost up to z / √(3/4), 15 %), and at least 1.
+
+    Not per group: the K group counts share the release (L2 sensitivity ½ for the whole vector), and a σ_b
+    sized for each group's ~B/K samples (min_k E n_k / 20) measured no better — the clip spread max_k C_k / C
+    comes from the groups' true gradient norms, not from this noise, at σ_b / E n_k ≈ 0.5 — and paid up to 5 %
+    more gradient noise (bench/dpsgd_s_accuracy.py; docs/RESULTS.md). σ_b / E n_k well above 1 does hurt."""
+    return max(float(expected_batch) / 20.0, COUNT_NOISE_PER_Z * float(noise_multiplier), 1.0)
 
 
 def build_mechanism(*, privacy, members, device) -> Mechanism:

@@ -217,7 +217,7 @@ def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes,
     ``group_sizes``, else released once with Gaussian noise of std σ_N and composed into the plan, whose
     noise multiplier is raised so the total still meets ε); each group's public expected per-step count
     q · N_k · (planned size / training-set size) — refused below 1 —; z_Δ (Andrew et al. 2021) and the
-    count noise σ_b (default: max(expected batch / 20, z)). Returns (the plan it trains with, the set-up)."""
+    count noise σ_b (default: max(expected batch / 20, 1.64 z, 1), so z_Δ ≤ 1.05 z). Returns (the plan it trains with, the set-up)."""
     algo = config.algorithm
     groups, names = clip_groups(algo.group_by, data, attribute=group_attribute, field=f"{field}.group_by")
     if algo.group_sizes is not None:

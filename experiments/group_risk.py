@@ -57,7 +57,8 @@ def run_audit_into(store, config, name: str):
 
 
 def algo_rows(report, keys: list[str]) -> dict:
-    """Per algorithm: accuracy, GPR per group (value, CI), Δ (pp, CI), null floor, formal DP."""
+    """Per algorithm: accuracy, GPR per group (value, CI) and its own null floor, Δ (pp, CI), the null Δ spread,
+    resolved (Δ's CI above that spread), the pooled null floor, formal DP."""
     out = {}
     for key, a in zip(keys, report.algorithms):
         out[key] = {"label": a.label, "formal_dp": a.formal_dp,
@@ -67,6 +68,11 @@ def algo_rows(report, keys: list[str]) -> dict:
                             for g, e in a.gpr.items()},
                     "delta_pp": {"value": finite(a.delta.value), "low": finite(a.delta.low), "high": finite(a.delta.high)},
                     "null_floor": finite(a.null_floor),
+                    "null_groups": {g: finite(v) for g, v in a.null_groups.items()},
+                    "null_delta_pp": None if a.null_delta is None else
+                    {"value": finite(a.null_delta.value), "low": finite(a.null_delta.low),
+                     "high": finite(a.null_delta.high)},
+                    "resolved": a.resolved,
                     "claimed_epsilon": [finite(t.claimed) for t in a.epsilon],
                     "epsilon_lower_bound": [finite(t.lower_bound) for t in a.epsilon]}
     return out
@@ -169,22 +175,28 @@ def markdown(r: dict) -> str:
             groups = a["groups"]
             lines += [f"{ds}, ε = {eps_key[3:]}: PA-ALOOA, 2R = {a['n_models_per_algorithm']} models per algorithm, "
                       f"{a['threshold']} thresholds, {a['steps_per_model']} steps per model ({a['seconds']} s)", "",
-                      "| algorithm | accuracy (%) | Δ (pp) [CI] | null floor | " + " | ".join(f"GPR {g}" for g in groups) + " |",
-                      "|---|---|---|---|" + "---|" * len(groups)]
+                      "| algorithm | accuracy (%) | Δ (pp) [CI] | null Δ spread (pp) | resolved | "
+                      + " | ".join(f"GPR {g} [CI] (own null floor)" for g in groups) + " |",
+                      "|---|---|---|---|---|" + "---|" * len(groups)]
             for row in a["algorithms"].values():
-                d = row["delta_pp"]
+                d, nd = row["delta_pp"], row.get("null_delta_pp")
+                spread = "—" if not nd else f"[{_n(nd['low'], 2)}, {_n(nd['high'], 2)}]"
+                res = {True: "yes", False: "no"}.get(row.get("resolved"), "—")
                 lines.append(f"| {row['label']} | {_n(row['accuracy'], 2)} | {_n(d['value'], 2)} [{_n(d['low'], 2)}, "
-                             f"{_n(d['high'], 2)}] | {_n(row['null_floor'], 4)} | " +
-                             " | ".join(_gpr(row["gpr"].get(g)) for g in groups) + " |")
+                             f"{_n(d['high'], 2)}] | {spread} | {res} | " +
+                             " | ".join(_gpr(row["gpr"].get(g), row.get("null_groups", {}).get(g)) for g in groups) + " |")
             lines.append("")
     t = r["tiered"]
     lines += [f"Tiered MNIST-10k (class tiers), 2R = {t['n_models_per_algorithm']}: GPR per tier [CI]", "",
-              "| algorithm | accuracy (%) | Δ (pp) | " + " | ".join(
-                  f"{x['tier']}" for x in next(iter(t["algorithms"].values()))["gpr_by_tier"]) + " |",
-              "|---|---|---|" + "---|" * len(next(iter(t["algorithms"].values()))["gpr_by_tier"])]
+              "| algorithm | accuracy (%) | Δ (pp) [CI] | null Δ spread (pp) | resolved | " + " | ".join(
+                  f"{x['tier']} (own null floor)" for x in next(iter(t["algorithms"].values()))["gpr_by_tier"]) + " |",
+              "|---|---|---|---|---|" + "---|" * len(next(iter(t["algorithms"].values()))["gpr_by_tier"])]
     for row in t["algorithms"].values():
-        lines.append(f"| {row['label']} | {_n(row['accuracy'], 2)} | {_n(row['delta_pp']['value'], 2)} | " +
-                     " | ".join(_gpr(x) for x in row["gpr_by_tier"]) + " |")
+        d, nd = row["delta_pp"], row.get("null_delta_pp")
+        spread = "—" if not nd else f"[{_n(nd['low'], 2)}, {_n(nd['high'], 2)}]"
+        lines.append(f"| {row['label']} | {_n(row['accuracy'], 2)} | {_n(d['value'], 2)} [{_n(d['low'], 2)}, "
+                     f"{_n(d['high'], 2)}] | {spread} | {({True: 'yes', False: 'no'}).get(row.get('resolved'), '—')} | "
+                     + " | ".join(_gpr(x, row.get("null_groups", {}).get(x["tier"])) for x in row["gpr_by_tier"]) + " |")
     f = r["fairness"]
     lines += ["", f"Outcome fairness on Adult (sex), mean ± s.e. over n = {len(f['seeds'])} seeds", "",
               "| ε | algorithm | accuracy (%) | demographic parity diff. | equalized odds diff. |", "|---|---|---|---|---|"]
@@ -202,10 +214,10 @@ def _n(x, d):
     return "—" if x is None else f"{x:.{d}f}"
 
 
-def _gpr(e) -> str:
+def _gpr(e, floor=None) -> str:
     if not e or e.get("value") is None:
         return "—"
-    return f"{e['value']:.4f} [{_n(e['low'], 4)}, {_n(e['high'], 4)}]"
+    return f"{e['value']:.4f} [{_n(e['low'], 4)}, {_n(e['high'], 4)}]" + ("" if floor is None else f" ({floor:+.4f})")
 
 
 def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine import accounting
 from engine.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig, TierConfig, TiersConfig
 from engine.grad_sample import PerSampleGrads
-from engine.mechanisms import GroupAdaptive, build_mechanism
+from engine.mechanisms import COUNT_NOISE_COST, COUNT_NOISE_PER_Z, GroupAdaptive, build_mechanism, default_count_noise_std
 from engine.prepare import prepare_data, prepare_privacy
 from engine.stacked import StackedModels, sgd_train
 from engine.step import PoissonSampler, dp_step
@@ -94,6 +94,40 @@ def test_clips_bounded_and_sensitivity_at_most_max_clip(k, c_min, spread, privat
     c_z = float(mech.group_clips()[0, groups[-1]])
     assert float((a - b).norm()) <= c_z * (1 + 1e-9) + 1e-9
     assert c_z <= float(mech.group_clips().max()) <= hi
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 5), base=st.lists(st.tuples(st.integers(0, 4), st.floats(0, 10)), max_size=12),
+       z_group=st.integers(0, 4), z_norm=st.floats(0, 10))
+def test_count_release_has_l2_sensitivity_one_half(k, base, z_group, z_norm):
+    """The per-group clipped counts Σ_i (1[‖g_i‖ ≤ S_k] − ½): adding one sample moves one coordinate by ½, so
+    the vector's L2 sensitivity is ½ whatever the groups (the accounting's 2σ_b). Read back from the
+    estimate's update with σ_b = 0 (exp(−η (counts / e + ½ − quantile)), e large so nothing clamps)."""
+    def counts(entries):
+        mech = _mech(k, 0.5, 4.0, count_noise=1e-300)
+        mech.expected = torch.full_like(mech.expected, 1e3)
+        idx = torch.as_tensor([[g % k for g, _ in entries] or [0]], dtype=torch.long)
+        mech.groups = torch.arange(64) % k
+        norms = torch.as_tensor([[v for _, v in entries] or [0.0]], dtype=torch.float64)
+        mask = torch.as_tensor([[True] * len(entries) or [False]])
+        mech.observe(idx, norms, mask, torch.Generator().manual_seed(0))
+        return (-torch.log(mech.estimate[0]) / 0.2 - 0.5 + 0.75) * 1e3
+    diff = counts(base + [(z_group, z_norm)]) - counts(base)
+    assert float(diff.norm()) == pytest.approx(0.5, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(z=st.floats(0.05, 50.0), batch=st.floats(1.0, 1e4))
+def test_default_count_noise_costs_at_most_five_percent_and_the_pair_is_one_gaussian(z, batch):
+    """Default σ_b = max(expected batch / 20, 1.64 z, 1): z_Δ ≤ 1.05 z (exactly 1.05 z when the z term rules),
+    and (z_Δ, 2σ_b) compose to exactly the plan's z (Andrew et al. 2021, Thm 1: the accounting is tight)."""
+    sb = default_count_noise_std(batch, z)
+    assert sb >= max(batch / 20, 1.0) and sb >= COUNT_NOISE_PER_Z * z * (1 - 1e-12)
+    z_delta = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sb)
+    assert z < z_delta <= COUNT_NOISE_COST * z * (1 + 1e-9)
+    assert z_delta ** -2 + (2 * sb) ** -2 == pytest.approx(z ** -2, rel=1e-9)
+    if COUNT_NOISE_PER_Z * z >= max(batch / 20, 1.0):
+        assert z_delta == pytest.approx(COUNT_NOISE_COST * z, rel=1e-9)
 
 
 def test_noisy_fraction_is_clamped():
@@ -179,6 +213,8 @@ def test_dpsgd_s_plan_meets_the_budget_and_records_what_it_uses():
     dp = prepare(LR.replace(**{"algorithm.name": "dpsgd"})).plan
     assert plan.noise_multiplier > dp.noise_multiplier
     assert info["gradient_noise_multiplier"] > plan.noise_multiplier  # z_Δ
+    assert info["count_noise_std"] == default_count_noise_std(plan.expected_batch_size, plan.noise_multiplier)
+    assert info["gradient_noise_multiplier"] <= COUNT_NOISE_COST * plan.noise_multiplier * (1 + 1e-9)
     result = train(LR.replace(epochs=0.3))
     rec = result.plan
     assert rec["noise_std"] is None and rec["clip_norms"] is None  # per step, not one number
@@ -260,12 +296,21 @@ def _mean_accuracy(cfg, seeds=(0, 1, 2)):
     return float(np.mean([train(cfg.replace(seed=s)).summary["accuracy"] for s in seeds]))
 
 
-@pytest.mark.parametrize("case", ["adult LR ε=1", "digits CNN paper tiers ×10"])
+def _one_tier(data, eps, max_train=None, model="lr", epochs=5.0, group_by="class"):
+    tiers = TiersConfig(assign="random", tiers=(TierConfig(epsilon=eps, ratio=1.0),))
+    return RunConfig().replace(**{"data.name": data, "data.max_train": max_train, "model.name": model, "epochs": epochs,
+                                  "tiers": tiers, "algorithm.group_by": group_by, "device": "cpu", "eval_every": 10**6})
+
+
+@pytest.mark.parametrize("case", ["adult LR ε=1", "digits CNN paper tiers ×10", "digits CNN ε=10 class groups"])
 def test_accuracy_within_two_points_of_dpsgd(case, one_thread, shared_data):
+    """Issue 8's acceptance where it holds (seeds 0–2, paired: same init, batches and gradient noise). Not met
+    (docs/RESULTS.md, bench/dpsgd_s_accuracy.py): MNIST-10k LR (−6 / −3 points at ε = 1 / 10) and the digits
+    CNN at ε = 1 (−15 to −20), where the noise σ·max_k C_k follows a clip spread max_k C_k ≈ 1.25–1.7 C."""
     if case.startswith("adult"):
-        tiers = TiersConfig(assign="random", tiers=(TierConfig(epsilon=1.0, ratio=1.0),))
-        base = RunConfig().replace(**{"data.name": "adult", "model.name": "lr", "epochs": 1.0, "tiers": tiers,
-                                      "algorithm.group_by": "attribute", "device": "cpu", "eval_every": 10**6})
+        base = _one_tier("adult", 1.0, epochs=1.0, group_by="attribute")
+    elif case.endswith("class groups"):
+        base = _one_tier("digits", 10.0, model="cnn", epochs=10.0)
     else:  # the lab's default digits run (CNN, 10 epochs, groups = tiers) at ε = 10, 20, 30
         tiers = TiersConfig(tiers=tuple(TierConfig(epsilon=10.0 * t.epsilon, classes=t.classes, name=t.name)
                                         for t in RunConfig().tiers.tiers))
@@ -273,6 +318,17 @@ def test_accuracy_within_two_points_of_dpsgd(case, one_thread, shared_data):
     dp = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd"}))
     s = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd_s"}))
     assert s >= dp - 0.02, (case, dp, s)
+
+
+def test_with_every_clip_at_c_dpsgd_s_trains_as_dpsgd(one_thread, shared_data):
+    """Where the gap remains it is the clip spread, not the rest of the machinery: on MNIST-10k LR at ε = 1
+    (DP-SGD-S's largest gap on LR) the same DP-SGD-S run with c_min = c_max = 1 — private quantile, released
+    group sizes, z_Δ all still paid — is within 1 point of DP-SGD."""
+    base = _one_tier("mnist", 1.0, max_train=10000)
+    dp = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd"}), seeds=(0, 1))
+    pinned = _mean_accuracy(base.replace(**{"algorithm.name": "dpsgd_s", "algorithm.c_min": 1.0,
+                                            "algorithm.c_max": 1.0}), seeds=(0, 1))
+    assert pinned >= dp - 0.01, (dp, pinned)
 
 
 # --------------------------------------------------------------------------------------------

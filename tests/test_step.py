@@ -241,6 +241,41 @@ def test_dpsgd_s_releases_its_quantile_on_an_empty_batch(m, private, digits):
     assert seen_empty
 
 
+def test_dpsgd_s_count_noise_keeps_the_step_stream_paired(digits):
+    """DP-SGD-S draws its count-release noise from a stream of its own (seeded from the step generator's
+    seed): with every clip at C (c_min = c_max = 1) and DP-SGD's noise multiplier it takes DP-SGD's very
+    steps under one seed (same batches, same gradient noise) while its private estimate still moves; and
+    the count stream is reproducible from the seed."""
+    ds = digits
+    n = len(ds.y_train)
+    rates = np.full(n, 0.05)
+    model = ModuleGrads(seeded_model(ModelConfig(name="lr"), ds.input_shape, 10, 0))
+
+    def steps(mech, seed=3):
+        gen, sampler = torch.Generator().manual_seed(seed), PoissonSampler(np.ones((1, n), bool), rates, CPU)
+        return [dp_step(model, ds.x_train, ds.y_train, sampler, mech, gen).grads for _ in range(15)]
+
+    def adaptive():
+        return GroupAdaptive(groups=ds.y_train.numpy(), n_groups=10, noise_multiplier=1.3,
+                             expected_group_batch=np.full(10, 0.05 * n / 10), initial=0.3, tau=1.0, quantile=0.75,
+                             ema=0.9, c_min=1.0, c_max=1.0, base_clip=1.0, private=True, quantile_lr=0.2,
+                             count_noise_std=3.0)
+
+    dp = steps(Clipped(sample_clip_norms=np.ones(n), noise_std=1.3))
+    s_mech = adaptive()
+    s = steps(s_mech)
+    for a, b in zip(dp, s):
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(s_mech.estimate, torch.full_like(s_mech.estimate, 0.3))  # the release ran
+    again = adaptive()
+    steps(again)
+    assert torch.equal(again.estimate, s_mech.estimate)
+    other = adaptive()
+    steps(other, seed=4)
+    assert not torch.equal(other.estimate, s_mech.estimate)
+
+
 # --------------------------------------------------------------------------------------------
 # a dashboard run and the audit's chunk path are one pipeline
 # --------------------------------------------------------------------------------------------

@@ -227,6 +227,11 @@ class GroupAdaptive(Mechanism):
         return {"group_clip_norms": clips.mean(0).tolist(),
                 "noise_std": float((self.noise_multiplier * clips.max(dim=1).values).mean())}
 
+    def model_state(self, model: int) -> dict:
+        """``state()`` of model ``model`` of the axis alone (a k-seed run stores one row per model)."""
+        clips = self.group_clips()[model]
+        return {"group_clip_norms": clips.tolist(), "noise_std": float(self.noise_multiplier * clips.max())}
+
 
 def build_tif(algo):
     return make_tif(algo.tif, alpha=algo.alpha, beta=algo.beta, power=algo.power, cut=algo.step_cut, knots=algo.knots)

@@ -194,3 +194,19 @@ def test_dpsgd_s_and_adam_train_k_seeds(one_thread):
         assert r.evals[-1]["overall"]["loss"] < r.evals[0]["overall"]["loss"]  # it learns
         assert r.summary["accuracy"] > 0.2  # chance: 0.1
         assert len(r.evals[-1]["group_clip_norms"]) == 3 and np.isfinite(r.evals[-1]["noise_std"])
+    # each row records its own model's group clips (the models see different batches, so their trackers
+    # differ), and its noise std is that model's z · max_k C_k
+    clips = [r.evals[-1]["group_clip_norms"] for r in result.per_seed]
+    assert clips[0] != clips[1]
+    ratios = [r.evals[-1]["noise_std"] / max(c) for r, c in zip(result.per_seed, clips)]
+    assert ratios[0] == pytest.approx(ratios[1], rel=1e-9)
+
+
+def test_an_audit_refuses_seeds():
+    from engine.audit.config import AuditConfig
+    from engine.config import ConfigError
+
+    for key in ("seeds", "seed_index"):
+        with pytest.raises(ConfigError) as e:
+            AuditConfig.from_dict({"run": {key: 2}})
+        assert e.value.field == f"run.{key}"

@@ -48,7 +48,9 @@ _NOT_IN_AUDIT = {"algorithm": "an audit lists its algorithms in the top-level 'a
                  "eval_every": "an audit evaluates every model once, at the end",
                  "name": "an audit's name is the top-level 'name'",
                  "secure_rng": "an audit's generators are seeded so that it resumes bit-identically",
-                 "train_epochs": "an audit's models train their whole plan (run.epochs)"}
+                 "train_epochs": "an audit's models train their whole plan (run.epochs)",
+                 "seeds": "an audit's models are seeded by the audit (its 2R models are the repeats)",
+                 "seed_index": "an audit's models are seeded by the audit (its 2R models are the repeats)"}
 # The earlier flat audit config: top-level key → path in the run.
 _FLAT = {"dataset": ("data", "name"), "data_dir": ("data", "data_dir"), "max_train": ("data", "max_train"),
          "model": ("model", "name"), "hidden": ("model", "hidden"), "lr": ("optimizer", "lr"),

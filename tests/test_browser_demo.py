@@ -38,8 +38,12 @@ READ_CHART = """el => {
   const axes = {};
   for (const [k, v] of Object.entries(gd.layout || {}))
     if (/^[xy]axis\\d*$/.test(k) && v && v.domain) axes[k] = v.domain;
-  return {traces: gd.data.map(t => ({name: t.name || '', xaxis: t.xaxis || 'x', yaxis: t.yaxis || 'y',
-                                     fill: t.fill || '', x: Array.from(t.x || []), y: Array.from(t.y || [])})),
+  // gd._fullData holds the arrays as plotted (plotly.py sends numpy arrays base64-encoded; plotly.js decodes them)
+  const plotted = gd._fullData && gd._fullData.length ? gd._fullData : gd.data;
+  const arr = v => (v && typeof v.length === 'number' && typeof v !== 'string') ? Array.from(v) : [];
+  return {traces: plotted.map(t => ({name: t.name || '', xaxis: t.xaxis || 'x', yaxis: t.yaxis || 'y',
+                                     fill: (t.fill && t.fill !== 'none') ? t.fill : '',
+                                     x: arr(t.x), y: arr(t.y)})),
           titles: (gd.layout.annotations || []).map(a => ({text: String(a.text || ''), x: a.x, y: a.y,
                                                            xref: a.xref, yref: a.yref})),
           axes};
@@ -52,7 +56,10 @@ def fresh_server(tmp_path_factory):
     store_path, data_dir = tmp / "runs.sqlite", tmp / "empty-data"
     data_dir.mkdir()
     port = _free_port()
-    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT),
+    # two workers: the comparison's two runs train side by side (one thread each), as on any machine with
+    # three or more cores; engine.jobs.default_max_workers() gives one on two cores, which would start
+    # INO-SGD only after IDP-SGD's whole 12-epoch run
+    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT), PRIVACY_LAB_WORKERS="2",
                PRIVACY_LAB_DATA_DIR=str(data_dir), PRIVACY_LAB_OFFLINE="1")
     log = open(tmp / "streamlit.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),

@@ -23,7 +23,8 @@ loading, load average 3–4):
   MNIST load and checksum, the privacy plan) adds ~3–5 s. The issue's reference: +5.6 ± 1.3 at epoch 1.
 * In the browser (tests/test_browser_demo.py: fresh store, empty data folder, Launch with the defaults),
   with ``--write`` training two more runs on the same 2 cores (load average 6–10): the ε = 1 tier's MID
-  and INO's lead (+1.2 points at step 65) were on the live charts 58 s after the click. This needs the
+  and INO's lead (+1.2 points at step 65) were on the live charts 58 s after the click; alone on the
+  machine but for the other helpers' work (load average 3–4), 30 s after the click. This needs the
   two runs to train side by side (two workers): with one worker, INO-SGD would start only after IDP-SGD's
   whole run.
 * Full MNIST rather than a subset: the four files are needed for any MNIST default anyway (11.6 MB), load

@@ -63,7 +63,10 @@ _MANAGERS: "weakref.WeakSet[JobManager]" = weakref.WeakSet()
 
 
 def default_max_workers() -> int:
-    return max(1, (os.cpu_count() or 1) - 1)
+    """One-thread workers at once: one core left to the dashboard, but never fewer than two, so that a
+    comparison's two runs (the default IDP-SGD vs INO-SGD) train side by side on a 2-core machine —
+    run one after the other, INO-SGD would start only after IDP-SGD's whole run."""
+    return max(2, (os.cpu_count() or 1) - 1)
 
 
 def new_group_id(prefix: str = "cmp") -> str:

@@ -48,7 +48,7 @@ def managers(tmp_path):
 
 
 def test_defaults_and_worker_command(tmp_path):
-    assert default_max_workers() == max(1, (os.cpu_count() or 1) - 1)
+    assert default_max_workers() == max(2, (os.cpu_count() or 1) - 1)
     cmd = worker_command(tmp_path / "s.sqlite", 7)
     assert cmd[:3] == [sys.executable, "-m", "engine"] and cmd[-4:] == ["worker", "7", "--threads", "1"]
 

@@ -255,3 +255,13 @@ def algo_label(a: str) -> str:
 
 def is_active(run: dict) -> bool:
     return run["status"] in ACTIVE
+
+
+def legacy_entry() -> None:
+    """Run by pages/<url path>.py, which Streamlit only runs as a legacy multipage app (a fresh server
+    whose first visitor opened a deep link, before app.py called st.navigation): leave that mode and
+    rerun, so app.py's navigation runs the page of the same URL (page hashes come from URL paths)."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    PagesManager.uses_pages_directory = False
+    st.rerun()

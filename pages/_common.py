@@ -24,6 +24,7 @@ STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "fail
                  "cancelled": "orange", "interrupted": "violet"}
 STATUS_ICONS = {"queued": ":material/schedule:", "running": ":material/play_arrow:", "finished": ":material/check:",
                 "failed": ":material/error:", "cancelled": ":material/stop:", "interrupted": ":material/bolt:"}
+X_AXES = {"step": "steps", "epoch": "epochs", "elapsed": "wall time", "epsilon": "ε spent"}  # figure x_axis option
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
@@ -62,6 +63,17 @@ def store() -> RunStore:
     return RunStore(store_path(), readonly=True)  # read paths: mode=ro, never writes (StoreError → st.error)
 
 
+def train_defaults() -> dict:
+    """The Train page's default widget values (the default comparison; engine.demo.DEFAULT_TRAIN once it exists)."""
+    return {"dataset": "digits", "max_train": 0, "model": "auto", "epochs": 3.0, "batch": 64, "lr": 0.5,
+            "momentum": 0.0, "eval_every": 0, "algos": ("idp_sample", "ino")}
+
+
+def seeds_field(seeds) -> dict:
+    """RunConfig's ``seeds`` keyword for the "Repeat over k seeds" input (``{}`` for one seed)."""
+    return {"seeds": int(seeds)} if int(seeds or 1) > 1 else {}
+
+
 # --- look and feel ---------------------------------------------------------------------------------
 
 def plot_theme() -> str:
@@ -91,8 +103,8 @@ def intro(page: str = "") -> None:
         st.button("Got it", key="dismiss-intro", on_click=lambda: st.session_state.update(intro_dismissed=True))
 
 
-def status_badge(status: str) -> None:
-    st.badge(status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
+def status_badge(status: str, words: str | None = None) -> None:
+    st.badge(words or status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
 
 
 def fmt_seconds(s) -> str:
@@ -124,12 +136,16 @@ def show_error(e: Exception) -> None:
 
 # --- charts and export -------------------------------------------------------------------------------
 
-def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
-    """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu."""
+def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
+          uirevision: str | None = None) -> None:
+    """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu.
+    ``uirevision``: while it stays the same, a redrawn figure keeps the user's zoom, pan and legend clicks."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
         if height:
             fig.update_layout(height=height)
+        if uirevision is not None and fig.layout.uirevision != uirevision:
+            fig.update_layout(uirevision=uirevision)
         st.plotly_chart(fig, theme=None, key=f"plot-{key}", config=PLOT_CONFIG)
         if export_key is not None:
             export_menu(spec, key=export_key)

@@ -129,18 +129,74 @@ def audit_label(run: dict) -> str:
 
 # --- run status ---------------------------------------------------------------------------------------
 
-def progress_text(run: dict, mgr) -> str:
-    """A training run's progress line: label, queue position / step / ETA, DP note."""
+def queue_positions(runs: list[dict]) -> dict[int, int]:
+    """Run id → 1-based place in the queue (oldest queued first), from one ``list_runs`` read."""
+    queued = sorted(r["id"] for r in runs if r["status"] == "queued")
+    return {rid: i + 1 for i, rid in enumerate(queued)}
+
+
+class SmoothEta:
+    """A run's remaining time, smoothed: the step rate is an exponential moving average over the refreshes
+    (weight ``alpha`` for the newest rate), so the ETA neither jumps with one slow evaluation nor reads a
+    stale value. Kept per session (``st.session_state``); reads only the run row it is given."""
+
+    def __init__(self, alpha: float = 0.3):
+        self.alpha = alpha
+        self._last: dict[int, tuple[float, int, float | None]] = {}  # run id → (time, step, rate)
+
+    def __call__(self, run: dict, now: float | None = None) -> float | None:
+        now = time.time() if now is None else now
+        if run["status"] != "running":
+            self._last.pop(run["id"], None)
+            return None
+        raw = eta_seconds(run, now)
+        step, total = run["step"] or 0, run["total_steps"] or 0
+        if raw is None or step <= 0 or not total:
+            return None
+        prev = self._last.get(run["id"])
+        rate = step / max(1e-9, now - run["started_at"])  # steps/s over the whole run so far
+        if prev is not None and prev[2] is not None:
+            t0, s0, r0 = prev
+            if now > t0 and step > s0:
+                rate = self.alpha * (step - s0) / (now - t0) + (1 - self.alpha) * r0
+            else:
+                rate = r0
+        self._last[run["id"]] = (now, step, rate)
+        return max(0.0, (total - step) / max(rate, 1e-9))
+
+
+def smooth_eta() -> SmoothEta:
+    return st.session_state.setdefault("eta-smoother", SmoothEta())
+
+
+def state_words(run: dict) -> str:
+    """A run's status in words a user reads at a glance ("cancelled by you", not "cancelled")."""
+    status, error = run["status"], run.get("error") or ""
+    if status == "cancelled":
+        return "cancelled by you" if ("by the user" in error or "before it started" in error) else "cancelled"
+    if status == "interrupted":
+        return "interrupted (worker stopped)"
+    if status == "failed":
+        return "failed (see the message)"
+    return status
+
+
+def progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float | None] = eta_seconds) -> str:
+    """A training run's progress line: label, queue place / step / ETA, DP note; everything from the one
+    run row (and queue places from the same read), so progress and status never disagree."""
     label = run_label(run)
     total, step = run["total_steps"] or 0, run["step"] or 0
     if run["status"] == "queued":
-        pos = mgr.queue_position(run["id"])
-        text = f"{label} — queued" + (f" (#{pos} in the queue)" if pos else "")
+        pos = queue.get(run["id"])
+        text = f"{label} — waiting for a worker" + (f" (#{pos} in the queue)" if pos else "")
     elif run["status"] == "running" and not total:
         text = f"{label} — starting…"
+    elif run["status"] == "running":
+        left = eta(run)
+        text = f"{label} — step {step}/{total}" + (f" · about {ui.fmt_seconds(left)} left" if left is not None else "")
     else:
-        eta = eta_seconds(run)
-        text = f"{label} — step {step}/{total or '?'}" + (f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
+        took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
+        text = f"{label} — step {step}/{total or '?'}" + (f" · took {ui.fmt_seconds(took)}" if took is not None else "")
     note = dp_note(run)
     return text + (f" · ⚠ {note}" if note else "")
 
@@ -152,9 +208,9 @@ def audit_progress_text(run: dict, mgr) -> str:
         return "queued" + (f" (#{pos} in the queue)" if pos else "")
     if run["status"] == "running" and total and step >= total:
         return "statistics…"
-    eta = eta_seconds(run)
+    eta = smooth_eta()(run)
     return f"training step {step}/{total or '?'} (all chunks of all algorithms)" + (
-        f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
+        f" · about {ui.fmt_seconds(eta)} left" if eta is not None else "")
 
 
 def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
@@ -167,7 +223,7 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
     total, step = run["total_steps"] or 0, run["step"] or 0
     c1.progress(min(1.0, step / total) if total else 0.0, text=ui.md(text))
     with c2:
-        ui.status_badge(run["status"])
+        ui.status_badge(run["status"], state_words(run))
     if ui.is_active(run):
         if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
             mgr.cancel(run["id"])
@@ -178,7 +234,7 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
             mgr.resume(run["id"])
             st.rerun()
     if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
-        c1.caption(ui.md(f"{run['status']}: {run['error']}"))
+        c1.caption(ui.md(f"{state_words(run)}: {run['error']}"))
 
 
 def live_records(store, runs: list[dict]) -> list[dict]:
@@ -206,11 +262,48 @@ def dataset(name: str, max_train, errors: list[str]):
 
 # --- settings -------------------------------------------------------------------------------------------
 
-def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float) -> dict:
+class FieldSlots:
+    """An empty slot under each settings widget, so that an invalid value is explained next to its field.
+
+    ``add(col, *fields)`` puts the slot (always emitted: a message never shifts the widgets below) under the
+    widget just drawn in ``col``; ``show(error)`` writes a :class:`ConfigError` into the slot of its field
+    (dotted config path, e.g. ``batch_size`` or ``algorithm.alpha``) and returns False when no widget owns it.
+    ``reasons`` lists what was shown, for the caption next to the disabled Launch button.
+    """
+
+    def __init__(self):
+        self.slots: dict[str, tuple[object, str]] = {}
+        self.reasons: list[str] = []
+
+    def add(self, where, label: str, *fields: str) -> None:
+        slot = where.empty()
+        for f in fields:
+            self.slots[f] = (slot, label)
+
+    def show(self, error: ConfigError) -> bool:
+        field = getattr(error, "field", "") or ""
+        hit = self.slots.get(field) or self.slots.get(field.split(".")[-1])
+        if hit is None:
+            return False
+        slot, label = hit
+        slot.error(ui.md(error.message), icon=":material/error:")
+        self.reasons.append(f"{label}: {error.message}")
+        return True
+
+
+def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float,
+                    slots: FieldSlots | None = None) -> dict:
     """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
-    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``."""
+    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``.
+    With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`)."""
+    fields = {"epochs": ("epochs",), "batch": ("batch_size",), "lr": ("optimizer.lr", "lr"), "delta": ("delta",),
+              "clip": ("clip_norm",), "seed": ("seed",)}
+
     def number(col, label, name, **kw):
-        return col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+        value = col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+        if slots is not None:
+            slots.add(col, label, *fields[name])
+        return value
 
     c1, c2, c3 = st.columns(3)
     out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
@@ -257,9 +350,23 @@ def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
 
 # --- figures ----------------------------------------------------------------------------------------------
 
+def live_figures(group: str, names, **options):
+    """The Train page's :class:`engine.figures.live.LiveFigures` of ``group`` with these figure options, kept
+    in the session: a refresh that only brings new evaluations patches its figures instead of rebuilding
+    them. A new group or option starts a new one (only the current one is kept)."""
+    from engine.figures.live import LiveFigures
+
+    key = (group, tuple(names), tuple(sorted(options.items())))
+    kept = st.session_state.get("live-figures")
+    if kept is None or kept[0] != key:
+        kept = (key, LiveFigures(names, **options))
+        st.session_state["live-figures"] = kept
+    return kept[1]
+
+
 def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> dict:
     """name → FigureSpec, rebuilt only when ``signature`` changes (else the browser gets the same figures
-    and does not redraw them on a live refresh)."""
+    and does not redraw them on a refresh)."""
     cached = st.session_state.get(name)
     if cached is not None and cached[0] == signature:
         return cached[1]

@@ -164,13 +164,26 @@ def test_invalid_url_values_are_warned_about_by_name(lab):
         assert any(f"URL parameter **{name}**" in w for w in warnings(at)), (page, warnings(at))
 
 
-def test_invalid_training_settings_show_the_engine_message(lab):
+def column_of(at: AppTest, key: str):
+    """The innermost column holding the number input ``key`` (where its error message belongs)."""
+    return min((c for c in at.columns if any(n.key == key for n in c.number_input)), key=lambda c: len(c.number_input))
+
+
+def test_an_out_of_range_setting_disables_launch_and_says_why_next_to_the_field(lab):
     at, _ = lab
     at.query_params.update({"max_train": "100", "batch": "500"})
     at.run()
     no_exception(at)
-    assert any("batch_size" in e and "at most" in e for e in errors(at)), errors(at)
+    beside = [e.value.replace("\\", "") for e in column_of(at, "batch").error]
+    assert any("at most the training set size 100, got 500" in e for e in beside), (beside, errors(at))
+    assert not column_of(at, "epochs").error  # only the bad field is marked
     assert at.button(key="launch").disabled
+    note = " ".join(c.value.replace("\\", "") for c in at.caption)
+    assert "Launch is disabled until this is fixed — Batch size: must be at most" in note, note
+    at.number_input(key="batch").set_value(32).run()  # fixed: the message goes, Launch is enabled
+    no_exception(at)
+    assert not column_of(at, "batch").error and not at.button(key="launch").disabled
+    assert any(c.value.startswith("about ") for c in at.caption), [c.value for c in at.caption]  # the estimate
 
 
 def test_no_formal_dp_is_flagged_before_launch(lab):

@@ -165,7 +165,8 @@ with l2.container(key="launch-note"):
     elif configs and len(previews) == len(configs):
         est = _plans.run_time_estimate(configs, previews, mgr.store.list_runs(kind="train"), mgr.max_workers)
         if est is not None:
-            st.caption(ui.md(f"about {ui.fmt_seconds(est[0])} for {len(configs)} run(s) ({est[1]})"))
+            st.caption(ui.md(f"about {ui.fmt_seconds(est[0])} of training for {len(configs)} run(s), plus a few "
+                             f"seconds to start each ({est[1]})"))
 if launch:
     group = new_group_id()
     mgr.submit(configs, group_id=group)

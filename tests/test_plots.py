@@ -144,15 +144,25 @@ def test_recall_auc_matches_trapezoid(pair):
     assert ((auc["recall_auc"] >= 0) & (auc["recall_auc"] <= 1)).all()
 
 
+def _keys(fig, prefix: str) -> list[str]:
+    return [t.meta for t in fig.data if str(t.meta).startswith(prefix)]
+
+
 def test_mid_curves_facets_and_shading(pair):
-    hist, spans = frames.tier_history(pair), frames.mid_spans(pair)
-    fig = training.fig_mid_curves(hist, spans)
+    hist = frames.tier_history(pair)
+    fig = training.fig_mid_curves(hist)
     assert {a.text for a in fig.layout.annotations} >= {"IDP-SGD (SAMPLE) #1", "INO-SGD #2"}
     shaded = [s for s in fig.layout.shapes if s.type == "rect"]
     assert len(shaded) == 2  # one MID span (ε=1) per run
     assert shaded[0].x0 == 10 and shaded[0].x1 == 60
-    overlay = training.fig_mid_curves(hist, spans, layout="overlay")
-    assert len(overlay.data) == 6 and len([s for s in overlay.layout.shapes if s.type == "rect"]) == 2
+    assert len(_keys(fig, "line|")) == 6 and len(_keys(fig, "initial|")) == 6
+    assert fig.layout.yaxis.matches is None and fig.layout.yaxis2.matches is None  # each facet its own y axis
+    overlay = training.fig_mid_curves(hist, layout="overlay")
+    # one panel: the most private tier of each run (IDP and INO), the other tiers faint
+    assert _keys(overlay, "line|") == ["line|IDP-SGD (SAMPLE) #1|ε=1", "line|INO-SGD #2|ε=1"]
+    assert len(_keys(overlay, "faint|")) == 4
+    assert len([s for s in overlay.layout.shapes if s.type == "rect"]) == 2
+    assert "ε=1" in overlay.layout.title.text
 
 
 def test_epsilon_spent_has_budget_lines_and_dp_notes():
@@ -297,6 +307,17 @@ def test_user_text_is_escaped_in_every_training_figure():
     for layout in ("facet", "overlay"):
         for spec in training.build_figures(runs, mid_layout=layout):
             assert_escaped(spec.figure, spec.name)
+    seeded = [hostile_run(11 + j, algo) for algo in ("idp_sample", "ino") for j in range(2)]
+    for j, run in enumerate(seeded):
+        run["config"].update(seed=j % 2, seeds=2, seed_index=j % 2)
+        run["id"] += 8 * (run["algorithm"] == "ino")
+    for e in seeded[-1]["evals"][5:]:
+        e["tiers"][1]["loss"] = float("inf")  # a diverged run: its badge names it in the overlay
+    options = [dict(mid_layout="overlay", smoothing=0.5, x_axis="epsilon"), dict(x_axis="epoch", bands=False)]
+    for opts in options:
+        for spec in training.build_figures(seeded, names=list(training.LIVE_FIGURES) + ["recall_gain_time",
+                                                                                      "gain_spread"], **opts):
+            assert_escaped(spec.figure, f"{spec.name} {opts}")
     data = training.build_figures(runs, names=["accuracy"])[0].data
     assert set(data["run"]) == {f"{HOSTILE} #1", f"{HOSTILE} #2"}  # the CSV keeps what the user wrote
     notes = {run_label(r): "no formal DP guarantee" for r in runs}
@@ -360,3 +381,189 @@ def test_dataset_name_of_runs_and_audits_old_and_new():
     flat = {"id": 3, "kind": "audit", "config": {"dataset": "digits", "R": 3}}  # an older store's flat audit config
     assert dataset_name(flat) == "digits"
     assert dataset_name({"id": 4, "kind": "train", "config": {"epochs": "many"}}) is None  # unreadable: no crash
+
+
+# --- readable curves: independent y, divergence, legends, palettes, smoothing, x axes (issue 10 §3) ------------
+
+def seed_series(first_id: int, algorithm: str, k: int, *, offsets, gains=None, group: str = "gs", base_seed: int = 7,
+                steps=range(0, 101, 10)) -> list[dict]:
+    """k run rows of one seed series (as the store holds them: one row per seed, config.seed_index = j):
+    seed j's recalls are shifted by offsets[j], its ε=1 tier's recall by gains[j] more."""
+    runs = []
+    for j in range(k):
+        run = make_run(first_id + j, algorithm, group=group, steps=steps)
+        run["config"].update(seed=base_seed + j, seeds=k, seed_index=j)
+        for e in run["evals"]:
+            for t, tier in enumerate(e["tiers"]):
+                tier["recall"] += offsets[j] + (gains[j] if gains is not None and t == 0 else 0.0)
+                tier["loss"] += offsets[j]
+        runs.append(run)
+    return runs
+
+
+def _trace(fig, key: str):
+    found = [t for t in fig.data if t.meta == key]
+    assert len(found) == 1, (key, [t.meta for t in fig.data])
+    return found[0]
+
+
+def test_series_labels_and_seed_columns():
+    runs = seed_series(11, "idp_sample", 3, offsets=[0, 0, 0]) + [make_run(20, "ino")]
+    assert frames.series_label(runs[1]) == "IDP-SGD (SAMPLE) #11–13"
+    assert frames.series_label(runs[3]) == run_label(runs[3])  # a single-seed run is its own series
+    for frame in (frames.tier_history(runs), frames.class_history(runs), frames.overall_history(runs),
+                  frames.mid_spans(runs), frames.owner_recall(runs), frames.recall_auc_table(runs),
+                  frames.final_table(runs), frames.pearson_by_run(frames.owner_recall(runs))):
+        assert {"seed", "series"} <= set(frame.columns)
+        by_run = frame.drop_duplicates("run_id").set_index("run_id")
+        assert list(by_run.loc[[11, 12, 13], "seed"]) == [7, 8, 9]
+        assert set(by_run.loc[[11, 12, 13], "series"]) == {"IDP-SGD (SAMPLE) #11–13"}
+        assert by_run.loc[20, "series"] == "INO-SGD #20"
+
+
+def test_seed_bands_are_mean_and_standard_error():
+    offsets = [0.0, 0.02, 0.07]
+    runs = seed_series(11, "idp_sample", 3, offsets=offsets)
+    fig = training.fig_tier_recall(frames.tier_history(runs))
+    key = "IDP-SGD (SAMPLE) #11–13|ε=3"
+    line, lo, hi = _trace(fig, f"line|{key}"), _trace(fig, f"lo|{key}"), _trace(fig, f"hi|{key}")
+    per_seed = np.array([[e["tiers"][2]["recall"] for e in r["evals"]] for r in runs])
+    se = per_seed.std(axis=0, ddof=1) / np.sqrt(3)
+    assert np.allclose(line.y, per_seed.mean(axis=0)) and np.allclose(np.asarray(hi.y) - line.y, se)
+    assert np.allclose(line.y - np.asarray(lo.y), se) and hi.fill == "tonexty"
+    assert "± 1 SE over seeds (band)" in {t.name for t in fig.data}
+    mid = training.fig_mid_curves(frames.tier_history(runs))
+    assert [a.text for a in mid.layout.annotations][:1] == ["IDP-SGD (SAMPLE) #11–13"]  # one facet per series
+    assert _trace(mid, "hi|IDP-SGD (SAMPLE) #11–13|ε=1")
+    separate = training.fig_tier_recall(frames.tier_history(runs), bands=False)
+    assert len([t for t in separate.data if str(t.meta).startswith("line|")]) == 9 and not any(
+        str(t.meta).startswith("hi|") for t in separate.data)
+
+
+def test_gain_is_paired_by_seed_index_and_judged_against_the_seed_spread():
+    offsets, gains = [0.0, 0.05, -0.04, 0.02], [0.10, 0.12, 0.09, 0.11]
+    runs = seed_series(11, "idp_sample", 4, offsets=offsets) + seed_series(21, "ino", 4, offsets=offsets, gains=gains)
+    gain = frames.recall_gain_over_time(runs)
+    t1 = gain[gain.tier == "ε=1"]
+    assert set(zip(t1["ino_run_id"], t1["idp_run_id"])) == {(21, 11), (22, 12), (23, 13), (24, 14)}
+    for j, g in enumerate(gains):  # replicate j against replicate j: the offsets cancel exactly
+        assert np.allclose(t1[t1.seed_index == j]["gain"], g)
+    from engine.figures import bands
+
+    spread = bands.recall_gain_spread(gain)
+    row = spread[(spread.tier == "ε=1") & (spread.step == 50)].iloc[0]
+    assert row["n"] == 4 and row["mean_gain"] == pytest.approx(np.mean(gains))
+    assert row["se"] == pytest.approx(np.std(gains, ddof=1) / 2) and row["beyond_spread"] and row["p"] < 0.01
+    assert not spread[spread.tier == "ε=3"]["beyond_spread"].any()  # gain exactly 0 there
+    words = bands.gain_spread_words(spread)
+    assert words[0].startswith("ε=1 (INO-SGD #21–24 − IDP-SGD (SAMPLE) #11–14): best mean gain +10.5 ± 0.6 points")
+    assert "beyond the seed spread (mean − 2·SE > 0) at 11 of 11 evaluations" in words[0]
+    assert "not beyond the seed spread" in words[-1]
+    fig = training.fig_recall_gain_over_time(gain)
+    line = _trace(fig, "line|INO-SGD #21–24 − IDP-SGD (SAMPLE) #11–14|ε=1")
+    assert np.allclose(line.y, np.mean(gains))
+    note = [a for a in fig.layout.annotations if a.name == "gain_spread"][0]
+    assert "beyond the seed spread" in note.text
+    noisy = seed_series(31, "ino", 4, offsets=offsets, gains=[0.2, -0.2, 0.15, -0.1], group="gs2") + \
+        seed_series(41, "idp_sample", 4, offsets=offsets, group="gs2")
+    words = bands.gain_spread_words(bands.recall_gain_spread(frames.recall_gain_over_time(noisy)))
+    assert "not beyond the seed spread" in words[0]
+
+
+def diverged_run(run_id: int, at_step: int = 50) -> dict:
+    run = make_run(run_id, "ino")
+    for e in run["evals"]:
+        if e["step"] >= at_step:
+            for t in e["tiers"]:
+                t["loss"] = 1e6 if e["step"] < 80 else float("nan")
+    return run
+
+
+def test_diverged_run_is_clipped_and_badged_and_the_other_facets_stay_readable():
+    runs = [make_run(1, "idp_sample"), diverged_run(2)]
+    fig = training.fig_mid_curves(frames.tier_history(runs))
+    badges = [a for a in fig.layout.annotations if a.name == "diverged"]
+    assert [(a.text, a.xref, a.yref) for a in badges] == [("diverged", "x2 domain", "y2 domain")]
+    lo, hi = fig.layout.yaxis2.range
+    assert hi < 5 and lo > 0.5  # the diverged facet is clipped to its curve before divergence
+    assert fig.layout.yaxis.range is None and fig.layout.yaxis.matches is None  # IDP's facet: its own autorange
+    overlay = training.fig_mid_curves(frames.tier_history(runs), layout="overlay")
+    assert [a.text for a in overlay.layout.annotations if a.name == "diverged"] == ["diverged: INO-SGD #2"]
+    assert overlay.layout.yaxis.range[1] < 5
+
+
+def test_divergence_rule():
+    from engine.figures.bands import diverged_step
+
+    assert diverged_step([0, 1, 2], [2.0, 19.0, 2.0]) is None  # 9.5× its start: not diverged
+    assert diverged_step([0, 1, 2], [2.0, 21.0, 2.0]) == 1  # above 10×
+    assert diverged_step([0, 1, 2], [2.0, 2.1, float("inf")]) == 2
+    assert diverged_step([0, 1, 2], [2.0, float("nan"), 2.0]) == 1
+
+
+def test_every_mark_has_a_legend_entry(pair):
+    hist = frames.tier_history(pair)
+    names = {t.name for t in training.fig_mid_curves(hist, smoothing=0.5).data if t.showlegend is not False}
+    assert {"initial loss (dotted)", "MID span: loss above its initial value (shaded)", "ε=1", "ε=2", "ε=3"} <= names
+    assert any(n.startswith("raw (faint") for n in names)
+    eps = {t.name for t in training.fig_epsilon_spent(hist).data if t.showlegend is not False}
+    assert "budget ε (dashed)" in eps
+
+
+def test_tier_colours_are_colour_blind_safe_and_apart_from_algorithm_colours():
+    assert scaffold.TIER_COLORS[0] == "#D55E00"  # the most private tier: Okabe–Ito vermillion, most salient
+    tiers = {c.lower() for c in scaffold.TIER_COLORS}
+    algos = {c.lower() for c in (*scaffold.ALGORITHM_COLORS.values(), *scaffold.EXTRA_COLORS)}
+    assert not tiers & algos
+    assert len(set(scaffold.ALGORITHM_SYMBOLS.values())) == len(scaffold.ALGORITHM_SYMBOLS)
+
+
+def test_smoothing_draws_the_ema_and_the_raw_curve_faint(pair):
+    hist = frames.tier_history(pair)
+    fig = training.fig_tier_recall(hist, smoothing=0.6)
+    raw, line = _trace(fig, "raw|INO-SGD #2|ε=1"), _trace(fig, "line|INO-SGD #2|ε=1")
+    y = [e["tiers"][0]["recall"] for e in pair[1]["evals"]]
+    expect = [y[0]]
+    for v in y[1:]:
+        expect.append(0.6 * expect[-1] + 0.4 * v)
+    assert np.allclose(raw.y, y) and np.allclose(line.y, expect) and raw.opacity < 0.5
+    for bad in (-0.1, 0.99, 1.5):
+        with pytest.raises(ValueError, match="smoothing"):
+            training.build_figures(pair, smoothing=bad)
+
+
+def test_x_axes_step_epoch_wall_time_and_epsilon():
+    runs = [make_run(1, "idp_sample"), make_run(2, "nonprivate")]
+    for r in runs[1:]:
+        for e in r["evals"]:
+            for t in e["tiers"]:
+                t["epsilon_spent"] = None  # no formal guarantee: ε spent is null
+    hist = frames.tier_history(runs)
+    evals = runs[0]["evals"]
+    for axis, values, title in (("epoch", [e["epoch"] for e in evals], "epoch"),
+                                ("elapsed", [e["elapsed"] for e in evals], "wall time (s)")):
+        fig = training.fig_tier_recall(hist, x_axis=axis)
+        assert np.allclose(_trace(fig, "line|IDP-SGD (SAMPLE) #1|ε=2").x, values) and fig.layout.xaxis.title.text == title
+    fig = training.fig_tier_recall(hist, x_axis="epsilon")
+    assert np.allclose(_trace(fig, "line|IDP-SGD (SAMPLE) #1|ε=2").x, [e["tiers"][1]["epsilon_spent"] for e in evals])
+    assert fig.layout.xaxis.title.text == "ε spent (each tier's own)"
+    note = [a.text for a in fig.layout.annotations if "not on this x axis" in (a.text or "")]
+    assert note and "Non-private SGD #2" in note[0]  # said in the figure, not a crash
+    acc = training.fig_accuracy(frames.overall_history(runs), x_axis="epsilon")
+    assert acc.layout.xaxis.title.text == "ε spent of the most private tier"
+    assert np.allclose(_trace(acc, "line|IDP-SGD (SAMPLE) #1|").x, [e["tiers"][0]["epsilon_spent"] for e in evals])
+    only = training.build_figures(runs[1:], names=["mid_curves"], x_axis="epsilon")[0].figure
+    assert len(only.data) == 0 and "no ε spent recorded" in only.layout.annotations[0].text
+    for name in training.LIVE_FIGURES + ("recall_gain_time",):
+        for axis in ("step", "epoch", "elapsed", "epsilon"):
+            assert isinstance(training.build_figures(runs, names=[name], x_axis=axis)[0].figure, go.Figure)
+    with pytest.raises(ValueError, match="x axis"):
+        training.build_figures(runs, x_axis="time")
+
+
+def test_overlay_is_the_most_private_tier_of_idp_and_ino_on_one_panel(pair):
+    fig = training.build_figures(pair, names=["mid_curves"], mid_layout="overlay")[0].figure
+    lines = [t for t in fig.data if str(t.meta).startswith("line|")]
+    assert [t.name for t in lines] == ["IDP-SGD (SAMPLE) #1 · ε=1", "INO-SGD #2 · ε=1"]
+    assert [t.line.color for t in lines] == [scaffold.ALGORITHM_COLORS["idp_sample"], scaffold.ALGORITHM_COLORS["ino"]]
+    assert "xaxis2" not in fig.layout and "other tiers (faint)" in {t.name for t in fig.data}

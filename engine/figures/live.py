@@ -1,0 +1,139 @@
+"""Figures that stay live: :class:`LiveFigures` keeps the figures of a refreshing selection and, when a
+refresh only brings new evaluations of the same runs, patches them instead of building them again.
+
+A refresh is *structural* — and the figures are built again — when the runs (ids), their statuses, their
+tiers or classes or the figure options changed, or when a figure's plan
+(:meth:`engine.figures.scaffold.Plan.structure`) changed: a new trace, a new MID span, a run newly diverged,
+a new note. Otherwise each curve figure's plan is computed from the tidy frames (cheap: no Plotly objects)
+and only its data parts are written into the kept figure in place: every trace's x/y arrays (the old
+arrays plus the new evaluations), the MID spans' ends, the clipped y ranges and the note texts; the
+FigureSpec gets the new data frame. Figures that are not curves (tables, bars) are built again on every
+data change. The patched figure equals a freshly built one (tests/test_live_figures.py).
+
+Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.figures import bands as bd
+from engine.figures import curves as cv
+from engine.figures.scaffold import FigureSpec, Plan, axis_name
+
+
+def _signature(records: list[dict]) -> tuple:
+    """What makes a refresh structural at the level of the selection: run ids, statuses, tiers, classes."""
+    out = []
+    for r in records:
+        evals = r.get("evals") or []
+        last = evals[-1] if evals else {}
+        out.append((r["id"], r.get("status"), r.get("name"), bool(evals),
+                    tuple((t.get("name"), t.get("epsilon")) for t in last.get("tiers") or []),
+                    tuple(c.get("name") for c in last.get("classes") or [])))
+    return tuple(out)
+
+
+def _same(a, b) -> bool:
+    a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
+    if a.shape != b.shape:
+        return False
+    try:
+        return bool(np.allclose(a.astype(float), b.astype(float), equal_nan=True, rtol=0, atol=0))
+    except (TypeError, ValueError):
+        return bool((a == b).all())
+
+
+def patch_figure(fig, plan: Plan) -> None:
+    """Write ``plan``'s data parts into ``fig``, rendered from a plan of the same structure: no Plotly
+    object is created, none is added or removed."""
+    for trace, t in zip(fig.data, plan.traces):
+        if not _same(trace.x, t.x):
+            trace.x = t.x
+        if not _same(trace.y, t.y):
+            trace.y = t.y
+    shapes = fig.layout.shapes
+    for shape, s in zip(shapes, plan.spans):  # spans are the first shapes (h-lines follow)
+        if shape.x0 != s.x0:
+            shape.x0 = s.x0
+        if shape.x1 != s.x1:
+            shape.x1 = s.x1
+    notes = fig.layout.annotations[len(fig.layout.annotations) - len(plan.notes):] if plan.notes else ()
+    for ann, n in zip(notes, plan.notes):
+        if ann.text != n["text"]:
+            ann.text = n["text"]
+    for p, r in plan.y_ranges.items():
+        axis = fig.layout[axis_name("y", p)]
+        if list(axis.range or ()) != list(r):
+            axis.range = r
+
+
+class LiveFigures:
+    """The live figures of one view: ``LiveFigures(names, theme=…, mid_layout=…, x_axis=…, smoothing=…,
+    bands=…)``; :meth:`update` (run records with ``evals``) → {name: FigureSpec}, patched where it can be."""
+
+    def __init__(self, names, **figure_options):
+        from engine.figures.training import EXTRA_FIGURES, LIVE_FIGURES, RESULT_FIGURES
+
+        self.names = list(names)
+        unknown = [n for n in self.names if n not in LIVE_FIGURES + RESULT_FIGURES + EXTRA_FIGURES]
+        if unknown:
+            raise ValueError(f"unknown figure {unknown[0]!r}")
+        self.theme = figure_options.pop("theme", "light")
+        self.options = {"mid_layout": "facet", "x_axis": "step", "smoothing": 0.0, "bands": True, **figure_options}
+        bd.check_options(mid_layout=self.options["mid_layout"], x_axis=self.options["x_axis"],
+                         smoothing=self.options["smoothing"])
+        self.builds = 0
+        self.patches = 0
+        self._signature = None
+        self._plans: dict[str, Plan] = {}
+        self._specs: dict[str, FigureSpec] = {}
+        self._evals: tuple = ()
+
+    def update(self, records: list[dict], **figure_options) -> dict[str, FigureSpec]:
+        """The figures of ``records``; ``figure_options`` (optional) change the options: a rebuild."""
+        from engine.figures.training import build_figures
+
+        if figure_options:
+            options = {**self.options, **{k: v for k, v in figure_options.items() if k != "theme"}}
+            theme = figure_options.get("theme", self.theme)
+            if options != self.options or theme != self.theme:
+                bd.check_options(mid_layout=options["mid_layout"], x_axis=options["x_axis"],
+                                 smoothing=options["smoothing"])
+                self.options, self.theme, self._signature = options, theme, None
+        signature = _signature(records)
+        if signature != self._signature:
+            self._plans.clear()
+            self._specs.clear()
+            self._signature = signature
+        counts = tuple(len(r.get("evals") or []) for r in records)
+        if self._specs and counts == self._evals:
+            return dict(self._specs)  # nothing new
+        self._evals = counts
+        curve_names = [n for n in self.names if n in cv.CURVE_FIGURES]
+        parts = cv.curve_parts(records, curve_names, **self.options)
+        rebuild = []
+        for name in self.names:
+            old = self._plans.get(name)
+            if name not in parts or old is None or old.structure() != parts[name][0].structure():
+                rebuild.append(name)
+                continue
+            plan, data = parts[name]
+            spec = self._specs[name]
+            patch_figure(spec.figure, plan)
+            self._plans[name] = plan
+            self._specs[name] = FigureSpec(spec.name, spec.title, spec.figure, data)
+            self.patches += 1
+        if rebuild:
+            from engine.figures.scaffold import render
+
+            others = [n for n in rebuild if n not in parts]
+            built = {s.name: s for s in build_figures(records, theme=self.theme, names=others, **self.options)} \
+                if others else {}
+            for name in rebuild:
+                if name in parts:
+                    plan, data = parts[name]
+                    built[name] = FigureSpec(name, cv.CURVE_TITLES[name], render(plan, self.theme), data)
+                    self._plans[name] = plan
+                self._specs[name] = built[name]
+                self.builds += 1
+        return {n: self._specs[n] for n in self.names}

@@ -64,9 +64,12 @@ def store() -> RunStore:
 
 
 def train_defaults() -> dict:
-    """The Train page's default widget values (the default comparison; engine.demo.DEFAULT_TRAIN once it exists)."""
-    return {"dataset": "digits", "max_train": 0, "model": "auto", "epochs": 3.0, "batch": 64, "lr": 0.5,
-            "momentum": 0.0, "eval_every": 0, "algos": ("idp_sample", "ino")}
+    """The Train page's default widget values: the default comparison, ``engine.demo.DEFAULT_TRAIN``."""
+    from dataclasses import asdict
+
+    from engine.demo import DEFAULT_TRAIN
+
+    return dict(asdict(DEFAULT_TRAIN), seeds=1)
 
 
 def seeds_field(seeds) -> dict:

@@ -28,8 +28,8 @@ with cfg_col:
     c1, c2, c3 = st.columns(3)
     dataset_name = c1.selectbox("Dataset", names, index=names.index(D["dataset"]) if D["dataset"] in names else 0,
                                 key="dataset", bind="query-params",
-                                help="digits is always available offline; others need their files "
-                                     "(the engine says which and where)")
+                                help="digits, MNIST and Adult are always available offline; others need their "
+                                     "files (the engine says which and where)")
     slots.add(c1, "Dataset", "data.name", "data")
     max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=D["max_train"], step=100,
                                 key="max_train", bind="query-params")
@@ -43,7 +43,7 @@ with cfg_col:
     eval_every = c1.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=D["eval_every"], step=1,
                                  key="eval_every", bind="query-params")
     slots.add(c1, "Evaluate every", "eval_every")
-    seeds = c2.number_input("Repeat over k seeds", min_value=1, max_value=16, value=1, step=1, key="seeds",
+    seeds = c2.number_input("Repeat over k seeds", min_value=1, max_value=16, value=D["seeds"], step=1, key="seeds",
                             bind="query-params",
                             help="k models per algorithm trained together (seeds seed … seed + k − 1); the charts "
                                  "draw the mean with a band (standard error) and pair IDP and INO by seed")
@@ -108,7 +108,9 @@ with st.container():
     dataset = widgets.dataset(dataset_name, max_train, errors)
     if dataset is not None:
         t1, t2 = st.columns([1, 3])
-        preset_name = t1.selectbox("Preset", preset_names(dataset), key="preset", bind="query-params",
+        presets = preset_names(dataset)
+        preset_name = t1.selectbox("Preset", presets, index=presets.index(D["preset"]) if D["preset"] in presets else 0,
+                                   key="preset", bind="query-params",
                                    on_change=lambda: st.query_params.pop("tiers", None),
                                    help="Tier splits from the engine; edit the table to customise")
         base = preset(preset_name, dataset)

@@ -2,7 +2,10 @@
 ``run, rerun, plan, show, list, export, audit, worker, app``.
 
 ``rerun RUN_ID --set dotted.key=JSON`` re-runs a stored run's config as a new run (overrides typed and
-validated like a config file); ``app`` starts the dashboard (``streamlit run`` of the installed app.py,
+validated like a config file); ``run CONFIG --set …`` takes the same overrides. Seeds: ``--set seeds=K``
+trains K models together (one job, one row per seed: ``list`` shows each row with its seed and job).
+``rerun`` of any row of a K-seed job re-runs the whole job (base seed = the row's seed − seed_index, the
+overrides applied to that job config); ``--set seeds=1 --set seed=S`` re-runs one seed S on its own. ``app`` starts the dashboard (``streamlit run`` of the installed app.py,
 bound to 127.0.0.1) and ends it with itself. ``--data-dir`` sets ``$PRIVACY_LAB_DATA_DIR`` for the command.
 
 Configuration errors print one line (``error: <field>: <message>``) and exit with code 2; so do data
@@ -61,20 +64,40 @@ def cmd_run(args) -> int:
     config = load_config(args.config)
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
+    config = apply_overrides(config, args.overrides)
     _print_data_report(config)
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
-    run_id = store.create_run(config, status="queued")
+    ids = store.create_job(config.seed_configs(), status="queued")
     from engine.lifecycle import execute
 
-    execute(store, run_id, config, kind="train", progress=not args.json)
-    run = store.get_run(run_id)
-    if args.json:
-        print(json.dumps({"run_id": run_id, **run["summary"]}, sort_keys=True))
-    else:
-        print(f"run {run_id}: {config.label} on {config.data.name} — finished")
-        print(tier_table(run["summary"]))
+    execute(store, ids[0], config.job_config(), kind="train", progress=not args.json)
+    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)}: {config.label} on "
+                                                      f"{config.data.name} — {run['status']}")
     return 0
+
+
+def _print_job(store, ids, args, header, *, extra=None, table=tier_table) -> None:
+    """The result of a job's rows: one JSON line (row 0's summary, and ``per_seed`` rows for k > 1), or a
+    header and summary table per row."""
+    runs = [store.get_run(i) for i in ids]
+    if args.json:
+        out = {"run_id": ids[0], **(extra or {}), **(runs[0]["summary"] or {})}
+        if len(ids) > 1:
+            out.update(run_ids=ids, per_seed=[{"run_id": r["id"], **(r["summary"] or {})} for r in runs])
+        print(json.dumps(out, sort_keys=True, default=str))
+        return
+    for run_id, run in zip(ids, runs):
+        print(header(run_id, run))
+        if run["summary"]:
+            print(table(run["summary"]))
+
+
+def _seed_note(run: dict) -> str:
+    """' (seed S, j+1 of k in job #L)' for a row of a k-seed job, else ''."""
+    if (run.get("seeds") or 1) <= 1:
+        return ""
+    return f" (seed {run['seed']}, {run['seed_index'] + 1} of {run['seeds']} in job #{run['job_id']})"
 
 
 def _print_data_report(config: RunConfig) -> None:
@@ -149,7 +172,10 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(run, sort_keys=True, default=str))
         return 0
-    print(f"run {run['id']} [{run['status']}] {run['name'] or run['algorithm']}  kind={run['kind']}")
+    print(f"run {run['id']} [{run['status']}] {run['name'] or run['algorithm']}  kind={run['kind']}"
+          + _seed_note(run))
+    if (run.get("seeds") or 1) > 1:
+        print(f"job rows: {', '.join(str(i) for i in store.job_rows(run['id']))}")
     if run["error"]:
         print(f"error: {run['error']}")
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
@@ -165,13 +191,17 @@ def cmd_list(args) -> int:
     store = _store(args, readonly=True)
     runs = store.list_runs()
     if args.json:
-        print(json.dumps([{k: r[k] for k in ("id", "kind", "name", "algorithm", "status", "step", "total_steps")}
+        print(json.dumps([{k: r[k] for k in ("id", "kind", "name", "algorithm", "status", "step", "total_steps",
+                                              "group_id", "seed", "seed_index", "seeds", "job_id")}
                           for r in runs]))
         return 0
-    print(f"{'id':>5} {'kind':<6} {'algorithm':<12} {'status':<12} {'progress':>12}  name")
+    print(f"{'id':>5} {'kind':<6} {'algorithm':<12} {'status':<12} {'progress':>12} {'seed':>6} {'job':>10}  name")
     for r in runs:
         prog = f"{r['step']}/{r['total_steps'] or '?'}"
-        print(f"{r['id']:>5} {r['kind']:<6} {r['algorithm']:<12} {r['status']:<12} {prog:>12}  {r['name']}")
+        job = f"{r['seed_index'] + 1}/{r['seeds']} #{r['job_id']}" if (r.get("seeds") or 1) > 1 else ""
+        seed = "" if r["seed"] is None else str(r["seed"])
+        print(f"{r['id']:>5} {r['kind']:<6} {r['algorithm']:<12} {r['status']:<12} {prog:>12} {seed:>6} {job:>10}"
+              f"  {r['name']}")
     return 0
 
 
@@ -225,7 +255,8 @@ def apply_overrides(config, overrides: list[str]):
 
 
 def cmd_rerun(args) -> int:
-    """A stored run's config, with ``--set`` overrides, as a new run of the same kind."""
+    """A stored run's config, with ``--set`` overrides, as a new run of the same kind; a row of a k-seed
+    job re-runs the whole job (the overrides apply to the job's config: base seed, seed_index 0)."""
     from engine.lifecycle import execute, job_kind
 
     store = _store(args)
@@ -233,20 +264,20 @@ def cmd_rerun(args) -> int:
     if old is None:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
     job = job_kind(old["kind"])
-    config = apply_overrides(job.parse(old["config"]), args.overrides)
+    config = job.parse(old["config"])
+    if job.name == "train":
+        config = config.job_config()
+    config = apply_overrides(config, args.overrides)
     store.mark_dead_runs()
+    rows = [config]
     if job.name == "train":
         _print_data_report(config)
-    run_id = store.create_run(config, kind=job.name, status="queued", group_id=old.get("group_id"))
-    execute(store, run_id, config, kind=job.name, progress=not args.json)
-    run = store.get_run(run_id)
-    if args.json:
-        print(json.dumps({"run_id": run_id, "rerun_of": args.run_id, **(run["summary"] or {})}, sort_keys=True,
-                         default=str))
-    else:
-        print(f"run {run_id} (re-run of {args.run_id}) — {run['status']}")
-        if run["summary"]:
-            print(job.summary_table(run["summary"]))
+        rows = config.seed_configs()
+    ids = store.create_job(rows, kind=job.name, status="queued", group_id=old.get("group_id"))
+    execute(store, ids[0], rows[0], kind=job.name, progress=not args.json)
+    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}) — "
+                                                      f"{run['status']}",
+               extra={"rerun_of": args.run_id}, table=job.summary_table)
     return 0
 
 
@@ -321,13 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="train one run from a JSON config")
     r.add_argument("config")
     r.add_argument("--algorithm", help="override algorithm.name")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
+                   help="change one config field, e.g. --set seeds=3 (three seeds trained together) --set epochs=4 "
+                        "(repeatable)")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     r.set_defaults(func=cmd_run)
 
     rr = sub.add_parser("rerun", help="re-run a stored run (train or audit) as a new run, with overrides")
     rr.add_argument("run_id", type=int)
     rr.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
-                    help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable)")
+                    help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable); "
+                         "a row of a k-seed job re-runs the whole job, --set seeds=1 --set seed=S one seed alone")
     rr.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
     rr.set_defaults(func=cmd_rerun)

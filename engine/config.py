@@ -61,6 +61,7 @@ MAX_CLASS_ID = 1_000_000
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 MAX_SEED = 2**63 - 1
+MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
 MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
 STEPS_RULES = ("round", "floor_per_epoch")
 MAX_CNN_PADDING = 8
@@ -328,6 +329,11 @@ class RunConfig:
     secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
     steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
     train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
+    # "repeat over k seeds": one job trains `seeds` models together (the model axis, M = seeds); model j starts
+    # from seed `base + j`. The store keeps one row per model: row j's config has seed = base + j,
+    # seed_index = j (base = seed - seed_index; see seed_configs / job_config).
+    seeds: int = 1
+    seed_index: int = 0
 
     def validate(self) -> "RunConfig":
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
@@ -343,6 +349,14 @@ class RunConfig:
         check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
         check_positive(self.clip_norm, "clip_norm")
         check_int(self.seed, "seed", 0, MAX_SEED)
+        check_int(self.seeds, "seeds", 1, MAX_SEEDS)
+        check_int(self.seed_index, "seed_index", 0, self.seeds - 1)
+        if self.seed_index > self.seed:
+            raise ConfigError("seed_index", f"must be at most seed = {self.seed} (the job's base seed is "
+                                            f"seed - seed_index), got {self.seed_index}")
+        if self.seed - self.seed_index + self.seeds - 1 > MAX_SEED:
+            raise ConfigError("seed", f"base seed + seeds - 1 must be at most {MAX_SEED}, got "
+                                      f"{self.seed - self.seed_index} + {self.seeds - 1}")
         check_choice(self.device, "device", DEVICES)
         check_int(self.eval_every, "eval_every", 0, MAX_SEED)
         if self.threads is not None:
@@ -369,7 +383,13 @@ class RunConfig:
 
     # --- JSON -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return _to_jsonable(dataclasses.asdict(self))
+        """JSON-able dict of every field; ``seeds`` and ``seed_index`` are left out at their defaults (1, 0),
+        so a single-seed config's canonical JSON (and any hash of it) is what it was before they existed."""
+        d = _to_jsonable(dataclasses.asdict(self))
+        for key, default in _OMIT_AT_DEFAULT.items():
+            if d.get(key) == default and type(d.get(key)) is type(default):
+                del d[key]
+        return d
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace; equal configs give equal strings."""
@@ -390,9 +410,27 @@ class RunConfig:
             out = _replace_path(out, key.split("."), value)
         return out
 
+    # --- seeds on the model axis ---------------------------------------------------------
+    @property
+    def base_seed(self) -> int:
+        """The seed of model 0 of this config's job (``seed - seed_index``)."""
+        return self.seed - self.seed_index
+
+    def job_config(self) -> "RunConfig":
+        """The config of the whole job this (per-seed) config belongs to: base seed, seed_index 0."""
+        return self if self.seed_index == 0 else dataclasses.replace(self, seed=self.base_seed, seed_index=0)
+
+    def seed_configs(self) -> list["RunConfig"]:
+        """One config per model of the job (the rows the store keeps): seed = base + j, seed_index = j."""
+        base = self.base_seed
+        return [dataclasses.replace(self, seed=base + j, seed_index=j) for j in range(self.seeds)]
+
     @property
     def label(self) -> str:
         return self.name or ALGORITHM_LABELS.get(self.algorithm.name, self.algorithm.name)
+
+
+_OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0}
 
 
 def _replace_path(obj, path: list[str], value):

@@ -29,6 +29,13 @@ run ``cancelled`` directly. Nothing here calls Streamlit: the UI polls the store
 
 Only queued runs that carry a ``group_id`` are picked up: ``python -m engine run`` creates its own
 run (no group) and trains it in-process, so the scheduler must not start it a second time.
+
+A train config with ``seeds = k > 1`` is one job of k rows (``RunStore.create_job``): only its leader
+(row 0) is started — by one worker that trains the k models together — and it counts as one running
+worker. The replicas (rows 1..k-1) are never started on their own. Cancel of any row stops the job;
+status and pid changes reach every row (the store writes them job-wide); :meth:`JobManager.delete`
+deletes the whole job (all k rows: the seeds of one job are one experiment, and a worker still writing
+into a row must never lose it under its feet).
 """
 from __future__ import annotations
 
@@ -183,7 +190,8 @@ class JobManager:
         ids = []
         for k, cfg in enumerate(configs):
             name = names[k] if names else None
-            ids.append(self.store.create_run(cfg, kind=kind, group_id=group_id, status="queued", name=name))
+            rows = seed_rows(cfg) if kind == "train" else [cfg]
+            ids += self.store.create_job(rows, kind=kind, group_id=group_id, status="queued", name=name)
         self.kick()
         return ids
 
@@ -197,6 +205,9 @@ class JobManager:
             run = self.store.get_run(run_id)
             if run is None:
                 raise KeyError(f"no run {run_id}")
+            if run["job_id"] is not None and run["job_id"] != run_id:  # a replica: stop its job's worker
+                run_id = run["job_id"]
+                run = self.store.get_run(run_id) or run
             if run["status"] not in ACTIVE:
                 return run["status"]
             proc = self._procs.get(run_id)
@@ -250,7 +261,9 @@ class JobManager:
             self._cancelling.discard(run_id)
 
     def resume(self, run_id: int) -> None:
-        """Queue an ended run again (e.g. a cancelled audit that resumes from its checkpoints)."""
+        """Queue an ended run again (e.g. a cancelled audit that resumes from its checkpoints); a row of a
+        k-seed job queues the whole job."""
+        run_id = self.store.leader_of(run_id)
         run = self.store.get_run(run_id)
         if run is None:
             raise KeyError(f"no run {run_id}")
@@ -262,16 +275,19 @@ class JobManager:
         self.store.set_status(run_id, "queued")
         self.kick()
 
-    def delete(self, run_id: int) -> None:
-        """Delete a run (cancelling it first if it is active)."""
+    def delete(self, run_id: int) -> list[int]:
+        """Delete a run (cancelling it first if it is active) — for a row of a k-seed job, all k rows of
+        the job. Returns the ids deleted."""
         run = self.store.get_run(run_id)
         if run is not None and run["status"] in ACTIVE:
             self.cancel(run_id, wait=True)
-        self.store.delete_run(run_id)
-        try:
-            (self.log_dir / f"run-{run_id}.log").unlink()
-        except OSError:
-            pass
+        deleted = self.store.delete_job(run_id)
+        for rid in deleted or [run_id]:
+            try:
+                (self.log_dir / f"run-{rid}.log").unlink()
+            except OSError:
+                pass
+        return deleted
 
     def log_path(self, run_id: int) -> Path:
         return self.log_dir / f"run-{run_id}.log"
@@ -296,8 +312,9 @@ class JobManager:
                 self.store.mark_dead_runs(is_alive=lambda pid: int(pid) in own or pid_alive(int(pid)))
             if not locked:
                 return
-            running = len(self.store.list_runs(status="running"))
-            queued = [r for r in reversed(self.store.list_runs(status="queued")) if r["group_id"] and not r["pid"]]
+            running = len([r for r in self.store.list_runs(status="running") if _is_leader(r)])  # workers, not rows
+            queued = [r for r in reversed(self.store.list_runs(status="queued"))
+                      if r["group_id"] and not r["pid"] and _is_leader(r)]
             while queued and running < self.max_workers and not self._stop.is_set():
                 self._launch(queued.pop(0)["id"])
                 running += 1
@@ -426,11 +443,32 @@ class JobManager:
         return [r for r in self.store.list_runs() if r["status"] in ACTIVE]
 
     def queue_position(self, run_id: int) -> int | None:
-        queued = [r["id"] for r in reversed(self.store.list_runs(status="queued"))]
-        return queued.index(run_id) + 1 if run_id in queued else None
+        """1 for the next job to start; a replica row has its job's position."""
+        queued = [r for r in reversed(self.store.list_runs(status="queued")) if _is_leader(r)]
+        run = self.store.get_run(run_id)
+        lead = run["job_id"] if run is not None and run["job_id"] is not None else run_id
+        ids = [r["id"] for r in queued]
+        return ids.index(lead) + 1 if lead in ids else None
 
     def owns(self, run_id: int) -> bool:
-        return run_id in self._procs
+        return self.store.leader_of(run_id) in self._procs
+
+
+def _is_leader(run: dict) -> bool:
+    """A row a worker runs: a single run, or row 0 of a k-seed job (its replicas are never started)."""
+    return run.get("job_id") is None or run["job_id"] == run["id"]
+
+
+def seed_rows(config) -> list:
+    """The store rows of a train config: one per seed (``RunConfig.seed_configs``); a dict is parsed
+    (and validated) when it asks for more than one seed, else stored as given."""
+    if isinstance(config, dict):
+        if config.get("seeds", 1) == 1 and config.get("seed_index", 0) == 0:
+            return [config]
+        from engine.config import RunConfig
+
+        config = RunConfig.from_dict(config).validate()
+    return config.seed_configs() if hasattr(config, "seed_configs") else [config]
 
 
 def shutdown_all(*, cancel_running: bool = False) -> None:
@@ -451,18 +489,20 @@ def preview(config) -> dict:
 
     Raises ``ConfigError`` (or ``DataError``) with the engine's message. Returns a JSON-able dict:
     {"steps", "n_train", "tier_names", "tier_sizes", "target_epsilons", "formal_dp", "formal_dp_reason", "tail_length",
-    "plan": the run's plan record (``engine.train.plan_record``) or None, "expected_batch_size"}.
+    "plan": the run's plan record (``engine.train.plan_record``) or None, "expected_batch_size",
+    "seeds": models the job trains (each on this plan: the plan of a k-seed job is the plan of one seed)}.
     """
     from engine.train import plan_record, prepare
 
-    prep = prepare(config)
+    seeds = config.validate().seeds
+    prep = prepare(config.job_config().replace(seeds=1) if seeds > 1 else config)  # the same plan, one model built
     plan = plan_record(prep) if prep.plan is not None else None  # the run's plan record (null ε without formal DP)
     return {"steps": prep.steps, "n_train": int(len(prep.dataset.y_train)), "tier_names": list(prep.tiers.names),
             "tier_sizes": list(prep.tiers.sizes), "target_epsilons": list(prep.tiers.epsilons),
             "formal_dp": bool(prep.privacy.formal_dp), "formal_dp_reason": prep.privacy.formal_dp_reason,
             "tail_length": prep.tail_length,
             "expected_batch_size": float(prep.expected_batch), "plan": plan,
-            "algorithm": config.algorithm.name, "info": dict(prep.info)}
+            "algorithm": config.algorithm.name, "info": dict(prep.info), "seeds": seeds}
 
 
 def eta_seconds(run: dict, now: float | None = None) -> float | None:

@@ -4,13 +4,15 @@
     store_lifecycle(store, id)   start → finished / cancelled / failed with the message
     execute(store, id, config)   run a parsed config as run ``id`` of its kind, inside the lifecycle
     run_queued(store, id)        the worker entry: read the run's kind and config from the store, execute
+                                 (a row of a k-seed job runs its whole job, from its leader row)
 
 Status bookkeeping. Inside :func:`store_lifecycle` SIGTERM (the job manager's Cancel) raises
 :class:`~engine.train.Cancelled`; on the way out a run that is still active (queued / running) is
 marked ``cancelled`` (Cancelled), or ``failed`` with the error's one-line message (``field: message``
 for a ConfigError, ``Type: message`` otherwise); the exception propagates. A run already ended by
 its own code (finished, or marked by an inner lifecycle) is left as it is. The status write is
-retried and never replaces the error being raised (``RunStore.try_set_status``).
+retried and never replaces the error being raised (``RunStore.try_set_status``); the store applies it
+to every row of a k-seed job.
 """
 from __future__ import annotations
 
@@ -150,6 +152,11 @@ def run_queued(store, run_id: int, *, progress: bool = False, prepared: Callable
     run = store.get_run(run_id)
     if run is None:
         raise ConfigError("run_id", f"no run {run_id} in {store.path}")
+    if run.get("job_id") is not None and run["job_id"] != run_id:  # a replica row: its job runs from row 0
+        replica, run_id = run_id, run["job_id"]
+        run = store.get_run(run_id)
+        if run is None:
+            raise ConfigError("run_id", f"run {replica} is a seed of job {run_id}, which is no longer in {store.path}")
     with store_lifecycle(store, run_id):
         job = job_kind(run["kind"])
         config = job.parse(run["config"])

@@ -5,7 +5,8 @@ initialisation and randomness; a chunk of them trains in lock-step in one proces
 
 * parameters of the M models are stacked (``torch.func.stack_module_state``): every tensor
   carries a leading model axis; model m is initialised exactly like a dashboard run with
-  ``seed = init_seeds[m]`` (:func:`seeded_model`);
+  ``seed = init_seeds[m]`` (:func:`seeded_model`); a k-seed dashboard run (``engine.train``, M = k)
+  trains such a stack with its own optimizer, which updates the stacked tensors in place;
 * per-sample gradients come from ``engine.grad_sample``: the closed form for Linear/Tanh stacks
   (logistic regression, tanh MLP), vmap over models otherwise (e.g. the CNNs);
 * :func:`sgd_train` runs ``engine.step.dp_step`` — the same step a dashboard run takes — and plain
@@ -54,6 +55,13 @@ class StackedModels:
     @sequential.setter
     def sequential(self, value: bool) -> None:
         self._vmap.sequential = bool(value)
+
+    def module(self, m: int) -> torch.nn.Module:
+        """Model ``m`` as a live module (a copy of its current parameters and buffers)."""
+        model = copy.deepcopy(self._vmap.base)  # on the meta device: no memory, no random numbers
+        state = {k: v[m].detach().clone() for k, v in {**self.params, **self.buffers}.items()}
+        model.load_state_dict(state, assign=True)
+        return model
 
     def param_count(self) -> int:
         return sum(int(v[0].numel()) for v in self.params.values())

@@ -23,6 +23,14 @@ Failing safely:
   frees the small reserve file it keeps beside the store (``<store>-reserve``, 64 KiB), so that the
   run can still be marked failed. :meth:`RunStore.try_set_status` never raises, so the caller can
   still report the original error.
+
+Jobs of k seeds. A train config with ``seeds = k > 1`` is ONE job (one worker trains the k models
+together) stored as k rows (:meth:`RunStore.create_job`): row j holds model j's config (seed = base + j,
+seed_index = j), evaluations, steps, plan and summary; every row has ``job_id`` = the id of row 0 (the
+*leader*, the only row the job manager starts). Status and pid writes (:meth:`set_status`,
+:meth:`set_pid`) apply to every row of the job; :meth:`job_rows` lists them; :meth:`delete_job` deletes
+them all. Single runs have ``job_id`` NULL. Stores made before the column existed get it on first
+write-open (all their runs are single runs).
 """
 from __future__ import annotations
 
@@ -64,7 +72,8 @@ CREATE TABLE IF NOT EXISTS runs (
     total_steps INTEGER,
     plan_json TEXT,
     summary_json TEXT,
-    versions_json TEXT
+    versions_json TEXT,
+    job_id INTEGER
 );
 CREATE TABLE IF NOT EXISTS step_metrics (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -165,6 +174,9 @@ class RunStore:
             columns = {r["name"] for r in db.execute("PRAGMA table_info(runs)")}
             if "host" not in columns:  # stores made before the host was recorded
                 db.execute("ALTER TABLE runs ADD COLUMN host TEXT")
+            if "job_id" not in columns:  # stores made before k-seed jobs: every run is a single run
+                db.execute("ALTER TABLE runs ADD COLUMN job_id INTEGER")
+            db.execute("CREATE INDEX IF NOT EXISTS runs_job ON runs(job_id)")
         self._keep_reserve()
 
     @classmethod
@@ -210,11 +222,13 @@ class RunStore:
         finally:
             db.close()
 
-    def _write(self, sql: str, args=()) -> sqlite3.Cursor:
+    @contextmanager
+    def _transaction(self):
+        """One short write transaction (BEGIN IMMEDIATE … COMMIT); yields the connection."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
-                cur = db.execute(sql, args)
+                yield db
                 db.execute("COMMIT")
             except BaseException:
                 # A signal (e.g. SIGTERM → Cancelled) can land right after COMMIT: only roll back an
@@ -225,27 +239,57 @@ class RunStore:
                     except sqlite3.Error:
                         pass  # closing the connection rolls back as well; keep the original error
                 raise
-            return cur
+
+    def _write(self, sql: str, args=()) -> sqlite3.Cursor:
+        with self._transaction() as db:
+            return db.execute(sql, args)
 
     # --- runs -------------------------------------------------------------------------
     def create_run(self, config, *, kind: str = "train", group_id: str | None = None,
                    status: str = "queued", name: str | None = None) -> int:
         """Register a run. ``config`` is a RunConfig (or any object with to_json/to_dict) or a dict."""
-        if hasattr(config, "to_json"):
-            config_json = config.to_json()
-            cfg = config.to_dict()
-        else:
-            cfg = dict(config)
-            config_json = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
-        algorithm = (cfg.get("algorithm") or {}).get("name", "") if isinstance(cfg.get("algorithm"), dict) else ""
-        label = name if name is not None else (cfg.get("name") or "")
-        cur = self._write(
-            "INSERT INTO runs (kind, name, algorithm, group_id, config_json, status, seed, created_at, updated_at,"
-            " versions_json) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (kind, label, algorithm, group_id, config_json, status, cfg.get("seed"), time.time(), time.time(),
-             json.dumps(package_versions())),
-        )
-        return int(cur.lastrowid)
+        return self.create_job([config], kind=kind, group_id=group_id, status=status, name=name)[0]
+
+    def create_job(self, configs, *, kind: str = "train", group_id: str | None = None,
+                   status: str = "queued", name: str | None = None) -> list[int]:
+        """Register one job as one row per config (a k-seed train job: ``RunConfig.seed_configs()``), in one
+        transaction; returns the row ids, the leader (the row a worker runs) first. One config: a single run
+        (``job_id`` NULL), exactly :meth:`create_run`."""
+        rows = []
+        for config in configs:
+            if hasattr(config, "to_json"):
+                config_json, cfg = config.to_json(), config.to_dict()
+            else:
+                cfg = dict(config)
+                config_json = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+            algorithm = (cfg.get("algorithm") or {}).get("name", "") if isinstance(cfg.get("algorithm"), dict) else ""
+            label = name if name is not None else (cfg.get("name") or "")
+            rows.append((kind, label, algorithm, group_id, config_json, status, cfg.get("seed")))
+        if not rows:
+            raise ValueError("a job needs at least one config")
+        versions, now = json.dumps(package_versions()), time.time()
+        sql = ("INSERT INTO runs (kind, name, algorithm, group_id, config_json, status, seed, created_at, updated_at,"
+               " versions_json, job_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)")
+        with self._transaction() as db:
+            ids = [int(db.execute(sql, rows[0] + (now, now, versions, None)).lastrowid)]
+            if len(rows) > 1:
+                db.execute("UPDATE runs SET job_id=? WHERE id=?", (ids[0], ids[0]))
+                ids += [int(db.execute(sql, r + (now, now, versions, ids[0])).lastrowid) for r in rows[1:]]
+        return ids
+
+    _JOB = "(id=? OR (job_id IS NOT NULL AND job_id=(SELECT job_id FROM runs WHERE id=?)))"  # every row of run ?'s job
+
+    def job_rows(self, run_id: int) -> list[int]:
+        """The row ids of ``run_id``'s job, leader (seed_index 0) first: [run_id] for a single run, [] if
+        there is no such run."""
+        with self._connect() as db:
+            rows = db.execute(f"SELECT id FROM runs WHERE {self._JOB} ORDER BY id", (run_id, run_id)).fetchall()
+        return [int(r["id"]) for r in rows]
+
+    def leader_of(self, run_id: int) -> int:
+        """The row that stands for ``run_id``'s job (its worker, cancel, queue position): the job's first row."""
+        rows = self.job_rows(run_id)
+        return rows[0] if rows else run_id
 
     def start_run(self, run_id: int, *, pid: int, total_steps: int | None = None, plan: dict | None = None) -> None:
         """The run is running in process ``pid`` of this host (recorded, so a dead worker is noticed)."""
@@ -257,18 +301,20 @@ class RunStore:
         )
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
-        self._write("UPDATE runs SET pid=?, host=?, updated_at=? WHERE id=?",
-                    (pid, this_host() if pid else None, time.time(), run_id))
+        """The worker process of ``run_id`` — and of every other row of its job."""
+        self._write(f"UPDATE runs SET pid=?, host=?, updated_at=? WHERE {self._JOB}",
+                    (pid, this_host() if pid else None, time.time(), run_id, run_id))
 
     def set_status(self, run_id: int, status: str, error: str | None = None) -> None:
-        """Set a run's status (and error text). A terminal status (failed, cancelled, interrupted) is
-        retried a few times with a short backoff before the :class:`StoreError` is raised."""
+        """Set a run's status (and error text) — and that of every other row of its job (a k-seed job runs,
+        ends, is cancelled or fails as one). A terminal status (failed, cancelled, interrupted) is retried a
+        few times with a short backoff before the :class:`StoreError` is raised."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         done = None if status in ACTIVE else time.time()
-        args = (status, error, done, time.time(), run_id)
+        args = (status, error, done, time.time(), run_id, run_id)
         sql = ("UPDATE runs SET status=?, error=COALESCE(?, error), finished_at=COALESCE(?, finished_at),"
-               " updated_at=? WHERE id=?")
+               f" updated_at=? WHERE {self._JOB}")
         if status in ACTIVE or status == "finished":
             self._write(sql, args)
             return
@@ -327,6 +373,13 @@ class RunStore:
         self._write("UPDATE runs SET status='finished', summary_json=?, finished_at=?, updated_at=? WHERE id=?",
                     (json.dumps(summary), time.time(), time.time(), run_id))
 
+    def finish_runs(self, summaries: dict) -> None:
+        """Finish several rows at once ({run_id: summary}, e.g. the k rows of a job) in one transaction."""
+        now = time.time()
+        with self._transaction() as db:
+            db.executemany("UPDATE runs SET status='finished', summary_json=?, finished_at=?, updated_at=? WHERE id=?",
+                           [(json.dumps(s), now, now, int(rid)) for rid, s in summaries.items()])
+
     def set_summary(self, run_id: int, summary: dict) -> None:
         self._write("UPDATE runs SET summary_json=?, updated_at=? WHERE id=?", (json.dumps(summary), time.time(), run_id))
 
@@ -334,7 +387,15 @@ class RunStore:
         self._write("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id))
 
     def delete_run(self, run_id: int) -> None:
+        """Delete this one row (:meth:`delete_job` deletes all rows of its job)."""
         self._write("DELETE FROM runs WHERE id=?", (run_id,))
+
+    def delete_job(self, run_id: int) -> list[int]:
+        """Delete every row of ``run_id``'s job (one row for a single run); returns the ids deleted."""
+        ids = self.job_rows(run_id)
+        if ids:
+            self._write(f"DELETE FROM runs WHERE id IN ({','.join('?' * len(ids))})", ids)
+        return ids
 
     def get_run(self, run_id: int) -> dict | None:
         with self._connect() as db:
@@ -365,12 +426,29 @@ class RunStore:
         rows = [(run_id, int(s), float(l) if l is not None else None, int(b)) for s, l, b in rows]
         if not rows:
             return
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
+        with self._transaction() as db:
             db.executemany("INSERT OR REPLACE INTO step_metrics VALUES (?,?,?,?)", rows)
             db.execute("UPDATE runs SET step=MAX(step, ?), updated_at=? WHERE id=?",
                        (max(r[1] for r in rows), time.time(), run_id))
-            db.execute("COMMIT")
+
+    def log_progress(self, steps: dict, evals: dict | None = None) -> None:
+        """Steps and evaluations of several rows in one transaction (a k-seed job's rows appear together):
+        ``steps`` {run_id: [(step, train_loss, batch_size), ...]}, ``evals`` {run_id: (step, metrics)}."""
+        rows = [(int(rid), int(s), float(l) if l is not None else None, int(b))
+                for rid, entries in steps.items() for s, l, b in entries]
+        evals = evals or {}
+        if not rows and not evals:
+            return
+        last = {}
+        for rid, s, _, _ in rows:
+            last[rid] = max(s, last.get(rid, s))
+        now = time.time()
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO step_metrics VALUES (?,?,?,?)", rows)
+            db.executemany("INSERT OR REPLACE INTO eval_metrics VALUES (?,?,?)",
+                           [(int(rid), int(step), json.dumps(m)) for rid, (step, m) in evals.items()])
+            db.executemany("UPDATE runs SET step=MAX(step, ?), updated_at=? WHERE id=?",
+                           [(s, now, rid) for rid, s in last.items()])
 
     def log_eval(self, run_id: int, step: int, metrics: dict) -> None:
         self._write("INSERT OR REPLACE INTO eval_metrics VALUES (?,?,?)", (run_id, int(step), json.dumps(metrics)))
@@ -418,7 +496,10 @@ class RunStore:
 
 def _row(row: sqlite3.Row) -> dict:
     d = dict(row)
+    d.setdefault("job_id", None)  # a store made before k-seed jobs, opened read-only
     for key in ("config_json", "plan_json", "summary_json", "versions_json"):
         value = d.pop(key)
         d[key[:-5]] = json.loads(value) if value else None
+    cfg = d["config"] if isinstance(d["config"], dict) else {}
+    d["seeds"], d["seed_index"] = cfg.get("seeds", 1), cfg.get("seed_index", 0)  # row j of a k-seed job
     return d

@@ -1,7 +1,7 @@
 """The one training loop, readable top to bottom.
 
-    prepare(config)        data, tiers, model, plan, mechanism — everything fixed before step 1
-                           (engine.prepare: prepare_data + prepare_privacy; build_mechanism, M = 1)
+    prepare(config)        data, tiers, model(s), plan, mechanism — everything fixed before step 1
+                           (engine.prepare: prepare_data + prepare_privacy; build_mechanism, M = seeds)
     for step in 1..T:      engine.step.dp_step, the step the audit's models take too:
         Poisson-sample each training sample with its tier's rate q_i (empty batches allowed)
         per-sample gradients g_i and losses ℓ_i (engine.grad_sample, one batch at a time)
@@ -10,6 +10,17 @@
         mechanism.observe(...)                 (every step, empty batches included)
         step the optimizer on sum / (expected batch size Σ q_n N_n)
         every eval_every steps: per-tier/per-class metrics, ε spent per tier → store
+
+"Repeat over k seeds" (``config.seeds = k``) trains k models in this same loop, on the model axis
+(M = k): model j starts exactly like a single run with seed ``base + j`` (``seeded_model``), all k share
+the data, the tiers, the plan (so ε spent is the same for all), one Poisson sampler of k rows and one
+mechanism of k rows, drawn from the one generator of the base seed — so an INO-SGD and an IDP-SGD job
+with the same base seed and k see the same batches and noise draws for every model index j. The k = 1
+run trains a live module (``ModuleGrads``: layer hooks, the fastest M = 1 form); k > 1 trains stacked
+parameters (``engine.stacked.StackedModels``: closed form for LR/MLP, vmap over models for CNNs). The
+run's optimizer (SGD with momentum, Adam) updates the stacked tensors: both are elementwise, so this is
+exactly k separate optimizers. Each model's evaluations, steps, plan and summary go to its own store row
+(``RunStore.create_job``: row j, seed = base + j, seed_index = j).
 """
 from __future__ import annotations
 
@@ -18,7 +29,7 @@ import secrets
 import signal
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -53,15 +64,18 @@ def sigterm_cancels():
 
 @dataclass
 class Prepared:
-    """A run ready to start: its data, privacy plan, model and mechanism (M = 1)."""
+    """A run ready to start: its data, privacy plan, model(s) and mechanism (M = config.seeds)."""
 
-    config: RunConfig
+    config: RunConfig  # the job's config (base seed, seed_index 0)
     data: PreparedData
     privacy: PrivacyPlan
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # k = 1: the live module; None for k > 1 (see ``stacked``)
     mechanism: object
     steps: int  # T the privacy plan is made for
     train_steps: int = 0  # steps this run trains (config.train_epochs: the first ones of T); 0: T
+    stacked: object | None = None  # k > 1: engine.stacked.StackedModels, model j from seed base + j
+
+    n_models = property(lambda self: self.config.seeds)
 
     dataset = property(lambda self: self.data.dataset)
     tiers = property(lambda self: self.data.tiers)
@@ -75,17 +89,29 @@ class Prepared:
 
 
 def prepare(config: RunConfig) -> Prepared:
+    """Everything fixed before step 1 of ``config``'s job (a per-seed row config prepares its whole job:
+    data, tiers and plan use the base seed ``seed - seed_index``; model j its own seed ``base + j``)."""
+    config.validate()
+    config = config.job_config()
     data = prepare_data(config)
     n = data.n_train
     if config.batch_size > n:
         raise ConfigError("batch_size", f"must be at most the training set size {n}, got {config.batch_size}")
     ds = data.dataset
-    model = seeded_model(config.model, ds.input_shape, ds.num_classes, config.seed).to(data.device)
+    k = config.seeds
+    model = stacked = None
+    if k == 1:
+        model = seeded_model(config.model, ds.input_shape, ds.num_classes, config.seed).to(data.device)
+    else:
+        from engine.stacked import StackedModels
+
+        stacked = StackedModels(config.model, ds.input_shape, ds.num_classes, [c.seed for c in config.seed_configs()],
+                                data.device)
     steps = total_steps(config, n)
     privacy = prepare_privacy(config, data, steps=steps)
-    mechanism = build_mechanism(privacy=privacy, members=np.ones((1, n), bool), device=data.device)
+    mechanism = build_mechanism(privacy=privacy, members=np.ones((k, n), bool), device=data.device)
     return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps,
-                    train_steps=config.trained_steps(n))
+                    train_steps=config.trained_steps(n), stacked=stacked)
 
 
 def step_generator(config: RunConfig, device) -> torch.Generator:
@@ -95,84 +121,162 @@ def step_generator(config: RunConfig, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+# --- the models of the model axis ------------------------------------------------------------
+
+class _LiveModel:
+    """k = 1: one live module; per-sample gradients by its layer hooks (``ModuleGrads``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.grads_of = ModuleGrads(model)  # what dp_step differentiates
+        self.params = list(self.grads_of.params.values())  # what the optimizer updates
+
+    def set_grads(self, grads: dict) -> None:
+        for k, p in self.grads_of.params.items():
+            p.grad = grads[k][0]
+
+    def log_probs(self, x: torch.Tensor) -> list:
+        return [predict(self.model, x)]
+
+    def module(self, j: int) -> torch.nn.Module:
+        return self.model
+
+
+class _StackedModels:
+    """k > 1: stacked parameters (``engine.stacked.StackedModels``); the optimizer updates the stacked
+    tensors themselves (leading model axis), which is exactly k optimizers of one model each."""
+
+    def __init__(self, stacked):
+        self.stacked = stacked
+        self.grads_of = stacked
+        self.params = list(stacked.params.values())
+
+    def set_grads(self, grads: dict) -> None:
+        for k, p in self.stacked.params.items():
+            p.grad = grads[k]
+
+    @torch.no_grad()
+    def log_probs(self, x: torch.Tensor, *, batch: int = 4096) -> list:
+        chunk = max(64, batch // self.stacked.n_models)
+        out = [torch.log_softmax(self.stacked.logits(x[a:a + chunk]), dim=-1) for a in range(0, len(x), chunk)]
+        return list(torch.cat(out, 1).cpu().numpy())
+
+    def module(self, j: int) -> torch.nn.Module:
+        return self.stacked.module(j)
+
+
+def model_axis(prep: Prepared):
+    """The models ``prep`` trains, behind what the loop needs: ``grads_of`` (for dp_step), ``params`` (for
+    the optimizer), ``set_grads(step grads)``, ``log_probs(x)`` (one (n, classes) array per model), ``module(j)``."""
+    return _LiveModel(prep.model) if prep.stacked is None else _StackedModels(prep.stacked)
+
+
 # --- the loop ---------------------------------------------------------------------------------
 
 @dataclass
 class RunResult:
-    config: RunConfig
+    config: RunConfig  # this model's config (seed = base + seed_index)
     plan: dict | None
     evals: list
     summary: dict
     model: torch.nn.Module
+    per_seed: list = field(default_factory=list, repr=False)  # every model's RunResult, this one first (k = 1: [self])
 
 
 def train(config: RunConfig, *, store=None, run_id: int | None = None, progress: bool = False,
           should_stop=None, prepared: Prepared | None = None) -> RunResult:
-    """Train one run. With ``store`` and ``run_id`` the metrics stream into the run store."""
+    """Train one run — with ``config.seeds = k`` its k models together. With ``store`` and ``run_id`` (any
+    row of the job) the metrics of model j stream into row j of the job (``RunStore.job_rows``). Returns
+    model 0's result; ``.per_seed`` holds all k."""
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     prep = prepared or prepare(config)
-    model, mech, ds, device = prep.model, prep.mechanism, prep.dataset, prep.device
+    config = prep.config  # the job's config
+    k = prep.n_models
+    mech, ds, device = prep.mechanism, prep.dataset, prep.device
+    models = model_axis(prep)
+    rows = _job_rows(store, run_id, k) if store is not None and run_id is not None else None
     x_train, y_train = ds.x_train.to(device), ds.y_train.to(device)
     n = len(y_train)
     gen = step_generator(config, device)  # Poisson sampling, the noise, the quantile tracker's noise
-    sampler = PoissonSampler(np.ones((1, n), bool), prep.sample_rates, device)
-    optimizer = _optimizer(config, model)
-    grads_of = ModuleGrads(model)  # per-sample gradients of this one model (M = 1)
+    sampler = PoissonSampler(np.ones((k, n), bool), prep.sample_rates, device)
+    optimizer = _optimizer(config, models.params)
     accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
     last = prep.train_steps or prep.steps
     eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
     plan_dict = plan_record(prep)
-    if store is not None and run_id is not None:
-        store.start_run(run_id, pid=os.getpid(), total_steps=last, plan=plan_dict)
-    evals, pending_steps = [], []
+    if rows:
+        for rid in rows:
+            store.start_run(rid, pid=os.getpid(), total_steps=last, plan=plan_dict)
+    evals, pending = [[] for _ in range(k)], [[] for _ in range(k)]
     started = time.time()
     last_flush = started
 
+    def flush(step=None, metrics=None):
+        if rows:
+            store.log_progress({rid: pending[j] for j, rid in enumerate(rows)},
+                               {rid: (step, metrics[j]) for j, rid in enumerate(rows)} if metrics else None)
+        for p in pending:
+            p.clear()
+
     def record_eval(step):
-        e = evaluator(model, step, accountant, time.time() - started)
-        evals.append(e)
-        if store is not None and run_id is not None:
-            store.log_steps(run_id, pending_steps)
-            pending_steps.clear()
-            store.log_eval(run_id, step, e)
+        es = evaluator(models, step, accountant, time.time() - started)
+        for j, e in enumerate(es):
+            evals[j].append(e)
+        flush(step, es)
 
     record_eval(0)
     bar = _progress_bar(last, config.label) if progress else None
     for step in range(1, last + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1}")
-        out = dp_step(grads_of, x_train, y_train, sampler, mech, gen)
+        out = dp_step(models.grads_of, x_train, y_train, sampler, mech, gen)
         optimizer.zero_grad(set_to_none=True)
-        for k, p in grads_of.params.items():
-            p.grad = out.grads[k][0]
+        models.set_grads(out.grads)
         optimizer.step()
         if accountant is not None:
             accountant.step()
-        pending_steps.append((step, out.mean_losses()[0], int(out.batch_sizes[0])))
+        for j, (loss, size) in enumerate(zip(out.mean_losses(), out.batch_sizes.tolist())):
+            pending[j].append((step, loss, int(size)))
         if bar is not None:
             bar.update(1)
         if step % eval_every == 0 or step == last:
             record_eval(step)
             last_flush = time.time()
-        elif store is not None and run_id is not None and time.time() - last_flush > 0.5:
-            store.log_steps(run_id, pending_steps)  # keeps the UI's progress bar live between evaluations
-            pending_steps.clear()
+        elif rows and time.time() - last_flush > 0.5:
+            flush()  # keeps the UI's progress bar live between evaluations
             last_flush = time.time()
     if bar is not None:
         bar.close()
-    summary = summarize(prep, evals, time.time() - started)
-    if store is not None and run_id is not None:
-        store.finish_run(run_id, summary)
-    return RunResult(config=config, plan=plan_dict, evals=evals, summary=summary, model=model)
+    seconds = time.time() - started
+    configs = config.seed_configs()
+    summaries = [summarize(prep, evals[j], seconds, seed_config=configs[j]) for j in range(k)]
+    if rows:
+        store.finish_runs(dict(zip(rows, summaries)))
+    results = [RunResult(config=configs[j], plan=plan_dict, evals=evals[j], summary=summaries[j],
+                         model=models.module(j)) for j in range(k)]
+    for r in results:
+        r.per_seed = results
+    return results[0]
 
 
-def _optimizer(config: RunConfig, model):
+def _job_rows(store, run_id: int, k: int) -> list[int]:
+    """Row ids of run ``run_id``'s job in seed order; exactly ``k`` of them (one per model)."""
+    rows = store.job_rows(run_id)
+    if len(rows) != k:
+        raise ConfigError("seeds", f"run {run_id} has {len(rows)} row(s) in the store for {k} seeds; create k-seed "
+                                   "runs with JobManager.submit or RunStore.create_job(config.seed_configs())")
+    return rows
+
+
+def _optimizer(config: RunConfig, params):
+    """The run's optimizer over ``params`` (a module's parameters, or the stacked tensors of k models)."""
+    params = params.parameters() if isinstance(params, torch.nn.Module) else params
     o = config.optimizer
     if o.name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=o.lr)
-    return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
+        return torch.optim.Adam(params, lr=o.lr)
+    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum)
 
 
 def _progress_bar(total, label):
@@ -225,27 +329,39 @@ class _Evaluator:
             self.y_sub = ds.y_train.numpy()[self.sub]
             self.tier_sub = prep.tiers.train[self.sub]
 
-    def __call__(self, model, step, accountant, elapsed):
+    def __call__(self, models, step, accountant, elapsed) -> list[dict]:
+        """One evaluation record per model of ``models`` (``model_axis``)."""
         prep, ds = self.prep, self.prep.dataset
-        logp = predict(model, self.x)
         k = len(prep.tiers.epsilons)
-        overall, tiers, classes, pred = group_metrics(self.y, logp, self.tier_groups, k, ds.num_classes)
-        if self.tier_groups is None:
-            _, tiers, _, _ = group_metrics(self.y_sub, predict(model, self.x_sub), self.tier_sub, k, ds.num_classes)
         spent = [float(e) for e in accountant.epsilons()] if accountant is not None else [None] * k
-        for j, t in enumerate(tiers):
-            t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=spent[j])
-        for c, m in enumerate(classes):
-            m["name"] = ds.class_names[c]
-        out = {"step": step, "epoch": step * prep.expected_batch / len(ds.y_train), "elapsed": elapsed,
-               "overall": overall, "tiers": tiers, "classes": classes, "tier_split": self.tier_split}
-        if self.sensitive is not None:
-            out["fairness"] = fairness_metrics(self.y, pred, self.sensitive)
-        out.update(prep.mechanism.state())
-        return out
+        subs = models.log_probs(self.x_sub) if self.tier_groups is None else None
+        records = []
+        for m, logp in enumerate(models.log_probs(self.x)):
+            overall, tiers, classes, pred = group_metrics(self.y, logp, self.tier_groups, k, ds.num_classes)
+            if subs is not None:
+                _, tiers, _, _ = group_metrics(self.y_sub, subs[m], self.tier_sub, k, ds.num_classes)
+            for j, t in enumerate(tiers):
+                t.update(name=prep.tiers.names[j], epsilon=prep.tiers.epsilons[j], epsilon_spent=spent[j])
+            for c, cm in enumerate(classes):
+                cm["name"] = ds.class_names[c]
+            out = {"step": step, "epoch": step * prep.expected_batch / len(ds.y_train), "elapsed": elapsed,
+                   "overall": overall, "tiers": tiers, "classes": classes, "tier_split": self.tier_split}
+            if self.sensitive is not None:
+                out["fairness"] = fairness_metrics(self.y, pred, self.sensitive)
+            out.update(mechanism_state(prep.mechanism, m))
+            records.append(out)
+        return records
 
 
-def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
+def mechanism_state(mechanism, model: int) -> dict:
+    """``mechanism.state()`` of one model of the axis: its ``model_state(model)`` when the mechanism has
+    one and trains several models, else the state it reports (for M > 1: over all models)."""
+    if mechanism.n_models > 1 and hasattr(mechanism, "model_state"):
+        return mechanism.model_state(model)
+    return mechanism.state()
+
+
+def summarize(prep: Prepared, evals: list, seconds: float, *, seed_config: RunConfig | None = None) -> dict:
     last = evals[-1]
     steps = [e["step"] for e in evals]
     mids = mid_markers([[t["loss"] for t in e["tiers"]] for e in evals], steps)
@@ -264,7 +380,16 @@ def summarize(prep: Prepared, evals: list, seconds: float) -> dict:
         "loss": last["overall"]["loss"], "tiers": tiers,
         "class_recall": [c["recall"] for c in last["classes"]],
         "fairness": last.get("fairness"),
+        **_seed_fields(seed_config or prep.config),
     }
+
+
+def _seed_fields(config: RunConfig) -> dict:
+    """The model's seed; for a k-seed job also its index and k."""
+    d = {"seed": config.seed}
+    if config.seeds > 1:
+        d.update(seed_index=config.seed_index, seeds=config.seeds)
+    return d
 
 
 def recall_auc(steps, recalls) -> float:

@@ -98,6 +98,40 @@ def test_rerun_overrides_and_bad_values(tmp_path, store):
     assert len(json.loads(cli("list", "--json", store=store).stdout)) == 2  # no bad override started a run
 
 
+def test_run_with_seeds_lists_shows_and_reruns_the_job(tmp_path, store):
+    """``run --set seeds=3`` trains one job of three rows; ``rerun`` of a replica row re-runs the whole job;
+    ``--set seeds=1 --set seed=S`` re-runs one seed alone."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"max_train": 200}, "seed": 3,
+                               "algorithm": {"name": "ino"}}))
+    out = cli("run", str(cfg), "--set", "seeds=3", "--json", store=store)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["run_ids"] == [1, 2, 3] and result["run_id"] == 1
+    assert [s["seed"] for s in result["per_seed"]] == [3, 4, 5] and [s["run_id"] for s in result["per_seed"]] == [1, 2, 3]
+    listed = json.loads(cli("list", "--json", store=store).stdout)
+    assert [(r["id"], r["seed"], r["seed_index"], r["seeds"], r["job_id"], r["status"]) for r in listed] == \
+        [(3, 5, 2, 3, 1, "finished"), (2, 4, 1, 3, 1, "finished"), (1, 3, 0, 3, 1, "finished")]
+    table = cli("list", store=store).stdout
+    assert "3/3 #1" in table and "1/3 #1" in table
+    shown = cli("show", "2", store=store).stdout
+    assert "seed 4, 2 of 3 in job #1" in shown and "job rows: 1, 2, 3" in shown and "ε=1" in shown
+    again = cli("rerun", "2", "--json", store=store)  # a replica row: the whole job again
+    assert again.returncode == 0, again.stderr
+    rerun = json.loads(again.stdout.strip().splitlines()[-1])
+    assert rerun["run_ids"] == [4, 5, 6] and rerun["rerun_of"] == 2
+    assert [s["seed"] for s in rerun["per_seed"]] == [3, 4, 5]
+    assert [s["accuracy"] for s in rerun["per_seed"]] == [s["accuracy"] for s in result["per_seed"]]  # reproducible
+    one = cli("rerun", "2", "--set", "seeds=1", "--set", "seed=4", "--json", store=store)
+    assert one.returncode == 0, one.stderr
+    single = json.loads(one.stdout.strip().splitlines()[-1])
+    assert single["run_id"] == 7 and "run_ids" not in single and single["seed"] == 4
+    row = json.loads(cli("show", "7", "--json", store=store).stdout)
+    assert row["seeds"] == 1 and row["job_id"] is None and "seeds" not in row["config"]
+    bad = cli("run", str(cfg), "--set", "seeds=17", store=store)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: seeds:") and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_data_dir_flag_is_used(tmp_path, store):
     """``--data-dir`` names the data folder: adult from an empty folder falls back to the shipped copy,
     and the run's data report does not mention the caller's $PRIVACY_LAB_DATA_DIR."""

@@ -30,6 +30,10 @@ def bad(**changes):
 
 STATIC_CASES = [
     ({"tiers.tiers": (TierConfig(epsilon=0.0, classes=tuple(range(10))),)}, "tiers.tiers[0].epsilon"),
+    ({"seeds": 0}, "seeds"),
+    ({"seeds": 17}, "seeds"),
+    ({"seeds": 2, "seed_index": 2, "seed": 4}, "seed_index"),
+    ({"seeds": 3, "seed_index": 1, "seed": 0}, "seed_index"),
     ({"tiers.tiers": (TierConfig(epsilon=-1.0, classes=tuple(range(10))),)}, "tiers.tiers[0].epsilon"),
     ({"tiers.tiers": (TierConfig(epsilon=math.inf, classes=tuple(range(10))),)}, "tiers.tiers[0].epsilon"),
     ({"tiers.tiers": (TierConfig(epsilon=math.nan, classes=tuple(range(10))),)}, "tiers.tiers[0].epsilon"),
@@ -94,3 +98,22 @@ def test_valid_default_prepares():
     prep = prepare(RunConfig())
     assert sum(prep.tiers.sizes) == 1437 and min(prep.tiers.sizes) > 0
     assert len(prep.plan.sample_rates) == 3
+
+
+def test_seeds_default_to_one_and_stay_out_of_the_canonical_json():
+    """Configs written before ``seeds`` existed parse to seeds = 1, seed_index = 0, and a single-seed
+    config's canonical JSON (hence any hash of it) is unchanged: the fields appear only when not default."""
+    old = {"model": {"name": "lr"}, "epochs": 3, "seed": 4}
+    cfg = RunConfig.from_dict(old).validate()
+    assert (cfg.seeds, cfg.seed_index, cfg.base_seed) == (1, 0, 4)
+    assert "seeds" not in cfg.to_json() and "seed_index" not in cfg.to_json()
+    assert cfg.seed_configs() == [cfg] and cfg.job_config() is cfg
+    job = cfg.replace(seeds=3).validate()
+    rows = job.seed_configs()
+    assert [(r.seed, r.seed_index, r.seeds) for r in rows] == [(4, 0, 3), (5, 1, 3), (6, 2, 3)]
+    for r in rows:
+        back = RunConfig.from_json(r.to_json()).validate()
+        assert back == r and back.to_json() == r.to_json() and back.job_config() == job
+        assert json.loads(r.to_json())["seeds"] == 3
+    assert rows[0].to_dict()["seeds"] == 3 and "seed_index" not in rows[0].to_dict()
+    assert json.loads(rows[2].to_json())["seed_index"] == 2

@@ -123,6 +123,17 @@ RUN_CASES = [
     ("seed-float", {"seed": 1.5}, "seed"),
     ("seed-string", {"seed": "0"}, "seed"),
     ("seed-bool", {"seed": True}, "seed"),
+    ("seeds-zero", {"seeds": 0}, "seeds"),
+    ("seeds-17", {"seeds": 17}, "seeds"),
+    ("seeds-2**70", {"seeds": 2**70}, "seeds"),
+    ("seeds-float", {"seeds": 3.0}, "seeds"),
+    ("seeds-string", {"seeds": "3"}, "seeds"),
+    ("seeds-bool", {"seeds": True}, "seeds"),
+    ("seed-index-at-seeds", {"seeds": 3, "seed_index": 3, "seed": 5}, "seed_index"),
+    ("seed-index-negative", {"seed_index": -1}, "seed_index"),
+    ("seed-index-over-seed", {"seeds": 3, "seed_index": 2, "seed": 1}, "seed_index"),
+    ("seed-index-null", {"seed_index": None}, "seed_index"),
+    ("seeds-past-max-seed", {"seeds": 4, "seed": 2**63 - 2}, "seed"),
     ("name-object", {"name": {}}, "name"),
     ("name-nul", {"name": "a\x00b"}, "name"),
     ("name-too-long", {"name": "x" * 10_000}, "name"),
@@ -212,7 +223,7 @@ def test_any_json_value_gives_config_error_or_a_config():
 
     rng = random.Random(0)
     atoms = [None, True, False, 0, 1, -1, 2**70, 1.5, 1e308, "", "x", "\x00", [], {}, [1], [[0, 1]], {"a": 1}]
-    paths = [("epochs",), ("seed",), ("name",), ("tiers",), ("tiers", "tiers"), ("tiers", "assignment"),
+    paths = [("epochs",), ("seed",), ("seeds",), ("seed_index",), ("name",), ("tiers",), ("tiers", "tiers"), ("tiers", "assignment"),
              ("tiers", "assign"), ("model", "hidden"), ("algorithm", "knots"), ("algorithm", "name"),
              ("algorithm", "ema"), ("data", "data_dir"), ("data",), ("optimizer", "momentum"), ("threads",)]
     for _ in range(400):
@@ -445,6 +456,7 @@ def _runs(store):
 CLI_CASES = [
     (json.dumps(tiers([0, 1, 2, 3.7, 4], [3, 5, 6, 7, 8, 9])), "tiers.tiers[0].classes[3]"),
     (json.dumps({"seed": 2**70}), "seed"),
+    (json.dumps({"seeds": 99}), "seeds"),
     (json.dumps({"epochs": 1e12}), "epochs"),
     (json.dumps({"threads": 10**6}), "threads"),
     (json.dumps({"model": {"name": "mlp", "hidden": [1e12]}}), "model.hidden[0]"),

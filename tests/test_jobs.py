@@ -154,3 +154,96 @@ def test_resume_requeues_an_ended_grouped_run(tmp_path):
     with pytest.raises(ValueError, match="no group"):
         mgr.resume(lone)
     mgr.shutdown()
+
+
+# --- k-seed jobs: one worker, k rows -------------------------------------------------------------
+
+SEEDS3 = TINY.replace(**{"model.name": "lr", "seeds": 3, "seed": 5})
+LONG_LR = RunConfig().replace(**{"model.name": "lr", "epochs": 4000.0, "eval_every": 50})
+
+
+def _rows(store, ids):
+    return [store.get_run(i) for i in ids]
+
+
+def test_a_k_seed_job_is_one_worker_writing_k_rows(managers):
+    mgr = managers(max_workers=2)
+    store = mgr.store
+    ids = mgr.submit([SEEDS3], group_id="g-seeds")
+    assert len(ids) == 3 and store.job_rows(ids[2]) == ids and store.leader_of(ids[1]) == ids[0]
+    runs = wait_for(lambda: (rs := _rows(store, ids)) and all(r["status"] == "finished" for r in rs) and rs,
+                    120, "the job to finish")
+    assert len({r["pid"] for r in runs}) == 1  # one worker process trained the three models
+    for j, r in enumerate(runs):
+        assert (r["seed"], r["seed_index"], r["seeds"], r["job_id"]) == (5 + j, j, 3, ids[0])
+        assert RunConfig.from_dict(r["config"]) == SEEDS3.seed_configs()[j]
+        assert r["plan"] == runs[0]["plan"] and r["summary"]["seed"] == 5 + j
+        assert len(store.eval_metrics(r["id"])) == r["total_steps"] + 1  # eval_every = 1, step 0 included
+        assert len(store.step_metrics(r["id"])) == r["total_steps"]
+    assert len({r["summary"]["loss"] for r in runs}) == 3
+    # a replica is never started on its own, even when it is the only queued row of its group
+    lone = store.create_job(SEEDS3.seed_configs(), group_id="g-rule")
+    store.set_status(lone[0], "cancelled")  # the whole job ...
+    store._write("UPDATE runs SET status='queued' WHERE id=?", (lone[1],))  # ... but one row queued again
+    mgr.tick()
+    assert store.get_run(lone[1])["status"] == "queued" and not mgr.owns(lone[1]) and lone[1] not in mgr._procs
+
+
+def test_k_seed_jobs_count_as_one_worker_cancel_any_row_kill_and_delete(managers):
+    mgr = managers(max_workers=2)
+    store = mgr.store
+    job = mgr.submit([LONG_LR.replace(seeds=3)], group_id="g-cancel")
+    single = mgr.submit([LONG_LR], group_id="g-cancel")
+    # three running rows are one worker: the single run gets the second worker
+    wait_for(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, job + single)), 120,
+             "the job and the single run to train")
+    assert len({r["pid"] for r in _rows(store, job)}) == 1 and mgr.owns(job[2])
+    pid = store.get_run(job[0])["pid"]
+    # Cancel on a replica row stops the job: every row is cancelled, the metrics so far are kept
+    assert mgr.cancel(job[2]) == "cancelled"
+    assert wait_for(lambda: not _alive(pid), 10, "the job's worker to exit")
+    runs = _rows(store, job)
+    assert [r["status"] for r in runs] == ["cancelled"] * 3 and len({r["error"] for r in runs}) == 1
+    assert all(store.eval_metrics(i) for i in job)
+    assert store.get_run(single[0])["status"] == "running"
+    mgr.cancel(single[0])
+    # kill -9 of a job's worker: every row becomes interrupted
+    killed = mgr.submit([LONG_LR.replace(seeds=2, seed=9)], group_id="g-kill")
+    assert mgr.queue_position(killed[1]) == mgr.queue_position(killed[0]) == 1
+    wait_for(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, killed)), 120,
+             "the second job to train")
+    os.kill(store.get_run(killed[1])["pid"], signal.SIGKILL)
+    wait_for(lambda: all(r["status"] == "interrupted" for r in _rows(store, killed)), 15, "both rows interrupted")
+    # deleting any row deletes the job (all its rows, their metrics and logs)
+    assert sorted(mgr.delete(killed[1])) == killed
+    assert all(store.get_run(i) is None and store.eval_metrics(i) == [] for i in killed)
+    assert store.get_run(single[0]) is not None
+
+
+def test_a_dead_job_worker_found_by_another_manager_interrupts_every_row(tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    ids = store.create_job(SEEDS3.seed_configs(), group_id="g-dead")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.set_pid(ids[0], dead.pid)
+    for rid in ids:
+        store.start_run(rid, pid=dead.pid, total_steps=10)
+    mgr = JobManager(store.path, autostart=False, prewarm=False)
+    assert sorted(mgr.recovered) == ids
+    assert all(r["status"] == "interrupted" and str(dead.pid) in r["error"] for r in _rows(store, ids))
+    mgr.resume(ids[2])  # resuming a row queues its whole job, from its leader
+    assert [r["status"] for r in _rows(store, ids)] == ["queued"] * 3 and all(r["pid"] is None for r in _rows(store, ids))
+    mgr.shutdown()
+
+
+def test_submit_expands_a_dict_config_with_seeds(tmp_path):
+    mgr = JobManager(tmp_path / "runs.sqlite", autostart=False, prewarm=False)
+    ids = mgr.submit([TINY.to_dict() | {"seeds": 2}, TINY.to_dict()], group_id="g-dict")
+    runs = _rows(mgr.store, ids)
+    assert [(r["seed_index"], r["seeds"], r["job_id"]) for r in runs] == [(0, 2, ids[0]), (1, 2, ids[0]), (0, 1, None)]
+    from engine.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        mgr.submit([TINY.to_dict() | {"seeds": 99}])
+    assert e.value.field == "seeds"
+    mgr.shutdown()

@@ -121,6 +121,21 @@ def test_execute_and_run_queued_train_through_the_lifecycle(store):
     assert e.value.field == "run_id"
 
 
+def test_run_queued_of_a_replica_row_runs_its_whole_job(store):
+    job = TINY.replace(seeds=2, seed=3)
+    ids = store.create_job(job.seed_configs(), status="queued", group_id="g")
+    out = run_queued(store, ids[1])  # a worker given a replica row trains the job from its leader
+    runs = [store.get_run(i) for i in ids]
+    assert [r["status"] for r in runs] == ["finished", "finished"]
+    assert [r["summary"]["seed"] for r in runs] == [3, 4] and out.config.seed == 3
+    # a failure ends every row of the job with the one-line message
+    bad = store.create_job(job.replace(batch_size=5000).seed_configs(), status="queued", group_id="g")
+    with pytest.raises(ConfigError):
+        run_queued(store, bad[0])
+    assert all(store.get_run(i)["status"] == "failed" and store.get_run(i)["error"].startswith("batch_size:")
+               for i in bad)
+
+
 def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
     rid = store.create_run({"x": 1}, kind="nope", group_id="g")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))

@@ -102,3 +102,70 @@ def test_failed_run_records_error(tmp_path):
     run = store.get_run(run_id)
     assert run["status"] == "failed" and "delta" in run["error"]
     assert json.loads(json.dumps(run["config"]))["delta"] == 5
+
+
+# --- k-seed jobs: one row per seed, job-wide status -------------------------------------------------
+
+SEEDS = RunConfig().replace(**{"model.name": "lr", "seeds": 3, "seed": 10})
+
+
+def test_create_job_rows_and_job_wide_status(tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    single = store.create_run(RunConfig(), group_id="g")
+    ids = store.create_job(SEEDS.seed_configs(), group_id="g")
+    assert ids == [single + 1, single + 2, single + 3]
+    runs = [store.get_run(i) for i in ids]
+    assert [(r["job_id"], r["seed"], r["seed_index"], r["seeds"]) for r in runs] == \
+        [(ids[0], 10, 0, 3), (ids[0], 11, 1, 3), (ids[0], 12, 2, 3)]
+    assert store.get_run(single)["job_id"] is None and store.job_rows(single) == [single]
+    assert store.job_rows(ids[1]) == ids and store.leader_of(ids[2]) == ids[0] and store.job_rows(999) == []
+    # status and pid reach every row of the job, never another run
+    store.set_pid(ids[0], 4242)
+    store.set_status(ids[2], "running")
+    assert [(r["status"], r["pid"]) for r in map(store.get_run, ids)] == [("running", 4242)] * 3
+    assert store.get_run(single)["status"] == "queued" and store.get_run(single)["pid"] is None
+    # each row's steps and evaluations in one transaction; each row finishes with its own summary
+    store.log_progress({i: [(1, 0.5 + j, 10 + j), (2, 0.4, 11)] for j, i in enumerate(ids)},
+                       {i: (2, {"overall": {"accuracy": j / 10}}) for j, i in enumerate(ids)})
+    assert [store.get_run(i)["step"] for i in ids] == [2, 2, 2]
+    assert [store.eval_metrics(i)[0]["overall"]["accuracy"] for i in ids] == [0.0, 0.1, 0.2]
+    assert [store.step_metrics(i)[0]["batch_size"] for i in ids] == [10, 11, 12]
+    store.finish_runs({i: {"seed": 10 + j} for j, i in enumerate(ids)})
+    assert [(r["status"], r["summary"]["seed"]) for r in map(store.get_run, ids)] == \
+        [("finished", 10), ("finished", 11), ("finished", 12)]
+    assert sorted(store.delete_job(ids[1])) == ids
+    assert all(store.get_run(i) is None and store.eval_metrics(i) == [] for i in ids)
+    assert store.get_run(single) is not None and store.delete_job(single) == [single]
+
+
+OLD_SCHEMA = """
+CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL DEFAULT 'train',
+    name TEXT NOT NULL DEFAULT '', algorithm TEXT NOT NULL DEFAULT '', group_id TEXT, config_json TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT, seed INTEGER, pid INTEGER, host TEXT, created_at REAL NOT NULL,
+    started_at REAL, finished_at REAL, updated_at REAL, step INTEGER NOT NULL DEFAULT 0, total_steps INTEGER,
+    plan_json TEXT, summary_json TEXT, versions_json TEXT);
+CREATE TABLE eval_metrics (run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, step INTEGER NOT NULL,
+    metrics_json TEXT NOT NULL, PRIMARY KEY (run_id, step));
+"""
+
+
+def test_a_store_made_before_jobs_is_read_and_migrated(tmp_path):
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(OLD_SCHEMA)
+        for k in range(2):
+            db.execute("INSERT INTO runs (config_json, status, seed, created_at, group_id) VALUES (?,?,?,?,?)",
+                       (RunConfig().replace(seed=k).to_json(), "finished", k, time.time(), "old"))
+    before = path.read_bytes()
+    ro = RunStore(path, readonly=True)  # a reader changes nothing and sees every run as a single run
+    assert [(r["job_id"], r["seeds"], r["seed_index"]) for r in ro.list_runs()] == [(None, 1, 0)] * 2
+    assert path.read_bytes() == before
+    store = RunStore(path)  # a writer adds the column; the old runs stay single runs
+    with sqlite3.connect(path) as db:
+        assert "job_id" in {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+    assert [store.job_rows(r["id"]) for r in store.list_runs()] == [[2], [1]]
+    store.set_status(1, "cancelled")
+    assert [r["status"] for r in store.list_runs()] == ["finished", "cancelled"]
+    ids = store.create_job(SEEDS.seed_configs(), group_id="new")
+    assert store.job_rows(ids[0]) == ids and RunConfig.from_dict(store.get_run(1)["config"]) == RunConfig()
+    assert RunStore(path).job_rows(ids[2]) == ids  # reopening migrates nothing twice

@@ -72,11 +72,6 @@ def train_defaults() -> dict:
     return dict(asdict(DEFAULT_TRAIN), seeds=1)
 
 
-def seeds_field(seeds) -> dict:
-    """RunConfig's ``seeds`` keyword for the "Repeat over k seeds" input (``{}`` for one seed)."""
-    return {"seeds": int(seeds)} if int(seeds or 1) > 1 else {}
-
-
 # --- look and feel ---------------------------------------------------------------------------------
 
 def plot_theme() -> str:

@@ -142,7 +142,7 @@ with st.container():
                                           c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
                 optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=float(momentum)), epochs=float(train["epochs"]),
                 batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
-                seed=int(train["seed"]), eval_every=int(eval_every), **ui.seeds_field(seeds))
+                seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
             base_cfg.validate()
             configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
         except ConfigError as e:

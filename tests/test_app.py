@@ -14,7 +14,7 @@ from engine.store import RunStore
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGES = ["pages/train_view.py", "pages/results_view.py", "pages/runs_view.py", "pages/tif_explorer.py",
          "pages/audit_view.py"]
-TINY = {"max_train": "200", "epochs": "1.0", "batch": "32", "eval_every": "1"}
+TINY = {"dataset": "digits", "max_train": "200", "epochs": "1.0", "batch": "32", "eval_every": "1"}
 
 
 @pytest.fixture()
@@ -150,7 +150,10 @@ def test_invalid_url_values_are_warned_about_by_name(lab):
         assert f"URL parameter **{param}**" in text and "not a valid value" in text, (param, text)
     assert not at.button(key="launch").disabled  # the defaults are used
     at.query_params.clear()
-    at.query_params.update({"epochs": "3.0", "dataset": "digits", "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
+    from pages._common import train_defaults
+
+    d = train_defaults()
+    at.query_params.update({"epochs": str(d["epochs"]), "dataset": d["dataset"], "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
     at.run()  # defaults, which Streamlit drops from the URL: nothing to warn about
     no_exception(at)
     assert not [w for w in warnings(at) if "URL parameter" in w], warnings(at)

@@ -51,7 +51,7 @@ def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
     # an out-of-range batch: Launch disabled, the reason under the Batch size field and beside Launch
-    page.goto(url + "train?max_train=100&batch=500")
+    page.goto(url + "train?dataset=digits&max_train=100&batch=500")
     launch = page.get_by_role("button", name="Launch comparison")
     launch.wait_for()
     field = column_of(page, "batch")
@@ -83,7 +83,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
-    page.goto(url + "train?max_train=400&epochs=20&eval_every=1")  # ~120 steps, an evaluation each
+    page.goto(url + "train?dataset=digits&max_train=400&batch=64&epochs=20&eval_every=1&momentum=0.0")  # ~125 steps
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
@@ -97,12 +97,14 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     def grown():
         stats, n = live_stats(page), plotted_points(page)
         seen.append((stats, n))
-        return stats and stats[1] >= patches0 + 5 and n > n0 and stats
+        return stats and stats[1] >= patches0 + 20 and n > n0 and stats
 
-    builds, patches = wait_until(grown, RUN, "five patches that add points")
+    builds, patches = wait_until(grown, RUN, "twenty figure patches that add points")
     assert page.evaluate(f"() => document.querySelector({PLOT!r}).__kept") == "same node", seen[-5:]
-    # the refreshes that added points patched the kept figures: a rebuild only when a run changes state
-    assert builds - builds0 <= 2, (builds0, builds, patches, seen[-5:])
+    # the refreshes that added points patched the kept figures (counters are per figure: a rebuild of all
+    # five live figures on every refresh would add 5 builds and no patch); rebuilds only when a run changes
+    # state (or for a figure that is not a curve)
+    assert 2 * (builds - builds0) <= patches - patches0, (builds0, patches0, builds, patches, seen[-5:])
     assert store.list_runs()  # (the comparison really runs in the store)
     shot(page, "train_live_patched.png", page.locator(".st-key-chart-live-mid"))
     for r in sorted(store.list_runs(), key=lambda r: r["id"]):  # stop them (in words: "cancelled by you")

@@ -195,7 +195,8 @@ def main(argv=None) -> int:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            query = "&".join([f"epochs={args.epochs}", "max_train=600"] + [f"algos={a}" for a in ALGOS])
+            query = "&".join([f"epochs={args.epochs}", "dataset=digits", "max_train=600", "batch=64"]
+                              + [f"algos={a}" for a in ALGOS])
             page.goto(f"http://127.0.0.1:{port}/train?{query}", wait_until="domcontentloaded")
             result = phase(page, store, args.tries, args.settle)
             if args.loaded:

@@ -4,8 +4,11 @@ server and Chromium).
 - an out-of-range setting disables Launch and says why next to its field; an invalid URL parameter is
   warned about by name; the intro box, once dismissed, stays dismissed across pages;
 - live append: while a short digits comparison runs, the live MID chart gains points through patches of
-  the kept figures (the page's "figures built N× · patched M×" counters), not rebuilds, and its plot
-  element is never remounted (a JS property set on it survives every refresh).
+  the kept figures (the page's "figures built N× · patched M×" counters), not rebuilds.
+
+(Streamlit 1.67 gives every st.plotly_chart an element id hashed from its figure, key or not, so the
+browser mounts the plot div afresh whenever its data change — streamlit/streamlit#8782, fixed upstream by
+the open PR #16052 — which is why no test here asserts that the DOM node survives a refresh.)
 
 Every wait polls the page or the store with generous limits (never a fixed sleep).
 """
@@ -89,7 +92,6 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     launch.click()
     wait_until(lambda: plotted_points(page) > 0, UI, "a first live point")
-    page.evaluate(f"() => {{ document.querySelector({PLOT!r}).__kept = 'same node'; }}")
     builds0, patches0 = wait_until(lambda: live_stats(page), UI, "the live counters")
     n0 = plotted_points(page)
     seen = []
@@ -100,7 +102,6 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
         return stats and stats[1] >= patches0 + 20 and n > n0 and stats
 
     builds, patches = wait_until(grown, RUN, "twenty figure patches that add points")
-    assert page.evaluate(f"() => document.querySelector({PLOT!r}).__kept") == "same node", seen[-5:]
     # the refreshes that added points patched the kept figures (counters are per figure: a rebuild of all
     # five live figures on every refresh would add 5 builds and no patch); rebuilds only when a run changes
     # state (or for a figure that is not a curve)

@@ -103,14 +103,13 @@ FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 4e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18":
 def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, str]:
     """Seconds of training per sample-gradient for ``config``'s dataset and model: the median over the
     finished runs in the store that match (measured on this machine), else a rough per-model constant."""
-    from engine.runs import dataset_name
-
     rates = []
     for r in history:
         cfg = r.get("config") or {}
         if r["status"] != "finished" or not r.get("started_at") or not r.get("finished_at") or not r.get("total_steps"):
             continue
-        if dataset_name(r) != config.data.name or (cfg.get("model") or {}).get("name") != config.model.name:
+        if (cfg.get("data") or {}).get("name") != config.data.name or \
+                (cfg.get("model") or {}).get("name") != config.model.name:
             continue
         samples = r["total_steps"] * max(1, int(cfg.get("batch_size") or 1)) * max(1, int(cfg.get("seeds") or 1))
         rates.append((r["finished_at"] - r["started_at"]) / samples)

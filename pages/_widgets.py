@@ -196,6 +196,7 @@ def progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float 
         text = f"{label} — step {step}/{total}" + (f" · about {ui.fmt_seconds(left)} left" if left is not None else "")
     else:
         took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
+        step = total if run["status"] == "finished" and total else step
         text = f"{label} — step {step}/{total or '?'}" + (f" · took {ui.fmt_seconds(took)}" if took is not None else "")
     note = dp_note(run)
     return text + (f" · ⚠ {note}" if note else "")
@@ -221,7 +222,8 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
     """
     c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
     total, step = run["total_steps"] or 0, run["step"] or 0
-    c1.progress(min(1.0, step / total) if total else 0.0, text=ui.md(text))
+    done = run["status"] == "finished"  # (the row's step may lag its last batch of step metrics)
+    c1.progress(1.0 if done else min(1.0, step / total) if total else 0.0, text=ui.md(text))
     with c2:
         ui.status_badge(run["status"], state_words(run))
     if ui.is_active(run):

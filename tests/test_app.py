@@ -213,3 +213,55 @@ def test_rows_to_tiers_rejects_two_budgets_in_one_tier():
     from engine.config import parse_tiers_param
 
     assert parse_tiers_param(ui.tiers_to_param(base)) == base  # the URL form round-trips
+
+
+def _row(**kw) -> dict:
+    run = {"id": 1, "status": "running", "step": 0, "total_steps": 100, "started_at": 1000.0, "finished_at": None,
+           "error": None, "name": "", "algorithm": "ino", "config": {}, "group_id": "g", "plan": None, "summary": None}
+    run.update(kw)
+    return run
+
+
+def test_progress_and_status_words_come_from_the_one_row():
+    from pages import _widgets as widgets
+
+    assert widgets.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
+    assert widgets.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
+    assert widgets.state_words(_row(status="interrupted", error="worker process 7 ended")) == \
+        "interrupted (worker stopped)"
+    # an ended run never shows an ETA, whatever step its row last recorded
+    done = _row(status="finished", step=40, finished_at=1030.0)
+    text = widgets.progress_text(done, {})
+    assert "step 100/100" in text and "took 30s" in text and "left" not in text
+    queued = _row(id=5, status="queued")
+    assert "#2 in the queue" in widgets.progress_text(queued, widgets.queue_positions([_row(id=3, status="queued"),
+                                                                                        queued]))
+
+
+def test_the_eta_is_smoothed_over_refreshes():
+    from pages._widgets import SmoothEta
+
+    eta = SmoothEta(alpha=0.3)
+    assert eta(_row(step=10), now=1010.0) == pytest.approx(90.0)  # 1 step/s so far
+    # one slow refresh (1 step in 5 s): the raw rate would say 0.2 step/s, the smoothed one moves only part way
+    smoothed = eta(_row(step=11), now=1015.0)
+    assert 89 / 1.0 < smoothed < 89 / 0.2 and smoothed == pytest.approx(89 / (0.3 * 0.2 + 0.7 * 1.0))
+    assert eta(_row(step=11, status="finished"), now=1016.0) is None
+
+
+def test_run_time_estimate_uses_this_machines_finished_runs():
+    from engine.config import DataConfig, RunConfig
+    from pages._plans import run_time_estimate, seconds_per_sample
+
+    cfg = RunConfig(data=DataConfig(name="digits"), batch_size=10)
+    first, how = seconds_per_sample(cfg, [])
+    assert first > 0 and "rough" in how
+    done = _row(status="finished", total_steps=50, started_at=1.0, finished_at=6.0,
+                config={"data": {"name": "digits"}, "model": {"name": "auto"}, "batch_size": 10})
+    rate, how = seconds_per_sample(cfg, [done])
+    assert rate == pytest.approx(5.0 / 500) and "measured" in how
+    previews = {"ino": {"steps": 20, "plan": {"expected_batch_size": 10.0}},
+                "idp_sample": {"steps": 20, "plan": {"expected_batch_size": 10.0}}}
+    configs = [cfg.replace(**{"algorithm.name": a}) for a in previews]
+    assert run_time_estimate(configs, previews, [done], workers=1)[0] == pytest.approx(4.0)  # 2 × 20 × 10 × 0.01
+    assert run_time_estimate(configs, previews, [done], workers=2)[0] == pytest.approx(2.0)

@@ -139,6 +139,8 @@ def measure(page, store, *, timeout: float = 300) -> tuple[float, list[float]]:
             changes.append((now, training))
         if len(mine) == len(ALGOS) and all(r["status"] not in ("queued", "running") for r in mine):
             break
+        if time.perf_counter() - t0 > 60 and sorted(r["algorithm"] for r in mine) != sorted(ALGOS):
+            raise RuntimeError(f"the launch did not queue {ALGOS}: {[r['algorithm'] for r in mine]}")
         time.sleep(0.02)
     if first_point is None:
         raise RuntimeError("no live point appeared")
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--loaded", action="store_true", help="also measure with one extra CPU-bound process running")
     p.add_argument("--tries", type=int, default=3, help="comparisons launched per phase")
     p.add_argument("--settle", type=float, default=5.0, help="seconds of idle before each try")
-    p.add_argument("--epochs", type=float, default=3.0, help="epochs of each digits run (600 samples)")
+    p.add_argument("--epochs", type=float, default=10.0, help="epochs of each digits run (600 samples)")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -195,8 +197,12 @@ def main(argv=None) -> int:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            from urllib.parse import quote
+
+            from engine.config import ALGORITHM_LABELS  # the multiselect's URL holds its labels
+
             query = "&".join([f"epochs={args.epochs}", "dataset=digits", "max_train=600", "batch=64"]
-                              + [f"algos={a}" for a in ALGOS])
+                             + [f"algos={quote(ALGORITHM_LABELS[a])}" for a in ALGOS])
             page.goto(f"http://127.0.0.1:{port}/train?{query}", wait_until="domcontentloaded")
             result = phase(page, store, args.tries, args.settle)
             if args.loaded:

@@ -29,9 +29,10 @@ class UrlParams:
     always exists, so a warning never shifts the widgets below).
     """
 
-    def __init__(self, labels: dict[str, Callable] | None = None):
+    def __init__(self, labels: dict[str, Callable] | None = None, known: tuple[str, ...] | None = None):
         self.initial = {k: st.query_params.get_all(k) for k in st.query_params}
         self.labels = labels or {}  # key → format_func of a widget whose URL may carry labels
+        self.known = known  # every parameter the page reads (None: do not check names)
         self.slot = st.container()
 
     def warn(self, param: str, message: str) -> None:
@@ -40,6 +41,9 @@ class UrlParams:
 
     def check(self) -> None:
         for key, raw in self.initial.items():
+            if self.known is not None and key not in self.known and key not in st.session_state:
+                self.warn(key, "is not a setting of this page; ignored")
+                continue
             if key in st.query_params or key not in st.session_state:
                 continue  # kept, or not a widget's parameter (the page checks those itself)
             value = st.session_state[key]

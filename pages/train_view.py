@@ -15,7 +15,10 @@ from pages import _plans, _widgets as widgets
 
 st.title("Train / compare")
 ui.intro()
-url = widgets.UrlParams(labels={"algos": ui.algo_label})
+url = widgets.UrlParams(labels={"algos": ui.algo_label}, known=(
+    "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "clip", "seed", "eval_every", "seeds", "momentum",
+    "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
+    "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout"))
 D = ui.train_defaults()  # the default comparison's widget values (one place)
 slots = widgets.FieldSlots()  # an error slot under each setting: a bad value is explained next to its field
 

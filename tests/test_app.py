@@ -142,12 +142,14 @@ def test_a_class_in_no_tier_is_an_error(lab):
 
 def test_invalid_url_values_are_warned_about_by_name(lab):
     at, _ = lab
-    at.query_params.update({"batch": "-5", "epochs": "abc", "algos": ["bogus"], "model": "gpt", "group": "nope"})
+    at.query_params.update({"batch": "-5", "epochs": "abc", "algos": ["bogus"], "model": "gpt", "group": "nope",
+                            "epoch": "4"})
     at.run()
     no_exception(at)
     text = " ".join(warnings(at))
     for param in ("batch", "epochs", "algos", "model"):
         assert f"URL parameter **{param}**" in text and "not a valid value" in text, (param, text)
+    assert "URL parameter **epoch**: is not a setting of this page; ignored" in text, text  # a typo of epochs
     assert not at.button(key="launch").disabled  # the defaults are used
     at.query_params.clear()
     from pages._common import train_defaults

@@ -11,7 +11,7 @@ from engine.figures.training import LIVE_FIGURES
 from engine.jobs import new_group_id
 from engine.tiers import preset, preset_names
 from pages import _common as ui
-from pages import _plans, _widgets as widgets
+from pages import _plans, _status as status, _widgets as widgets
 
 st.title("Train / compare")
 ui.intro()
@@ -208,11 +208,11 @@ any_active = any(ui.is_active(r) for r in runs_all if r["group_id"] == current)
 @st.fragment(run_every=ui.LIVE_INTERVAL if any_active else None)
 def live(group: str) -> None:
     runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])  # the refresh's one read of the runs
-    queue = widgets.queue_positions(store.list_runs(status="queued"))
-    eta = widgets.smooth_eta()
+    queue = status.queue_positions(store.list_runs(status="queued"))
+    eta = status.smooth_eta()
     with st.container(key="live-status"):
         for run in runs:
-            widgets.status_row(run, widgets.progress_text(run, queue, eta), mgr)
+            status.status_row(run, status.progress_text(run, queue, eta), mgr)
     records = widgets.live_records(store, runs)
     figures = widgets.live_figures(group, LIVE_FIGURES, theme=ui.plot_theme(), mid_layout=mid_layout or "facet",
                                    x_axis=x_axis or "step", smoothing=float(smoothing or 0.0))

@@ -225,23 +225,23 @@ def _row(**kw) -> dict:
 
 
 def test_progress_and_status_words_come_from_the_one_row():
-    from pages import _widgets as widgets
+    from pages import _status as status
 
-    assert widgets.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
-    assert widgets.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
-    assert widgets.state_words(_row(status="interrupted", error="worker process 7 ended")) == \
+    assert status.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
+    assert status.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
+    assert status.state_words(_row(status="interrupted", error="worker process 7 ended")) == \
         "interrupted (worker stopped)"
     # an ended run never shows an ETA, whatever step its row last recorded
     done = _row(status="finished", step=40, finished_at=1030.0)
-    text = widgets.progress_text(done, {})
+    text = status.progress_text(done, {})
     assert "step 100/100" in text and "took 30s" in text and "left" not in text
     queued = _row(id=5, status="queued")
-    assert "#2 in the queue" in widgets.progress_text(queued, widgets.queue_positions([_row(id=3, status="queued"),
+    assert "#2 in the queue" in status.progress_text(queued, status.queue_positions([_row(id=3, status="queued"),
                                                                                         queued]))
 
 
 def test_the_eta_is_smoothed_over_refreshes():
-    from pages._widgets import SmoothEta
+    from pages._status import SmoothEta
 
     eta = SmoothEta(alpha=0.3)
     assert eta(_row(step=10), now=1010.0) == pytest.approx(90.0)  # 1 step/s so far

@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, points, server, shot, wait_until  # noqa: F401
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, wait_until  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -107,7 +107,6 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     # state (or for a figure that is not a curve)
     assert 2 * (builds - builds0) <= patches - patches0, (builds0, patches0, builds, patches, seen[-5:])
     assert store.list_runs()  # (the comparison really runs in the store)
-    shot(page, "train_live_patched.png", page.locator(".st-key-chart-live-mid"))
     for r in sorted(store.list_runs(), key=lambda r: r["id"]):  # stop them (in words: "cancelled by you")
         cancel = page.locator(f".st-key-cancel-{r['id']} button")
         if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():

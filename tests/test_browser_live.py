@@ -19,7 +19,8 @@ import re
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, wait_until  # noqa: F401 - fixtures
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, wait_until
+from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -86,7 +87,8 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
-    page.goto(url + "train?dataset=digits&max_train=400&batch=64&epochs=20&eval_every=1&momentum=0.0")  # ~125 steps
+    # ~1250 steps, an evaluation each: far longer than the refreshes the test needs on any machine (then cancelled)
+    page.goto(url + "train?dataset=digits&max_train=400&batch=64&epochs=200&eval_every=1&momentum=0.0")
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
@@ -101,7 +103,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
         seen.append((stats, n))
         return stats and stats[1] >= patches0 + 20 and n > n0 and stats
 
-    builds, patches = wait_until(grown, RUN, "twenty figure patches that add points")
+    builds, patches = wait_until(grown, RUN, f"twenty figure patches that add points (from {(builds0, patches0, n0)})")
     # the refreshes that added points patched the kept figures (counters are per figure: a rebuild of all
     # five live figures on every refresh would add 5 builds and no patch); rebuilds only when a run changes
     # state (or for a figure that is not a curve)

@@ -55,11 +55,14 @@ def smooth_eta() -> SmoothEta:
     return st.session_state.setdefault("eta-smoother", SmoothEta())
 
 
+USER_STOPS = ("by the user", "before it started", "terminated by signal")  # engine.jobs.cancel, engine.train
+
+
 def state_words(run: dict) -> str:
     """A run's status in words a user reads at a glance ("cancelled by you", not "cancelled")."""
     status, error = run["status"], run.get("error") or ""
-    if status == "cancelled":
-        return "cancelled by you" if ("by the user" in error or "before it started" in error) else "cancelled"
+    if status == "cancelled":  # Cancel (Train, Runs, the CLI) stops the worker with a signal
+        return "cancelled by you" if any(m in error for m in USER_STOPS) else "cancelled"
     if status == "interrupted":
         return "interrupted (worker stopped)"
     if status == "failed":

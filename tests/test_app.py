@@ -229,6 +229,7 @@ def test_progress_and_status_words_come_from_the_one_row():
 
     assert status.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
     assert status.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
+    assert status.state_words(_row(status="cancelled", error="terminated by signal")) == "cancelled by you"
     assert status.state_words(_row(status="interrupted", error="worker process 7 ended")) == \
         "interrupted (worker stopped)"
     # an ended run never shows an ETA, whatever step its row last recorded

@@ -16,13 +16,20 @@ PAGES = HERE / "pages"
 st.set_page_config(page_title="Privacy Imbalance Lab", page_icon=":material/shield_person:", layout="wide")
 
 
-# The page files are named *_view.py, never after their URL paths: Streamlit 1.67 treats a folder
-# named pages/ as a legacy multipage app until app.py has called st.navigation once, so on a fresh
-# server a deep link such as /results would otherwise run pages/results.py alone, without this
-# navigation (tests/test_browser.py::test_deep_link_on_fresh_server).
+# Deep links (/train, /results, /runs, /tif, /audit) must open their page on a fresh and on a running server
+# (tests/test_browser.py::test_deep_links). Two Streamlit 1.67 behaviours stand in the way:
+# - the page marked default=True is served at "/" only: its url_path is always "" (st.Page.url_path), so
+#   "/train" matched no page ("Page not found", redirect to "/"). So "/" is a hidden default page that runs the
+#   same file, and Train is an ordinary page at /train.
+# - until app.py has called st.navigation once in this server process, a folder named pages/ makes
+#   Streamlit treat the app as a legacy multipage app, which knows a page only by its file name. The page
+#   files are named *_view.py, never after their URL paths, and pages/<url path>.py are tiny entries that
+#   hand over to this navigation (pages/_common.legacy_entry), so a first visit to /tif finds a page.
+TRAIN = dict(title="Train / compare", icon=":material/model_training:")
+home = st.Page(PAGES / "train_view.py", url_path="home", default=True, visibility="hidden", **TRAIN)
+train = st.Page(PAGES / "train_view.py", url_path="train", **TRAIN)
 lab = [
-    st.Page(PAGES / "train_view.py", title="Train / compare", icon=":material/model_training:", url_path="train",
-            default=True),
+    home, train,
     st.Page(PAGES / "results_view.py", title="Results", icon=":material/insights:", url_path="results"),
     st.Page(PAGES / "runs_view.py", title="Runs", icon=":material/history:", url_path="runs"),
     st.Page(PAGES / "tif_explorer.py", title="TIF explorer", icon=":material/tune:", url_path="tif"),

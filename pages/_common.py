@@ -24,6 +24,7 @@ STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "fail
                  "cancelled": "orange", "interrupted": "violet"}
 STATUS_ICONS = {"queued": ":material/schedule:", "running": ":material/play_arrow:", "finished": ":material/check:",
                 "failed": ":material/error:", "cancelled": ":material/stop:", "interrupted": ":material/bolt:"}
+X_AXES = {"step": "steps", "epoch": "epochs", "elapsed": "wall time", "epsilon": "ε spent"}  # figure x_axis option
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
@@ -62,6 +63,15 @@ def store() -> RunStore:
     return RunStore(store_path(), readonly=True)  # read paths: mode=ro, never writes (StoreError → st.error)
 
 
+def train_defaults() -> dict:
+    """The Train page's default widget values: the default comparison, ``engine.demo.DEFAULT_TRAIN``."""
+    from dataclasses import asdict
+
+    from engine.demo import DEFAULT_TRAIN
+
+    return dict(asdict(DEFAULT_TRAIN), seeds=1)
+
+
 # --- look and feel ---------------------------------------------------------------------------------
 
 def plot_theme() -> str:
@@ -91,8 +101,8 @@ def intro(page: str = "") -> None:
         st.button("Got it", key="dismiss-intro", on_click=lambda: st.session_state.update(intro_dismissed=True))
 
 
-def status_badge(status: str) -> None:
-    st.badge(status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
+def status_badge(status: str, words: str | None = None) -> None:
+    st.badge(words or status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
 
 
 def fmt_seconds(s) -> str:
@@ -124,12 +134,16 @@ def show_error(e: Exception) -> None:
 
 # --- charts and export -------------------------------------------------------------------------------
 
-def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None) -> None:
-    """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu."""
+def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
+          uirevision: str | None = None) -> None:
+    """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu.
+    ``uirevision``: while it stays the same, a redrawn figure keeps the user's zoom, pan and legend clicks."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
         if height:
             fig.update_layout(height=height)
+        if uirevision is not None and fig.layout.uirevision != uirevision:
+            fig.update_layout(uirevision=uirevision)
         st.plotly_chart(fig, theme=None, key=f"plot-{key}", config=PLOT_CONFIG)
         if export_key is not None:
             export_menu(spec, key=export_key)
@@ -255,3 +269,13 @@ def algo_label(a: str) -> str:
 
 def is_active(run: dict) -> bool:
     return run["status"] in ACTIVE
+
+
+def legacy_entry() -> None:
+    """Run by pages/<url path>.py, which Streamlit only runs as a legacy multipage app (a fresh server
+    whose first visitor opened a deep link, before app.py called st.navigation): leave that mode and
+    rerun, so app.py's navigation runs the page of the same URL (page hashes come from URL paths)."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    PagesManager.uses_pages_directory = False
+    st.rerun()

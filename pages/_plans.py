@@ -23,14 +23,16 @@ def _audit_preview(config_json: str) -> dict:
     return preview_audit(AuditConfig.from_json(config_json), estimate=True)
 
 
-def _planned(preview, config, errors: list[str]) -> dict | None:
-    """The engine's preview of ``config`` (cached), or None after showing why there is none."""
+def _planned(preview, config, errors: list[str], slots=None) -> dict | None:
+    """The engine's preview of ``config`` (cached), or None after showing why there is none (next to the
+    field that is wrong when ``slots``, a ``widgets.FieldSlots``, has one for it)."""
     try:
         with st.spinner("Planning…"):
             return preview(config.to_json())
     except (ConfigError, DataError) as e:
         errors.append(str(e))
-        ui.show_error(e)
+        if not (slots is not None and isinstance(e, ConfigError) and slots.show(e)):
+            ui.show_error(e)
         return None
 
 
@@ -67,7 +69,7 @@ def _plan_caption(p: dict) -> str:
     return f"{head} · noise std {plan['noise_std']:.4g} · σ* = {plan['noise_multiplier']:.4g}{extra}"
 
 
-def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
+def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[str, dict]:
     """One tab per algorithm with its plan; returns algorithm → preview (failures go to ``errors``)."""
     previews: dict[str, dict] = {}
     if not configs:
@@ -75,7 +77,7 @@ def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
     with st.expander("Privacy plan (per-tier q, C, σ) — computed before launching", expanded=True):
         for tab, cfg in zip(st.tabs([ui.algo_label(c.algorithm.name) for c in configs]), configs):
             with tab:
-                p = _planned(_run_preview, cfg, errors)
+                p = _planned(_run_preview, cfg, errors, slots)
                 if p is None:
                     continue
                 previews[cfg.algorithm.name] = p
@@ -91,6 +93,49 @@ def run_plans(configs: list[RunConfig], errors: list[str]) -> dict[str, dict]:
                                      f"(ε spent is not reported)."))
                 st.dataframe(plan_frame(p), hide_index=True, width="stretch")
     return previews
+
+
+# --- run-time estimate before a launch -----------------------------------------------------------------------
+
+FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 4e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3}  # one core, per sample-gradient (rough)
+
+
+def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, str]:
+    """Seconds of training per sample-gradient for ``config``'s dataset and model: the median over the
+    finished runs in the store that match (measured on this machine), else a rough per-model constant."""
+    rates = []
+    for r in history:
+        cfg = r.get("config") or {}
+        if r["status"] != "finished" or not r.get("started_at") or not r.get("finished_at") or not r.get("total_steps"):
+            continue
+        if (cfg.get("data") or {}).get("name") != config.data.name or \
+                (cfg.get("model") or {}).get("name") != config.model.name:
+            continue
+        samples = r["total_steps"] * max(1, int(cfg.get("batch_size") or 1)) * max(1, int(cfg.get("seeds") or 1))
+        rates.append((r["finished_at"] - r["started_at"]) / samples)
+    if rates:
+        rates.sort()
+        return rates[len(rates) // 2], f"measured on this machine from {len(rates)} finished run(s)"
+    model = config.model.name if config.model.name in FALLBACK_SECONDS_PER_SAMPLE else "cnn"
+    return FALLBACK_SECONDS_PER_SAMPLE[model], "a rough estimate until a run of this dataset and model has finished"
+
+
+def run_time_estimate(configs: list[RunConfig], previews: dict[str, dict], history: list[dict],
+                      workers: int) -> tuple[float, str] | None:
+    """(seconds, how) for the whole comparison: each run's steps × expected batch × seconds per sample,
+    the runs shared out over ``workers`` worker processes."""
+    total = []
+    how = ""
+    for cfg in configs:
+        p = previews.get(cfg.algorithm.name)
+        if p is None:
+            return None
+        batch = (p.get("plan") or {}).get("expected_batch_size") or cfg.batch_size
+        rate, how = seconds_per_sample(cfg, history)
+        total.append(p["steps"] * batch * max(1, int(getattr(cfg, "seeds", 1) or 1)) * rate)
+    if not total:
+        return None
+    return max(max(total), sum(total) / max(1, workers)), how
 
 
 def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:

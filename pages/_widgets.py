@@ -1,5 +1,6 @@
-"""The pages' widgets: URL-parameter checks, run pickers bound to the URL, the status + cancel row of a run,
-the tier editor, and figures cached between live refreshes. Pages are layout plus calls to these.
+"""The pages' widgets: URL-parameter checks, run pickers bound to the URL, settings with an error slot per
+field, the tier editor, and figures kept between live refreshes (a run's status row is in ``_status``).
+Pages are layout plus calls to these.
 
 (The file name starts with "_": Streamlit never lists it as a page.)
 """
@@ -13,8 +14,7 @@ import streamlit as st
 from engine import export
 from engine.config import ConfigError, TiersConfig, parse_tiers_param
 from engine.data import DataError
-from engine.jobs import eta_seconds
-from engine.runs import algorithm_label, dp_note, run_config, run_label
+from engine.runs import algorithm_label, run_config
 from pages import _common as ui
 
 
@@ -29,9 +29,10 @@ class UrlParams:
     always exists, so a warning never shifts the widgets below).
     """
 
-    def __init__(self, labels: dict[str, Callable] | None = None):
+    def __init__(self, labels: dict[str, Callable] | None = None, known: tuple[str, ...] | None = None):
         self.initial = {k: st.query_params.get_all(k) for k in st.query_params}
         self.labels = labels or {}  # key → format_func of a widget whose URL may carry labels
+        self.known = known  # every parameter the page reads (None: do not check names)
         self.slot = st.container()
 
     def warn(self, param: str, message: str) -> None:
@@ -40,6 +41,9 @@ class UrlParams:
 
     def check(self) -> None:
         for key, raw in self.initial.items():
+            if self.known is not None and key not in self.known and key not in st.session_state:
+                self.warn(key, "is not a setting of this page; ignored")
+                continue
             if key in st.query_params or key not in st.session_state:
                 continue  # kept, or not a widget's parameter (the page checks those itself)
             value = st.session_state[key]
@@ -127,59 +131,7 @@ def audit_label(run: dict) -> str:
     return f"#{run['id']} · {what} · {when}"
 
 
-# --- run status ---------------------------------------------------------------------------------------
-
-def progress_text(run: dict, mgr) -> str:
-    """A training run's progress line: label, queue position / step / ETA, DP note."""
-    label = run_label(run)
-    total, step = run["total_steps"] or 0, run["step"] or 0
-    if run["status"] == "queued":
-        pos = mgr.queue_position(run["id"])
-        text = f"{label} — queued" + (f" (#{pos} in the queue)" if pos else "")
-    elif run["status"] == "running" and not total:
-        text = f"{label} — starting…"
-    else:
-        eta = eta_seconds(run)
-        text = f"{label} — step {step}/{total or '?'}" + (f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
-    note = dp_note(run)
-    return text + (f" · ⚠ {note}" if note else "")
-
-
-def audit_progress_text(run: dict, mgr) -> str:
-    total, step = run["total_steps"] or 0, run["step"] or 0
-    if run["status"] == "queued":
-        pos = mgr.queue_position(run["id"])
-        return "queued" + (f" (#{pos} in the queue)" if pos else "")
-    if run["status"] == "running" and total and step >= total:
-        return "statistics…"
-    eta = eta_seconds(run)
-    return f"training step {step}/{total or '?'} (all chunks of all algorithms)" + (
-        f" · ETA {ui.fmt_seconds(eta)}" if eta is not None else "")
-
-
-def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
-    """Progress bar, status badge, Cancel (active runs) or Resume (stopped audits), and the run's error.
-
-    Buttons are keyed ``{key_prefix}cancel-{id}`` / ``{key_prefix}resume-{id}`` (tests and the browser find
-    them by key); a click reruns the enclosing fragment (Cancel) or the page (Resume).
-    """
-    c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
-    total, step = run["total_steps"] or 0, run["step"] or 0
-    c1.progress(min(1.0, step / total) if total else 0.0, text=ui.md(text))
-    with c2:
-        ui.status_badge(run["status"])
-    if ui.is_active(run):
-        if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
-            mgr.cancel(run["id"])
-            st.rerun(scope="fragment")
-    elif resume and run["status"] in ("cancelled", "interrupted", "failed"):
-        if c3.button("Resume", key=f"{key_prefix}resume-{run['id']}", icon=":material/play_arrow:",
-                     help="Continue from the last completed chunk of models"):
-            mgr.resume(run["id"])
-            st.rerun()
-    if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
-        c1.caption(ui.md(f"{run['status']}: {run['error']}"))
-
+# --- live view --------------------------------------------------------------------------------------------
 
 def live_records(store, runs: list[dict]) -> list[dict]:
     """Run records with their evaluations, fetched incrementally (only new evaluations each refresh)."""
@@ -206,11 +158,48 @@ def dataset(name: str, max_train, errors: list[str]):
 
 # --- settings -------------------------------------------------------------------------------------------
 
-def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float) -> dict:
+class FieldSlots:
+    """An empty slot under each settings widget, so that an invalid value is explained next to its field.
+
+    ``add(col, *fields)`` puts the slot (always emitted: a message never shifts the widgets below) under the
+    widget just drawn in ``col``; ``show(error)`` writes a :class:`ConfigError` into the slot of its field
+    (dotted config path, e.g. ``batch_size`` or ``algorithm.alpha``) and returns False when no widget owns it.
+    ``reasons`` lists what was shown, for the caption next to the disabled Launch button.
+    """
+
+    def __init__(self):
+        self.slots: dict[str, tuple[object, str]] = {}
+        self.reasons: list[str] = []
+
+    def add(self, where, label: str, *fields: str) -> None:
+        slot = where.empty()
+        for f in fields:
+            self.slots[f] = (slot, label)
+
+    def show(self, error: ConfigError) -> bool:
+        field = getattr(error, "field", "") or ""
+        hit = self.slots.get(field) or self.slots.get(field.split(".")[-1])
+        if hit is None:
+            return False
+        slot, label = hit
+        slot.error(ui.md(error.message), icon=":material/error:")
+        self.reasons.append(f"{label}: {error.message}")
+        return True
+
+
+def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float,
+                    slots: FieldSlots | None = None) -> dict:
     """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
-    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``."""
+    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``.
+    With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`)."""
+    fields = {"epochs": ("epochs",), "batch": ("batch_size",), "lr": ("optimizer.lr", "lr"), "delta": ("delta",),
+              "clip": ("clip_norm",), "seed": ("seed",)}
+
     def number(col, label, name, **kw):
-        return col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+        value = col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+        if slots is not None:
+            slots.add(col, label, *fields[name])
+        return value
 
     c1, c2, c3 = st.columns(3)
     out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
@@ -257,9 +246,23 @@ def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
 
 # --- figures ----------------------------------------------------------------------------------------------
 
+def live_figures(group: str, names, **options):
+    """The Train page's :class:`engine.figures.live.LiveFigures` of ``group`` with these figure options, kept
+    in the session: a refresh that only brings new evaluations patches its figures instead of rebuilding
+    them. A new group or option starts a new one (only the current one is kept)."""
+    from engine.figures.live import LiveFigures
+
+    key = (group, tuple(names), tuple(sorted(options.items())))
+    kept = st.session_state.get("live-figures")
+    if kept is None or kept[0] != key:
+        kept = (key, LiveFigures(names, **options))
+        st.session_state["live-figures"] = kept
+    return kept[1]
+
+
 def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> dict:
     """name → FigureSpec, rebuilt only when ``signature`` changes (else the browser gets the same figures
-    and does not redraw them on a live refresh)."""
+    and does not redraw them on a refresh)."""
     cached = st.session_state.get(name)
     if cached is not None and cached[0] == signature:
         return cached[1]

@@ -12,7 +12,7 @@ from engine.data import DATASETS, dataset_names
 from engine.figures.audit import build_audit_figures
 from engine.tiers import preset, preset_names
 from pages import _common as ui
-from pages import _plans, _widgets as widgets
+from pages import _plans, _status as status, _widgets as widgets
 
 DEFAULT_ALGOS = ["idp_sample", "ino", "dpsgd_s", "dpsgd"]  # on tiered ε, so IDP-SGD differs from DP-SGD
 CUSTOM = "custom (the settings below)"
@@ -153,7 +153,7 @@ def view(run_id: int) -> None:
         st.warning(f"Audit #{run_id} was deleted.")
         return
     with st.container(key="audit-status"):
-        widgets.status_row(run, widgets.audit_progress_text(run, mgr), mgr, key_prefix="a-", resume=True)
+        status.status_row(run, status.audit_progress_text(run, mgr), mgr, key_prefix="a-", resume=True)
     report = as_report(run["summary"]) if run.get("summary") else None
     if report is None or not report.algorithms:
         if ui.is_active(run):

@@ -7,16 +7,20 @@ import streamlit as st
 from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
                            MODELS, TIF_SHAPES)
 from engine.data import dataset_names
-from engine.demo import DEFAULT_TRAIN
-from engine.figures.training import LIVE_FIGURES, build_figures
+from engine.figures.training import LIVE_FIGURES
 from engine.jobs import new_group_id
 from engine.tiers import preset, preset_names
 from pages import _common as ui
-from pages import _plans, _widgets as widgets
+from pages import _plans, _status as status, _widgets as widgets
 
 st.title("Train / compare")
 ui.intro()
-url = widgets.UrlParams(labels={"algos": ui.algo_label})
+url = widgets.UrlParams(labels={"algos": ui.algo_label}, known=(
+    "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "clip", "seed", "eval_every", "seeds", "momentum",
+    "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
+    "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout"))
+D = ui.train_defaults()  # the default comparison's widget values (one place)
+slots = widgets.FieldSlots()  # an error slot under each setting: a bad value is explained next to its field
 
 
 # --- configuration ------------------------------------------------------------------------------------
@@ -25,23 +29,35 @@ cfg_col, algo_col = st.columns([3, 2], gap="large")
 with cfg_col:
     st.subheader("Data, model and training")
     c1, c2, c3 = st.columns(3)
-    dataset_name = c1.selectbox("Dataset", names, index=names.index(DEFAULT_TRAIN.dataset), key="dataset",
-                                bind="query-params",
+    dataset_name = c1.selectbox("Dataset", names, index=names.index(D["dataset"]) if D["dataset"] in names else 0,
+                                key="dataset", bind="query-params",
                                 help="digits, MNIST and Adult are always available offline; others need their "
                                      "files (the engine says which and where)")
-    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=DEFAULT_TRAIN.max_train, step=100,
+    slots.add(c1, "Dataset", "data.name", "data")
+    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=D["max_train"], step=100,
                                 key="max_train", bind="query-params")
-    model = c3.selectbox("Model", MODELS, index=MODELS.index(DEFAULT_TRAIN.model), key="model",
-                         bind="query-params",
+    slots.add(c2, "Training samples", "data.max_train", "max_train")
+    model = c3.selectbox("Model", MODELS, index=MODELS.index(D["model"]), key="model", bind="query-params",
                          help="auto: the CNN for images, logistic regression for tabular data")
-    train = widgets.training_inputs(epochs=DEFAULT_TRAIN.epochs, batch=DEFAULT_TRAIN.batch, batch_step=8,
-                                    lr=DEFAULT_TRAIN.lr, lr_step=0.05)
-    eval_every = st.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=DEFAULT_TRAIN.eval_every,
-                                 step=1, key="eval_every", bind="query-params")
+    slots.add(c3, "Model", "model.name", "model")
+    train = widgets.training_inputs(epochs=D["epochs"], batch=D["batch"], batch_step=8, lr=D["lr"], lr_step=0.05,
+                                    slots=slots)
+    c1, c2, c3 = st.columns(3)
+    eval_every = c1.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=D["eval_every"], step=1,
+                                 key="eval_every", bind="query-params")
+    slots.add(c1, "Evaluate every", "eval_every")
+    seeds = c2.number_input("Repeat over k seeds", min_value=1, max_value=16, value=D["seeds"], step=1, key="seeds",
+                            bind="query-params",
+                            help="k models per algorithm trained together (seeds seed … seed + k − 1); the charts "
+                                 "draw the mean with a band (standard error) and pair IDP and INO by seed")
+    slots.add(c2, "Repeat over k seeds", "seeds")
+    momentum = c3.number_input("Momentum", min_value=0.0, max_value=0.99, value=float(D["momentum"]), step=0.1,
+                               key="momentum", bind="query-params")
+    slots.add(c3, "Momentum", "optimizer.momentum")
 
 with algo_col:
     st.subheader("Algorithms (side by side)")
-    algos = st.multiselect("Algorithms", ui.algorithm_options(), default=list(DEFAULT_TRAIN.algos),
+    algos = st.multiselect("Algorithms", ui.algorithm_options(), default=list(D["algos"]),
                            format_func=ui.algo_label, key="algos", bind="query-params",
                            help="One background run per algorithm, same seed, data and tiers")
     with st.expander("INO-SGD options", expanded=False):
@@ -50,21 +66,30 @@ with algo_col:
         tif = a2.selectbox("TIF shape", [s for s in TIF_SHAPES if s != "piecewise"], key="tif", bind="query-params")
         a1, a2 = st.columns(2)
         alpha = a1.number_input("α (Beta)", min_value=0.01, value=1.0, step=0.25, key="alpha", bind="query-params")
+        slots.add(a1, "α", "algorithm.alpha")
         beta = a2.number_input("β (Beta)", min_value=0.01, value=1.0, step=0.25, key="beta", bind="query-params")
+        slots.add(a2, "β", "algorithm.beta")
         a1, a2 = st.columns(2)
         power = a1.number_input("Power", min_value=0.05, value=2.0, step=0.5, key="power", bind="query-params")
+        slots.add(a1, "Power", "algorithm.power")
         cut = a2.number_input("Step cut", min_value=0.0, max_value=1.0, value=0.5, step=0.05, key="cut",
                               bind="query-params")
+        slots.add(a2, "Step cut", "algorithm.step_cut")
         tail_pct = st.slider("Tail length γ, % of the expected batch clip mass", 1, 100, 50, key="tail_pct",
                              bind="query-params")
+        slots.add(st, "Tail length γ", "algorithm.tail_fraction")
     with st.expander("DP-SGD-S options", expanded=False):
         a1, a2 = st.columns(2)
         tau = a1.number_input("τ", min_value=0.01, value=1.0, step=0.1, key="tau", bind="query-params")
+        slots.add(a1, "τ", "algorithm.tau")
         quantile = a2.number_input("Quantile", min_value=0.01, max_value=0.99, value=0.75, step=0.05,
                                    key="quantile", bind="query-params")
+        slots.add(a2, "Quantile", "algorithm.quantile")
         a1, a2 = st.columns(2)
         c_min = a1.number_input("c_min (× C)", min_value=0.01, value=0.5, step=0.1, key="c_min", bind="query-params")
+        slots.add(a1, "c_min", "algorithm.c_min")
         c_max = a2.number_input("c_max (× C)", min_value=0.01, value=4.0, step=0.5, key="c_max", bind="query-params")
+        slots.add(a2, "c_max", "algorithm.c_max")
         clip_rule = st.selectbox("Clip rule", ["quantile", "reference"], key="clip_rule", bind="query-params",
                                  format_func={"quantile": "bounded relative quantile (private)",
                                               "reference": "fair-privacy reference (not private)"}.get,
@@ -87,8 +112,8 @@ with st.container():
     if dataset is not None:
         t1, t2 = st.columns([1, 3])
         presets = preset_names(dataset)
-        preset_name = t1.selectbox("Preset", presets, index=presets.index(DEFAULT_TRAIN.preset)
-                                   if DEFAULT_TRAIN.preset in presets else 0, key="preset", bind="query-params",
+        preset_name = t1.selectbox("Preset", presets, index=presets.index(D["preset"]) if D["preset"] in presets else 0,
+                                   key="preset", bind="query-params",
                                    on_change=lambda: st.query_params.pop("tiers", None),
                                    help="Tier splits from the engine; edit the table to customise")
         base = preset(preset_name, dataset)
@@ -118,29 +143,41 @@ with st.container():
                                           power=float(power), step_cut=float(cut), tail_fraction=tail_pct / 100.0,
                                           tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q),
                                           c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
-                optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=DEFAULT_TRAIN.momentum),
-                epochs=float(train["epochs"]),
+                optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=float(momentum)), epochs=float(train["epochs"]),
                 batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
-                seed=int(train["seed"]), eval_every=int(eval_every))
+                seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
             base_cfg.validate()
             configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
         except ConfigError as e:
             errors.append(str(e))
-            ui.show_error(e)
+            if not slots.show(e):
+                ui.show_error(e)
     if not algos:
         st.info("Choose at least one algorithm.")
-    previews = _plans.run_plans(configs, errors)
+    previews = _plans.run_plans(configs, errors, slots)
 
 mgr = ui.manager()
 if configs and len(previews) == len(configs) and not errors:
     mgr.hint(configs)  # the warm standby worker prepares the first run ahead of the click
-launch = st.button("Launch comparison", type="primary", key="launch", icon=":material/rocket_launch:",
+l1, l2 = st.columns([1, 4], vertical_alignment="center")
+launch = l1.button("Launch comparison", type="primary", key="launch", icon=":material/rocket_launch:",
                    disabled=bool(errors) or not configs or len(previews) < len(configs))
+with l2.container(key="launch-note"):
+    if slots.reasons:
+        st.caption(ui.md("Launch is disabled until this is fixed — " + "; ".join(slots.reasons)))
+    elif errors:
+        st.caption("Launch is disabled: see the message above.")
+    elif configs and len(previews) == len(configs):
+        est = _plans.run_time_estimate(configs, previews, mgr.store.list_runs(kind="train"), mgr.max_workers)
+        if est is not None:
+            st.caption(ui.md(f"about {ui.fmt_seconds(est[0])} of training for {len(configs)} run(s), plus a few "
+                             f"seconds to start each ({est[1]})"))
 if launch:
     group = new_group_id()
     mgr.submit(configs, group_id=group)
     st.query_params["group"] = group
     st.session_state.pop("evals", None)
+    st.session_state.pop("live-figures", None)
 
 # --- live view ----------------------------------------------------------------------------------------------------
 st.divider()
@@ -157,31 +194,39 @@ h1.subheader("Live view")
 current = widgets.run_picker("Comparison", groups, key="group_pick", param="group", default=(active or groups)[0],
                              format_func=lambda g: widgets.comparison_label(g, runs_all), url=url, where=h2,
                              label_visibility="collapsed")
-mid_layout = h2.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
-                                  bind="query-params", label_visibility="collapsed")
+o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+x_axis = o1.selectbox("x axis", list(ui.X_AXES), format_func=ui.X_AXES.get, key="xaxis", bind="query-params")
+smoothing = o2.slider("Smoothing (EMA weight; raw drawn faint)", 0.0, 0.95, 0.0, 0.05, key="smooth",
+                      bind="query-params")
+mid_layout = o3.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
+                                  bind="query-params",
+                                  help="overlay: IDP and INO of the most-private tier on one panel")
 url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
 any_active = any(ui.is_active(r) for r in runs_all if r["group_id"] == current)
 
 
 @st.fragment(run_every=ui.LIVE_INTERVAL if any_active else None)
 def live(group: str) -> None:
-    runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])
+    runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])  # the refresh's one read of the runs
+    queue = status.queue_positions(store.list_runs(status="queued"))
+    eta = status.smooth_eta()
     with st.container(key="live-status"):
         for run in runs:
-            widgets.status_row(run, widgets.progress_text(run, mgr), mgr)
+            status.status_row(run, status.progress_text(run, queue, eta), mgr)
     records = widgets.live_records(store, runs)
-    theme = ui.plot_theme()
-    sig = (group, theme, mid_layout, tuple((r["id"], r["status"], len(r["evals"])) for r in records))
-    specs = widgets.cached_figures("live-figures", sig, lambda: build_figures(
-        records, theme=theme, names=LIVE_FIGURES, mid_layout=mid_layout or "facet"))
-    ui.chart(specs["mid_curves"], key="live-mid", export_key="x-mid")
-    ui.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier")
+    figures = widgets.live_figures(group, LIVE_FIGURES, theme=ui.plot_theme(), mid_layout=mid_layout or "facet",
+                                   x_axis=x_axis or "step", smoothing=float(smoothing or 0.0))
+    specs = figures.update(records)
+    ui.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
+    ui.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
     c1, c2 = st.columns(2)
     with c1:
-        ui.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc")
+        ui.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=group)
     with c2:
-        ui.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps")
-    ui.chart(specs["class_recall"], key="live-class-recall", export_key="x-class")
+        ui.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
+    ui.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
+    with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
+        st.caption(f"figures built {figures.builds}× · patched {figures.patches}×")
     if any_active and not any(ui.is_active(r) for r in runs):
         st.rerun()  # all done: one full rerun stops the polling
 

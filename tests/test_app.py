@@ -14,7 +14,7 @@ from engine.store import RunStore
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGES = ["pages/train_view.py", "pages/results_view.py", "pages/runs_view.py", "pages/tif_explorer.py",
          "pages/audit_view.py"]
-TINY = {"max_train": "200", "epochs": "1.0", "batch": "32", "eval_every": "1"}
+TINY = {"dataset": "digits", "max_train": "200", "epochs": "1.0", "batch": "32", "eval_every": "1"}
 
 
 @pytest.fixture()
@@ -142,15 +142,20 @@ def test_a_class_in_no_tier_is_an_error(lab):
 
 def test_invalid_url_values_are_warned_about_by_name(lab):
     at, _ = lab
-    at.query_params.update({"batch": "-5", "epochs": "abc", "algos": ["bogus"], "model": "gpt", "group": "nope"})
+    at.query_params.update({"batch": "-5", "epochs": "abc", "algos": ["bogus"], "model": "gpt", "group": "nope",
+                            "epoch": "4"})
     at.run()
     no_exception(at)
     text = " ".join(warnings(at))
     for param in ("batch", "epochs", "algos", "model"):
         assert f"URL parameter **{param}**" in text and "not a valid value" in text, (param, text)
+    assert "URL parameter **epoch**: is not a setting of this page; ignored" in text, text  # a typo of epochs
     assert not at.button(key="launch").disabled  # the defaults are used
     at.query_params.clear()
-    at.query_params.update({"epochs": "3.0", "dataset": "digits", "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
+    from pages._common import train_defaults
+
+    d = train_defaults()
+    at.query_params.update({"epochs": str(d["epochs"]), "dataset": d["dataset"], "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
     at.run()  # defaults, which Streamlit drops from the URL: nothing to warn about
     no_exception(at)
     assert not [w for w in warnings(at) if "URL parameter" in w], warnings(at)
@@ -164,13 +169,26 @@ def test_invalid_url_values_are_warned_about_by_name(lab):
         assert any(f"URL parameter **{name}**" in w for w in warnings(at)), (page, warnings(at))
 
 
-def test_invalid_training_settings_show_the_engine_message(lab):
+def column_of(at: AppTest, key: str):
+    """The innermost column holding the number input ``key`` (where its error message belongs)."""
+    return min((c for c in at.columns if any(n.key == key for n in c.number_input)), key=lambda c: len(c.number_input))
+
+
+def test_an_out_of_range_setting_disables_launch_and_says_why_next_to_the_field(lab):
     at, _ = lab
     at.query_params.update({"max_train": "100", "batch": "500"})
     at.run()
     no_exception(at)
-    assert any("batch_size" in e and "at most" in e for e in errors(at)), errors(at)
+    beside = [e.value.replace("\\", "") for e in column_of(at, "batch").error]
+    assert any("at most the training set size 100, got 500" in e for e in beside), (beside, errors(at))
+    assert not column_of(at, "epochs").error  # only the bad field is marked
     assert at.button(key="launch").disabled
+    note = " ".join(c.value.replace("\\", "") for c in at.caption)
+    assert "Launch is disabled until this is fixed — Batch size: must be at most" in note, note
+    at.number_input(key="batch").set_value(32).run()  # fixed: the message goes, Launch is enabled
+    no_exception(at)
+    assert not column_of(at, "batch").error and not at.button(key="launch").disabled
+    assert any(c.value.startswith("about ") for c in at.caption), [c.value for c in at.caption]  # the estimate
 
 
 def test_no_formal_dp_is_flagged_before_launch(lab):
@@ -197,3 +215,56 @@ def test_rows_to_tiers_rejects_two_budgets_in_one_tier():
     from engine.config import parse_tiers_param
 
     assert parse_tiers_param(ui.tiers_to_param(base)) == base  # the URL form round-trips
+
+
+def _row(**kw) -> dict:
+    run = {"id": 1, "status": "running", "step": 0, "total_steps": 100, "started_at": 1000.0, "finished_at": None,
+           "error": None, "name": "", "algorithm": "ino", "config": {}, "group_id": "g", "plan": None, "summary": None}
+    run.update(kw)
+    return run
+
+
+def test_progress_and_status_words_come_from_the_one_row():
+    from pages import _status as status
+
+    assert status.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
+    assert status.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
+    assert status.state_words(_row(status="cancelled", error="terminated by signal")) == "cancelled by you"
+    assert status.state_words(_row(status="interrupted", error="worker process 7 ended")) == \
+        "interrupted (worker stopped)"
+    # an ended run never shows an ETA, whatever step its row last recorded
+    done = _row(status="finished", step=40, finished_at=1030.0)
+    text = status.progress_text(done, {})
+    assert "step 100/100" in text and "took 30s" in text and "left" not in text
+    queued = _row(id=5, status="queued")
+    assert "#2 in the queue" in status.progress_text(queued, status.queue_positions([_row(id=3, status="queued"),
+                                                                                        queued]))
+
+
+def test_the_eta_is_smoothed_over_refreshes():
+    from pages._status import SmoothEta
+
+    eta = SmoothEta(alpha=0.3)
+    assert eta(_row(step=10), now=1010.0) == pytest.approx(90.0)  # 1 step/s so far
+    # one slow refresh (1 step in 5 s): the raw rate would say 0.2 step/s, the smoothed one moves only part way
+    smoothed = eta(_row(step=11), now=1015.0)
+    assert 89 / 1.0 < smoothed < 89 / 0.2 and smoothed == pytest.approx(89 / (0.3 * 0.2 + 0.7 * 1.0))
+    assert eta(_row(step=11, status="finished"), now=1016.0) is None
+
+
+def test_run_time_estimate_uses_this_machines_finished_runs():
+    from engine.config import DataConfig, RunConfig
+    from pages._plans import run_time_estimate, seconds_per_sample
+
+    cfg = RunConfig(data=DataConfig(name="digits"), batch_size=10)
+    first, how = seconds_per_sample(cfg, [])
+    assert first > 0 and "rough" in how
+    done = _row(status="finished", total_steps=50, started_at=1.0, finished_at=6.0,
+                config={"data": {"name": "digits"}, "model": {"name": "auto"}, "batch_size": 10})
+    rate, how = seconds_per_sample(cfg, [done])
+    assert rate == pytest.approx(5.0 / 500) and "measured" in how
+    previews = {"ino": {"steps": 20, "plan": {"expected_batch_size": 10.0}},
+                "idp_sample": {"steps": 20, "plan": {"expected_batch_size": 10.0}}}
+    configs = [cfg.replace(**{"algorithm.name": a}) for a in previews]
+    assert run_time_estimate(configs, previews, [done], workers=1)[0] == pytest.approx(4.0)  # 2 × 20 × 10 × 0.01
+    assert run_time_estimate(configs, previews, [done], workers=2)[0] == pytest.approx(2.0)

@@ -44,30 +44,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab-browser")
-    store_path = tmp / "runs.sqlite"
+def start_lab(tmp: Path, **env_extra) -> tuple[subprocess.Popen, str]:
+    """``streamlit run app.py`` on a free port with the run store in ``tmp``; returns (process, URL) once healthy."""
     port = _free_port()
-    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PRIVACY_LAB_STORE=str(tmp / "runs.sqlite"), PYTHONPATH=str(ROOT), **env_extra)
     log = open(tmp / "streamlit.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                              "--server.address", "127.0.0.1", "--server.headless", "true",
                              "--browser.gatherUsageStats", "false"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
-    wait_healthy(url, proc, tmp / "streamlit.log")
-    store = RunStore(store_path)
-    _STORE[:] = [store]
-    yield url, store, tmp
+    try:
+        wait_healthy(url, proc, tmp / "streamlit.log")
+    except BaseException:
+        stop_lab(proc)
+        raise
+    return proc, url
+
+
+def stop_lab(proc: subprocess.Popen, store: RunStore | None = None) -> None:
     proc.terminate()
     try:
         proc.wait(15)
     except subprocess.TimeoutExpired:
         proc.kill()
-    for run in store.list_runs(status="running"):  # workers are separate processes: stop what is left
+        proc.wait(15)
+    for run in store.list_runs(status="running") if store is not None else []:  # workers are separate processes
         if run["pid"] and pid_alive(run["pid"]):
             os.kill(run["pid"], signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab-browser")
+    proc, url = start_lab(tmp)
+    store = RunStore(tmp / "runs.sqlite")
+    _STORE[:] = [store]
+    yield url, store, tmp
+    stop_lab(proc, store)
 
 
 @pytest.fixture(scope="module")
@@ -121,19 +135,46 @@ def shot(page, name: str, locator=None) -> None:
     page.screenshot(path=str(SHOTS / name))
 
 
-def test_deep_link_on_fresh_server(server, browser):
-    """Runs first, before anything opened app.py: /results must come with the app's navigation."""
-    url, _, _ = server
+DEEP_LINKS = {"train": "Train / compare", "results": "Results", "runs": "Runs", "tif": "TIF explorer",
+              "audit": "Privacy audit"}
+
+
+def open_deep_link(browser, url: str, path: str) -> None:
+    """Open ``url + path`` in a new tab: its page's heading shows, at that URL, inside the app's navigation
+    (never pages/_*.py, never Streamlit's "Page not found" dialog and its redirect to /)."""
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     page.set_default_timeout(UI_MS)
-    page.goto(url + "results")
-    page.get_by_role("heading", name="Results").first.wait_for()
+    page.goto(url + path)
+    page.get_by_role("heading", name=DEEP_LINKS[path]).first.wait_for()
     nav = page.locator('[data-testid="stSidebarNav"]')
     nav.get_by_text("Train / compare").wait_for()
+    assert page.get_by_text("Page not found").count() == 0, path
+    assert page.url.split("?")[0] == url + path, (path, page.url)
     assert nav.get_by_text("Audit", exact=True).count() == 1
-    for helper in ("common", "widgets", "plans"):  # pages/_*.py are modules, never pages
-        assert nav.get_by_text(helper, exact=True).count() == 0
+    for helper in ("common", "widgets", "plans", "train view", "results view"):  # modules, legacy page names
+        assert nav.get_by_text(helper).count() == 0, helper
     page.close()
+
+
+def test_deep_link_on_fresh_server(server, browser):
+    """Runs first, before anything opened app.py: /results must come with the app's navigation."""
+    open_deep_link(browser, server[0], "results")
+
+
+@pytest.mark.parametrize("path", [p for p in DEEP_LINKS if p != "results"])
+def test_deep_link_on_a_fresh_server(path, browser, tmp_path):
+    """Each page as the very first visit of its own server (no standby worker: nothing runs)."""
+    proc, url = start_lab(tmp_path, PRIVACY_LAB_PREWARM="0")
+    try:
+        open_deep_link(browser, url, path)
+    finally:
+        stop_lab(proc)
+
+
+def test_deep_links_on_a_running_server(server, browser):
+    url = server[0]
+    for path in DEEP_LINKS:
+        open_deep_link(browser, url, path)
 
 
 def test_live_comparison_cancel_kill_and_export(server, browser):
@@ -141,7 +182,7 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     page = browser.new_page(viewport={"width": 1440, "height": 1300}, accept_downloads=True)
     page.set_default_timeout(UI_MS)
     # settings come from the URL: 100 epochs of digits keep each run busy for a while (both get stopped)
-    page.goto(url + "?epochs=100&eval_every=10")
+    page.goto(url + "train?dataset=digits&batch=64&epochs=100&eval_every=10")
     page.get_by_role("button", name="Got it").click()  # the first-visit explanation
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
@@ -183,7 +224,7 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     shot(page, "train_cancelled_interrupted.png", status)
 
     # the app keeps working: a short comparison runs to the end
-    page.goto(url + "?epochs=4")
+    page.goto(url + "train?dataset=digits&batch=64&epochs=4")
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
@@ -224,8 +265,6 @@ def test_tif_explorer_in_dark_mode(server, browser):
     url, _, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1100}, color_scheme="dark")
     page.set_default_timeout(UI_MS)
-    page.goto(url)  # (a deep link on a server that has not run app.py yet pops Streamlit's "Page not found")
-    page.get_by_role("heading", name="Train / compare").wait_for()
     page.goto(url + "tif?x_shape=beta&x_alpha=2.0&x_beta=0.5&x_tail_pct=60")  # settings from the URL
     bif = page.locator(".st-key-chart-x-bif")
     wait_until(lambda: points(bif) > 10, UI, "the BIF chart")

@@ -4,7 +4,7 @@ The dashboard (and anything else) submits runs with :meth:`JobManager.submit`; t
 store as ``queued`` with a ``group_id`` (one comparison = one group). A scheduler thread then
 
 * starts queued runs while fewer than ``max_workers`` runs are ``running`` in the store
-  (default ``max(1, cores - 1)``), oldest first;
+  (default ``max(2, cores - 1)``), oldest first;
 * reaps its own worker processes: a worker that exits while its run is still active is marked
   ``interrupted`` (killed by a signal, e.g. ``kill -9`` or the OOM killer) or ``failed`` (non-zero
   exit) with the reason, and the last lines of its log;
@@ -14,14 +14,16 @@ store as ``queued`` with a ``group_id`` (one comparison = one group). A schedule
 A worker is ``python -m engine --store STORE worker RUN_ID --threads 1`` (``engine.cli``), started
 with :class:`subprocess.Popen` — never a multiprocessing child, which would re-import the
 Streamlit script. To keep the click → first live point latency low (a cold worker spends ~3 s
-importing torch and ~1 s planning), the manager keeps one *standby* process
-(``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns it off) that has already
-imported the engine and waits on its stdin. :meth:`JobManager.hint` lets the UI tell it the config
-the user is looking at; it prepares that run ahead of time (data, tiers, privacy plan, model — what
-``engine.train.prepare`` returns, which is deterministic). On launch it receives the run id and runs
-exactly the ``engine.cli`` worker code, using the prepared state if the run's config is the hinted
-one. If no standby is ready the cold command above is used. A standby exits when its stdin closes,
-i.e. when the manager's process goes away; a fresh one is started a few seconds after each launch.
+importing torch and ~1 s planning), the manager keeps one *standby* process per worker slot
+(``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns them off) that has already
+imported the engine and waits on its stdin, so that every run of a comparison that starts at the
+click starts warm. :meth:`JobManager.hint` lets the UI tell them the configs the user is looking at;
+standby i prepares config i ahead of time (data, tiers, privacy plan, model — what
+``engine.train.prepare`` returns, which is deterministic). On launch a run goes to the standby
+prepared for its config (else any ready one), which runs exactly the ``engine.cli`` worker code,
+using the prepared state if the run's config is the hinted one. If no standby is ready the cold
+command above is used. A standby exits when its stdin closes, i.e. when the manager's process goes
+away; fresh ones are started a few seconds after each launch.
 
 Cancel (:meth:`JobManager.cancel`) sends SIGTERM to the worker (the CLI turns it into status
 ``cancelled``, metrics so far kept), escalates to SIGKILL after a grace period, and marks a queued
@@ -136,9 +138,9 @@ class JobManager:
         self._lock_path = Path(self.store_path + ".jobs.lock")
         self._procs: dict[int, subprocess.Popen] = {}
         self._cancelling: set[int] = set()
-        self._standby: subprocess.Popen | None = None
-        self._hints: tuple[str, ...] = ()
-        self._hinted: tuple[str, ...] = ()  # what the current standby has been told
+        self._standbys: list[subprocess.Popen] = []  # pre-imported workers, at most one per worker slot
+        self._hints: tuple[str, ...] = ()  # the configs (canonical JSON) the UI expects next
+        self._hinted: list[str | None] = []  # what each standby has been told to prepare
         self._mutex = threading.RLock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -169,7 +171,7 @@ class JobManager:
             if cancel_running:
                 for run_id in list(self._procs):
                     self.cancel(run_id, wait=True)
-            self._kill_standby()
+            self._kill_standbys()
             self._reap()  # record the exit of workers that already ended (no zombies left behind)
 
     def __enter__(self):
@@ -324,7 +326,7 @@ class JobManager:
                 self._launch(queued.pop(0)["id"])
                 running += 1
             if self.prewarm and not self._stop.is_set() and time.time() - self._last_launch > STANDBY_DELAY_SECONDS:
-                self._ensure_standby()
+                self._ensure_standbys()
 
     class _Lock:
         def __init__(self, path: Path):
@@ -367,7 +369,7 @@ class JobManager:
     def _launch(self, run_id: int) -> None:
         # The run is claimed (pid first, then status, so mark_dead_runs never sees 'running' without a
         # pid) before the worker can touch it: a worker that fails at once then has the last word.
-        proc = self._take_standby()
+        proc = self._take_standby(self._config_json(run_id))
         if proc is not None:
             self._claim(run_id, proc.pid)
             try:
@@ -390,49 +392,74 @@ class JobManager:
         self.store.set_pid(run_id, pid)
         self.store.set_status(run_id, "running")
 
-    # --- standby (pre-imported worker) ------------------------------------------------------------
-    def _take_standby(self):
-        proc, self._standby = self._standby, None
-        if proc is not None and proc.poll() is None:
-            return proc
-        return None
+    # --- standbys (pre-imported workers) ---------------------------------------------------------
+    def _config_json(self, run_id: int) -> str | None:
+        """A run's config as the canonical JSON the hints use (None if it cannot be read)."""
+        try:
+            from engine.config import RunConfig
 
-    def _ensure_standby(self) -> None:
-        if self._standby is None or self._standby.poll() is not None:
+            run = self.store.get_run(run_id)
+            return RunConfig.from_dict(run["config"]).to_json() if run is not None and run["kind"] == "train" else None
+        except Exception:  # noqa: BLE001 - only picks the best standby; the worker reports real errors
+            return None
+
+    def _take_standby(self, config_json: str | None = None):
+        """A ready standby, preferably the one that prepared ``config_json``; None if none is alive."""
+        alive = [i for i, p in enumerate(self._standbys) if p.poll() is None]
+        if not alive:
+            self._standbys, self._hinted = [], []
+            return None
+        pick = next((i for i in alive if config_json is not None and self._hinted[i] == config_json), alive[0])
+        proc = self._standbys.pop(pick)
+        self._hinted.pop(pick)
+        return proc
+
+    def _ensure_standbys(self) -> None:
+        """One live standby per worker slot; each hinted with a config no other standby prepares."""
+        for i in reversed(range(len(self._standbys))):  # drop the dead
+            if self._standbys[i].poll() is not None:
+                del self._standbys[i], self._hinted[i]
+        while len(self._standbys) < self.max_workers:
             with open(self.log_dir / "standby.log", "ab") as err:
-                self._standby = subprocess.Popen(
+                self._standbys.append(subprocess.Popen(
                     [sys.executable, "-m", "engine.jobs", "--store", self.store_path, "standby",
                      "--threads", str(self.threads)],
                     cwd=_repo_root(), env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                    stderr=err, start_new_session=True)
-            self._hinted = ()
-        if self._hints != self._hinted:
+                    stderr=err, start_new_session=True))
+            self._hinted.append(None)
+        wanted = [h for h in self._hints if h not in self._hinted]
+        for i, proc in enumerate(list(self._standbys)):
+            if self._hinted[i] in self._hints or not wanted:
+                continue
+            text = wanted.pop(0)
             try:
-                for text in self._hints:
-                    self._standby.stdin.write(b"hint " + text.encode("utf-8") + b"\n")
-                self._standby.stdin.flush()
-                self._hinted = self._hints
+                proc.stdin.write(b"hint " + text.encode("utf-8") + b"\n")
+                proc.stdin.flush()
+                self._hinted[i] = text
             except (BrokenPipeError, OSError, ValueError):
-                self._kill_standby()
+                self._close_standby(proc)
 
     def hint(self, configs) -> None:
-        """Tell the standby which run configs are likely next (e.g. the form on the Train page).
+        """Tell the standbys which run configs are likely next (e.g. the form on the Train page).
 
-        It prepares the first of them ahead of time (data, tiers, privacy plan, model), so a launch of
+        Standby i prepares config i ahead of time (data, tiers, privacy plan, model), so a launch of
         exactly that config skips the preparation. Purely a speed-up: nothing is queued or stored.
         """
         texts = []
-        for cfg in list(configs)[:1]:
+        for cfg in list(configs)[: self.max_workers]:
             texts.append(cfg.to_json() if hasattr(cfg, "to_json") else json.dumps(cfg, sort_keys=True,
                                                                                  separators=(",", ":")))
         with self._mutex:
             self._hints = tuple(texts)
         self.kick()
 
-    def _kill_standby(self) -> None:
-        proc, self._standby = self._standby, None
-        if proc is None:
-            return
+    def _kill_standbys(self) -> None:
+        procs, self._standbys, self._hinted = self._standbys, [], []
+        for proc in procs:
+            self._close_standby(proc)
+
+    @staticmethod
+    def _close_standby(proc) -> None:
         try:
             proc.stdin.close()  # EOF: the standby exits by itself
         except OSError:

@@ -109,24 +109,37 @@ def test_runs_without_a_group_are_left_to_their_owner(tmp_path):
     mgr.shutdown()
 
 
-def test_standby_and_cold_workers_finish_identically_and_errors_fail_cleanly(managers):
+def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_cleanly(managers, tmp_path):
     mgr = managers(max_workers=2, prewarm=True)
     store = mgr.store
-    mgr.hint([TINY])  # what the Train page does while the user looks at the form
-    wait_for(lambda: mgr._standby is not None and mgr._standby.poll() is None, 30, "a standby worker")
-    time.sleep(4)  # let the standby import the engine and prepare the hinted run
-    standby_pid = mgr._standby.pid
-    bad = TINY.replace(**{"batch_size": 5000})  # larger than the data: the worker's prepare() refuses it
-    warm, cold, failed = mgr.submit([TINY, TINY, bad], group_id="g-warm")
-    runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, cold, failed)])
-                    and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "all runs to end")
-    assert [r["status"] for r in runs] == ["finished", "finished", "failed"]
-    assert runs[0]["pid"] == standby_pid and runs[1]["pid"] != standby_pid  # warm vs cold start
-    assert "batch_size" in runs[2]["error"]
-    s1, s2 = runs[0]["summary"], runs[1]["summary"]
+    other = TINY.replace(seed=1)
+    mgr.hint([other, TINY])  # what the Train page does while the user looks at the form: one per worker slot
+    wait_for(lambda: len(mgr._standbys) == 2 and all(p.poll() is None for p in mgr._standbys)
+             and set(mgr._hinted) == {TINY.to_json(), other.to_json()}, 60, "two hinted standbys")
+    pid_of = dict(zip(mgr._hinted, [p.pid for p in mgr._standbys]))  # each standby prepares its own config
+    # (a standby reads its hint before the run line, so the run always finds what it prepared)
+    warm, warm_other = mgr.submit([TINY, other], group_id="g-warm")
+    runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, warm_other)])
+                    and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "the warm runs")
+    assert [r["status"] for r in runs] == ["finished", "finished"]
+    assert runs[0]["pid"] == pid_of[TINY.to_json()] and runs[1]["pid"] == pid_of[other.to_json()]
+
+    cold_mgr = JobManager(tmp_path / "cold.sqlite", max_workers=1, prewarm=False)
+    try:
+        bad = TINY.replace(**{"batch_size": 5000})  # larger than the data: the worker's prepare() refuses it
+        cold, failed = cold_mgr.submit([TINY, bad], group_id="g-cold")
+        cruns = wait_for(lambda: (rs := [cold_mgr.store.get_run(i) for i in (cold, failed)])
+                         and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "the cold runs")
+    finally:
+        cold_mgr.shutdown(cancel_running=True)
+    assert [r["status"] for r in cruns] == ["finished", "failed"]
+    assert cruns[0]["pid"] not in pid_of.values()
+    assert "batch_size" in cruns[1]["error"]
+    s1, s2 = runs[0]["summary"], cruns[0]["summary"]
     assert s1["steps"] == s2["steps"] and s1["accuracy"] == s2["accuracy"]
     assert [t["recall"] for t in s1["tiers"]] == [t["recall"] for t in s2["tiers"]]
-    assert [e["overall"] for e in store.eval_metrics(warm)] == [e["overall"] for e in store.eval_metrics(cold)]
+    assert [e["overall"] for e in store.eval_metrics(warm)] == \
+        [e["overall"] for e in cold_mgr.store.eval_metrics(cold)]
     assert mgr.log_path(warm).exists()
 
 

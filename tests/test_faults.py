@@ -197,11 +197,11 @@ def test_failed_run_before_start_leaves_the_finished_run_intact(tmp_path, finish
     path = tmp_path / "runs.sqlite"
     shutil.copy(finished_store, path)
     before = snapshot(path)
-    cfg = tmp_path / "mnist.json"  # no MNIST in this data folder and downloads are off: a DataError
-    cfg.write_text(json.dumps({"data": {"name": "mnist", "data_dir": str(tmp_path / "nodata")},
+    cfg = tmp_path / "credit.json"  # not in this data folder, not shipped, downloads off: a DataError
+    cfg.write_text(json.dumps({"data": {"name": "credit_default", "data_dir": str(tmp_path / "nodata")},
                                "model": {"name": "lr"}, "epochs": 1}))
-    line = one_line_error(cli("run", str(cfg), store=path), naming="train-images-idx3-ubyte.gz")
-    assert str(tmp_path / "nodata" / "mnist") in line
+    line = one_line_error(cli("run", str(cfg), store=path), naming="default_of_credit_card_clients.csv.gz")
+    assert str(tmp_path / "nodata" / "credit_default") in line
     assert not (tmp_path / "nodata").exists()  # no data folder made for a download that never happened
     assert snapshot(path) == before
     assert [r["id"] for r in RunStore(path, readonly=True).list_runs()] == [1]  # nothing written

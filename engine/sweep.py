@@ -85,8 +85,21 @@ def cell_label(x_param: str, x: float, y_param: str, y: float) -> str:
     return f"{short[x_param]}={x:g} {short[y_param]}={y:g}"
 
 
+def group_prefix(x_param: str, y_param: str) -> str:
+    """The group-id prefix of a sweep over (x, y): "sweep-alpha-tail_fraction" (the job manager's
+    ``new_group_id`` appends time and a random tag), so the axes survive one-value grids."""
+    return f"{GROUP_PREFIX}-{x_param}-{y_param}"
+
+
 def is_sweep_group(group_id) -> bool:
     return bool(group_id) and str(group_id).startswith(GROUP_PREFIX + "-")
+
+
+def axes_from_group(group_id) -> tuple[str, str] | None:
+    parts = str(group_id or "").split("-")
+    if len(parts) >= 3 and parts[0] == GROUP_PREFIX and parts[1] in SWEEP_PARAMS and parts[2] in SWEEP_PARAMS:
+        return parts[1], parts[2]
+    return None
 
 
 def param_value(run: dict, param: str):
@@ -97,7 +110,12 @@ def param_value(run: dict, param: str):
 
 
 def sweep_axes(runs: list[dict]) -> tuple[str, str] | None:
-    """The two parameters that vary across a sweep's INO-SGD runs (x, y), or None."""
+    """The sweep's two parameters (x, y): from the group id (:func:`group_prefix`), else the two that vary
+    across the INO-SGD runs; None when neither says."""
+    for r in runs:
+        axes = axes_from_group(r.get("group_id"))
+        if axes is not None:
+            return axes
     ino = [r for r in runs if r.get("algorithm") == "ino"]
     varying = [p for p in SWEEP_PARAMS if len({param_value(r, p) for r in ino}) > 1]
     if len(varying) == 2:

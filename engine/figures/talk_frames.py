@@ -108,7 +108,7 @@ def _by_seed(runs: list[dict]) -> dict[int, list[dict]]:
     return out
 
 
-PAIRED_COLUMNS = ["series", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon", "gain_final",
+PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon", "gain_final",
                   "gain_auc"]
 
 
@@ -123,7 +123,7 @@ def paired_gains(runs: list[dict]) -> pd.DataFrame:
                 if (idp["id"], tier) not in auc.index:
                     continue
                 b = auc.loc[(idp["id"], tier)]
-                rows.append({"series": series_name(ino), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
+                rows.append({"series": series_name(ino), "series_key": series_key(ino), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
                              "seed_index": j, "tier": tier, "tier_index": int(a["tier_index"]),
                              "epsilon": float(a["epsilon"]),
                              "gain_final": 100.0 * (a["final_recall"] - b["final_recall"]),
@@ -142,8 +142,9 @@ def gain_over_time(runs: list[dict]) -> pd.DataFrame:
 
 
 def gain_summary(runs: list[dict]) -> dict | None:
-    """The most private tier's INO − IDP gain: recall AUC gain (pp) ± s.e. over paired seeds, and the
-    peak of the mean gain along training (pp, at which progress / step). None without a pair."""
+    """The most private tier's INO − IDP gain of one INO-SGD series (the first one's, when the selection
+    holds several, e.g. a sweep): recall AUC gain (pp) ± s.e. over its paired seeds, and the peak of the
+    mean gain along training (pp, at which progress / step). None without a pair."""
     tier = most_private_tier(runs)
     pg = paired_gains(runs)
     if tier is None or pg.empty:
@@ -151,11 +152,12 @@ def gain_summary(runs: list[dict]) -> dict | None:
     p = pg[pg.tier == tier[0]]
     if p.empty:
         return None
-    out = {"tier": tier[0], "epsilon": tier[1], "pairs": len(p), "auc_gain": _mean(p["gain_auc"]),
+    p = p[p.series_key == p.sort_values("ino_run_id")["series_key"].iloc[0]]
+    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "auc_gain": _mean(p["gain_auc"]),
            "auc_se": _se(p["gain_auc"]), "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
            "peak_gain": float("nan"), "peak_step": None, "peak_progress": None}
     t = gain_over_time(runs)
-    t = t[t.tier == tier[0]]
+    t = t[(t.tier == tier[0]) & t.ino_run_id.isin(set(p["ino_run_id"]))]
     if not t.empty:
         curve = t.groupby("step", sort=True).agg(gain=("gain", "mean"), progress=("progress", "mean"))
         k = curve["gain"].idxmax()

@@ -241,3 +241,27 @@ def test_markup_in_a_run_name_is_drawn_as_text():
     assert f"{HOSTILE} #1" in texts and f"{HOSTILE} #2" in texts, [t for t in texts if "click" in t]
     bold = [el for el in root.iter() if "font-weight:bold" in (el.get("style") or "").replace(" ", "")]
     assert not bold
+
+
+def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
+    from engine.figures.talk import TALK_FIGURES
+    from engine.figures.talk_frames import RHO_KEY
+
+    assert set(TALK_FIGURES) <= set(export.figure_titles())
+    names = [s.name for s in export.pack_figures(trained_runs)]
+    assert {"privacy_frontier", "results_table"} <= set(names)
+    assert "tif_sweep" not in names and "audit_tiers" not in names  # no sweep group, no audit: left out
+    recorded = any(RHO_KEY in e for r in trained_runs for e in r["evals"])
+    assert ("ino_internals" in names) == recorded
+    z = zipfile.ZipFile(io.BytesIO(export.presentation_pack(trained_runs, names=["results_table", "privacy_frontier"],
+                                                            formats=("html", "csv"))))
+    assert sorted(n for n in z.namelist() if n.startswith("data/")) == ["data/01_results_table.csv",
+                                                                        "data/02_privacy_frontier.csv"]
+    table = pd.read_csv(io.BytesIO(z.read("data/01_results_table.csv")))
+    assert list(table["algorithm"]) == ["IDP-SGD (SAMPLE)", "INO-SGD"] and "ε=1 gain vs IDP, AUC (pp)" in table
+    with pytest.raises(ValueError, match="unknown figure"):
+        export.pack_figures(trained_runs, names=["nope"])
+    store, ids = _store_with_runs(tmp_path)
+    paths = export.export_runs(store, ids, formats=["csv"], out_dir=tmp_path / "out")
+    assert {p.name for p in paths} >= {f"runs-{ids[0]}-{ids[1]}_privacy_frontier.csv",
+                                       f"runs-{ids[0]}-{ids[1]}_results_table.csv"}

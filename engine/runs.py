@@ -7,6 +7,8 @@ name is user text: figure builders escape it, see :func:`engine.figures.scaffold
 """
 from __future__ import annotations
 
+import json
+
 from engine.config import ALGORITHM_LABELS
 
 
@@ -28,6 +30,42 @@ def run_label(run: dict) -> str:
     """Short unique legend label: "INO-SGD #12" (the run's name if it has one)."""
     base = run.get("name") or algorithm_label(run.get("algorithm", ""))
     return f"{base} #{run['id']}"
+
+
+def _config_int(run: dict, key: str, default: int) -> int:
+    try:
+        return int((run.get("config") or {}).get(key, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def run_seed(run: dict) -> int:
+    """The seed the run's model trained with (its stored ``config.seed``)."""
+    return _config_int(run, "seed", 0)
+
+
+def seed_index(run: dict) -> int:
+    """The run's place j in its seed series (``config.seed_index``; 0 for single-seed runs)."""
+    return _config_int(run, "seed_index", 0)
+
+
+def series_key(run: dict) -> str:
+    """What the replicates of one series share: group, kind, algorithm, name and the stored config minus
+    ``seed`` and ``seed_index`` (canonical JSON)."""
+    cfg = {k: v for k, v in (run.get("config") or {}).items() if k not in ("seed", "seed_index")}
+    return json.dumps([run.get("group_id"), run.get("kind", "train"), run.get("algorithm"), run.get("name") or "",
+                       cfg], sort_keys=True, default=str)
+
+
+def series_label(run: dict) -> str:
+    """The run's label without the seed: a single-seed run's :func:`run_label`; a run of a k-seed series
+    "INO-SGD #12–15" (the series' run ids: row j of a series is stored as run ``first + j``)."""
+    k = _config_int(run, "seeds", 1)
+    if k <= 1:
+        return run_label(run)
+    base = run.get("name") or algorithm_label(run.get("algorithm", ""))
+    first = run["id"] - seed_index(run)
+    return f"{base} #{first}–{first + k - 1}"
 
 
 def formal_dp(run: dict) -> bool | None:

@@ -144,15 +144,25 @@ def test_recall_auc_matches_trapezoid(pair):
     assert ((auc["recall_auc"] >= 0) & (auc["recall_auc"] <= 1)).all()
 
 
+def _keys(fig, prefix: str) -> list[str]:
+    return [t.meta for t in fig.data if str(t.meta).startswith(prefix)]
+
+
 def test_mid_curves_facets_and_shading(pair):
-    hist, spans = frames.tier_history(pair), frames.mid_spans(pair)
-    fig = training.fig_mid_curves(hist, spans)
+    hist = frames.tier_history(pair)
+    fig = training.fig_mid_curves(hist)
     assert {a.text for a in fig.layout.annotations} >= {"IDP-SGD (SAMPLE) #1", "INO-SGD #2"}
     shaded = [s for s in fig.layout.shapes if s.type == "rect"]
     assert len(shaded) == 2  # one MID span (ε=1) per run
     assert shaded[0].x0 == 10 and shaded[0].x1 == 60
-    overlay = training.fig_mid_curves(hist, spans, layout="overlay")
-    assert len(overlay.data) == 6 and len([s for s in overlay.layout.shapes if s.type == "rect"]) == 2
+    assert len(_keys(fig, "line|")) == 6 and len(_keys(fig, "initial|")) == 6
+    assert fig.layout.yaxis.matches is None and fig.layout.yaxis2.matches is None  # each facet its own y axis
+    overlay = training.fig_mid_curves(hist, layout="overlay")
+    # one panel: the most private tier of each run (IDP and INO), the other tiers faint
+    assert _keys(overlay, "line|") == ["line|IDP-SGD (SAMPLE) #1|ε=1", "line|INO-SGD #2|ε=1"]
+    assert len(_keys(overlay, "faint|")) == 4
+    assert len([s for s in overlay.layout.shapes if s.type == "rect"]) == 2
+    assert "ε=1" in overlay.layout.title.text
 
 
 def test_epsilon_spent_has_budget_lines_and_dp_notes():

@@ -13,7 +13,26 @@ import math
 import numpy as np
 import pandas as pd
 
-from engine.runs import algorithm_label, dp_note, run_config, run_label
+from engine.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
+                         series_label)
+
+ID_COLUMNS = ["run_id", "run", "algorithm", "seed", "seed_index", "series"]
+
+
+def series_labels(runs: list[dict]) -> dict[int, str]:
+    """Run id → the label of its series (:func:`engine.runs.series_label` of the series' lowest seed index):
+    the replicates of one series (same group and config but the seed) share it."""
+    first: dict[str, str] = {}
+    out = {}
+    for run in sorted(runs, key=seed_index):
+        out[run["id"]] = first.setdefault(series_key(run), series_label(run))
+    return out
+
+
+def _ident(run: dict, labels: dict) -> dict:
+    """The identifying columns of every frame: run, algorithm, seed, seed index and series."""
+    return {"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""), "seed": run_seed(run),
+            "seed_index": seed_index(run), "series": labels.get(run["id"], run_label(run))}
 
 
 def _tier_order(evals_tiers: list[dict]) -> dict[str, int]:
@@ -30,22 +49,41 @@ def _finite(x) -> float:
     return x if math.isfinite(x) else float("nan")
 
 
+def _raw_loss(x) -> float:
+    """A loss as recorded: non-finite values (a diverged model) stay inf/nan; missing ones are nan."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
 
-TIER_COLUMNS = ["run_id", "run", "algorithm", "step", "epoch", "progress", "tier", "tier_index", "epsilon",
-                "epsilon_spent", "loss", "recall", "accuracy"]
+
+def private_epsilon_spent(e: dict) -> float:
+    """ε spent of the evaluation's most private tier (lowest budget); nan when not accounted."""
+    tiers = e.get("tiers") or []
+    if not tiers:
+        return float("nan")
+    order = _tier_order(tiers)
+    first = min(range(len(tiers)), key=lambda k: order.get(tiers[k]["name"], k))
+    return _finite(tiers[first].get("epsilon_spent"))
+
+
+TIER_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon",
+                             "epsilon_spent", "loss", "recall", "accuracy", "raw_loss"]
 
 
 def tier_history(runs: list[dict]) -> pd.DataFrame:
-    """One row per (run, evaluation, tier)."""
+    """One row per (run, evaluation, tier); ``raw_loss`` keeps non-finite losses (divergence), ``loss`` has nan."""
     rows = []
+    labels = series_labels(runs)
     for run in runs:
+        ident = _ident(run, labels)
         total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
         for e in run.get("evals") or []:
             order = _tier_order(e.get("tiers") or [])
             for k, t in enumerate(e.get("tiers") or []):
-                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                             "step": e["step"], "epoch": e.get("epoch"), "progress": e["step"] / max(total, 1),
-                             "tier": t["name"], "tier_index": order.get(t["name"], k),
+                rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
+                             "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
+                             "tier": t["name"], "tier_index": order.get(t["name"], k), "raw_loss": _raw_loss(t.get("loss")),
                              "epsilon": _finite(t.get("epsilon")), "epsilon_spent": _finite(t.get("epsilon_spent")),
                              "loss": _finite(t.get("loss")), "recall": _finite(t.get("recall")),
                              "accuracy": _finite(t.get("accuracy"))})
@@ -67,41 +105,49 @@ def class_tier_lookup(run: dict) -> dict[int, tuple[str, float]]:
     return out
 
 
-CLASS_COLUMNS = ["run_id", "run", "algorithm", "step", "progress", "class", "class_index", "tier", "epsilon",
-                 "loss", "recall", "accuracy"]
+CLASS_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "private_epsilon_spent", "class",
+                              "class_index", "tier", "epsilon", "loss", "recall", "accuracy"]
 
 
 def class_history(runs: list[dict]) -> pd.DataFrame:
+    """One row per (run, evaluation, class); ``private_epsilon_spent``: ε spent of the most private tier."""
     rows = []
+    labels = series_labels(runs)
     for run in runs:
+        ident = _ident(run, labels)
         lookup = class_tier_lookup(run)
         total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
         for e in run.get("evals") or []:
+            priv = private_epsilon_spent(e)
             for c, m in enumerate(e.get("classes") or []):
                 tier, eps = lookup.get(c, ("", float("nan")))
-                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                             "step": e["step"], "progress": e["step"] / max(total, 1), "class": m.get("name", str(c)),
+                rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
+                             "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
+                             "private_epsilon_spent": priv, "class": m.get("name", str(c)),
                              "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.get("loss")),
                              "recall": _finite(m.get("recall")), "accuracy": _finite(m.get("accuracy"))})
     return pd.DataFrame(rows, columns=CLASS_COLUMNS)
 
 
-OVERALL_COLUMNS = ["run_id", "run", "algorithm", "step", "epoch", "elapsed", "loss", "accuracy", "balanced_accuracy"]
+OVERALL_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "private_epsilon_spent", "loss", "accuracy",
+                                "balanced_accuracy"]
 
 
 def overall_history(runs: list[dict]) -> pd.DataFrame:
     rows = []
+    labels = series_labels(runs)
     for run in runs:
+        ident = _ident(run, labels)
         for e in run.get("evals") or []:
             o = e.get("overall") or {}
-            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                         "step": e["step"], "epoch": e.get("epoch"), "elapsed": e.get("elapsed"),
+            rows.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
+                         "elapsed": _finite(e.get("elapsed")), "private_epsilon_spent": private_epsilon_spent(e),
                          "loss": _finite(o.get("loss")), "accuracy": _finite(o.get("accuracy")),
                          "balanced_accuracy": _finite(o.get("balanced_accuracy"))})
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
 
-MID_COLUMNS = ["run_id", "run", "algorithm", "tier", "tier_index", "epsilon", "initial_loss", "onset_step",
+MID_COLUMNS = ID_COLUMNS + ["tier", "tier_index", "epsilon", "initial_loss", "onset_step",
                "end_step", "peak_step", "peak_increase", "last_step", "state"]
 
 
@@ -114,6 +160,7 @@ def mid_spans(runs: list[dict]) -> pd.DataFrame:
     from engine.metrics import mid_markers
 
     rows = []
+    labels = series_labels(runs)
     for run in runs:
         evals = run.get("evals") or []
         if not evals or not evals[0].get("tiers"):
@@ -124,7 +171,7 @@ def mid_spans(runs: list[dict]) -> pd.DataFrame:
         order = _tier_order(evals[-1]["tiers"])
         for k, (t, m) in enumerate(zip(evals[-1]["tiers"], marks)):
             state = "none" if m["onset_step"] is None else ("recovered" if m["end_step"] is not None else "ongoing")
-            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
+            rows.append({**_ident(run, labels),
                          "tier": t["name"], "tier_index": order.get(t["name"], k), "epsilon": _finite(t.get("epsilon")),
                          "initial_loss": losses[0][k], "onset_step": m["onset_step"], "end_step": m["end_step"],
                          "peak_step": m["peak_step"], "peak_increase": m["peak_increase"], "last_step": steps[-1],
@@ -134,28 +181,28 @@ def mid_spans(runs: list[dict]) -> pd.DataFrame:
 
 # --- data: comparisons (finished or partial runs; the last evaluation counts) -----------------------
 
-OWNER_COLUMNS = ["run_id", "run", "algorithm", "owner", "owner_kind", "tier", "epsilon", "recall"]
+OWNER_COLUMNS = ID_COLUMNS + ["owner", "owner_kind", "tier", "epsilon", "recall"]
 
 
 def owner_recall(runs: list[dict]) -> pd.DataFrame:
     """Final recall per data owner: per class when tiers are assigned by class, else per tier."""
     rows = []
+    labels = series_labels(runs)
     for run in runs:
         evals = run.get("evals") or []
         if not evals:
             continue
         last = evals[-1]
+        ident = _ident(run, labels)
         lookup = class_tier_lookup(run)
         if lookup:
             for c, m in enumerate(last.get("classes") or []):
                 tier, eps = lookup.get(c, ("", float("nan")))
-                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                             "owner": m.get("name", str(c)), "owner_kind": "class", "tier": tier, "epsilon": eps,
+                rows.append({**ident, "owner": m.get("name", str(c)), "owner_kind": "class", "tier": tier, "epsilon": eps,
                              "recall": _finite(m.get("recall"))})
         else:
             for t in last.get("tiers") or []:
-                rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                             "owner": t["name"], "owner_kind": "tier", "tier": t["name"],
+                rows.append({**ident, "owner": t["name"], "owner_kind": "tier", "tier": t["name"],
                              "epsilon": _finite(t.get("epsilon")), "recall": _finite(t.get("recall"))})
     return pd.DataFrame(rows, columns=OWNER_COLUMNS)
 
@@ -165,18 +212,19 @@ def pearson_by_run(owners: pd.DataFrame) -> pd.DataFrame:
     from scipy.stats import pearsonr
 
     rows = []
-    for (run_id, run, algo), g in owners.groupby(["run_id", "run", "algorithm"], sort=False):
+    for ident, g in owners.groupby(ID_COLUMNS, sort=False):
         g = g.dropna(subset=["epsilon", "recall"])
         r = p = float("nan")
         if len(g) >= 3 and g["epsilon"].nunique() > 1 and g["recall"].nunique() > 1:
             res = pearsonr(g["epsilon"].to_numpy(float), g["recall"].to_numpy(float))
             r, p = float(res.statistic), float(res.pvalue)
-        rows.append({"run_id": run_id, "run": run, "algorithm": algo, "n": len(g), "r": r, "p": p})
-    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "n", "r", "p"])
+        rows.append({**dict(zip(ID_COLUMNS, ident)), "n": len(g), "r": r, "p": p})
+    return pd.DataFrame(rows, columns=ID_COLUMNS + ["n", "r", "p"])
 
 
 def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
-    """(INO-SGD run, IDP-SGD run it builds on) pairs: same IDP mode, same group preferred."""
+    """(INO-SGD run, IDP-SGD run it builds on) pairs: same IDP mode; same group preferred, and within it the
+    same ``seed_index`` (replicate j of INO pairs with replicate j of IDP: same batches and noise)."""
     pairs = []
     idps = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale")]
     for ino in (r for r in runs if r.get("algorithm") == "ino"):
@@ -186,8 +234,9 @@ def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
         cands = [r for r in idps if r["algorithm"] == want] or idps
         if not cands:
             continue
-        same = [r for r in cands if r.get("group_id") and r.get("group_id") == ino.get("group_id")]
-        pairs.append((ino, (same or cands)[0]))
+        same = [r for r in cands if r.get("group_id") and r.get("group_id") == ino.get("group_id")] or cands
+        seeded = [r for r in same if seed_index(r) == seed_index(ino)]
+        pairs.append((ino, (seeded or same)[0]))
     return pairs
 
 
@@ -195,50 +244,66 @@ def _pair_label(ino: dict, idp: dict) -> str:
     return f"INO #{ino['id']} − {algorithm_label(idp['algorithm'])} #{idp['id']}"
 
 
-GAIN_CLASS_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "owner", "tier", "epsilon", "ino_recall", "idp_recall", "gain"]
+def _pair_ident(ino: dict, idp: dict, labels: dict) -> dict:
+    """Identifying columns of a pair: its label, runs, INO's seed and the pair's series (what bands aggregate)."""
+    pair = _pair_label(ino, idp)
+    single = labels.get(ino["id"]) == run_label(ino) and labels.get(idp["id"]) == run_label(idp)
+    series = pair if single else f"{labels.get(ino['id'])} − {labels.get(idp['id'])}"
+    return {"pair": pair, "ino_run_id": ino["id"], "idp_run_id": idp["id"], "seed": run_seed(ino),
+            "seed_index": seed_index(ino), "series": series}
+
+
+PAIR_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "seed", "seed_index", "series"]
+GAIN_CLASS_COLUMNS = PAIR_COLUMNS + ["owner", "tier", "epsilon", "ino_recall", "idp_recall", "gain"]
 
 
 def recall_gain_by_class(runs: list[dict]) -> pd.DataFrame:
-    """Per-owner final recall gain INO − IDP (owner = class for class tiers, else tier)."""
+    """Per-owner final recall gain INO − IDP (owner = class for class tiers, else tier); one row per seed pair."""
     owners = owner_recall(runs)
+    labels = series_labels(runs)
     rows = []
     for ino, idp in pair_runs(runs):
         a = owners[owners.run_id == ino["id"]].set_index("owner")
         b = owners[owners.run_id == idp["id"]].set_index("owner")
         for owner in a.index.intersection(b.index):
-            rows.append({"pair": _pair_label(ino, idp), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
+            rows.append({**_pair_ident(ino, idp, labels),
                          "owner": owner, "tier": a.at[owner, "tier"], "epsilon": a.at[owner, "epsilon"],
                          "ino_recall": a.at[owner, "recall"], "idp_recall": b.at[owner, "recall"],
                          "gain": a.at[owner, "recall"] - b.at[owner, "recall"]})
     return pd.DataFrame(rows, columns=GAIN_CLASS_COLUMNS)
 
 
-GAIN_TIME_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "step", "progress", "tier", "tier_index", "epsilon",
-                     "ino_recall", "idp_recall", "gain"]
+GAIN_TIME_COLUMNS = PAIR_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon",
+                                    "epsilon_spent", "ino_recall", "idp_recall", "gain"]
 
 
-def recall_gain_over_time(runs: list[dict]) -> pd.DataFrame:
-    """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress)."""
-    hist = tier_history(runs)
-    rows = []
+def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress), one row per seed
+    pair (:func:`pair_runs`: replicate j with replicate j) and INO evaluation; step, epoch, elapsed and ε spent
+    are INO's. ``hist``: the runs' :func:`tier_history` when the caller has it."""
+    hist = tier_history(runs) if hist is None else hist
+    labels = series_labels(runs)
+    parts = []
     for ino, idp in pair_runs(runs):
         a, b = hist[hist.run_id == ino["id"]], hist[hist.run_id == idp["id"]]
+        ident = _pair_ident(ino, idp, labels)
         for tier, ga in a.groupby("tier", sort=False):
             gb = b[b.tier == tier].sort_values("progress")
             if gb.empty:
                 continue
             ga = ga.sort_values("progress")
+            ga = ga[ga["progress"] <= gb["progress"].max() + 1e-9]  # IDP has not got further (yet)
             idp_rec = np.interp(ga["progress"].to_numpy(float), gb["progress"].to_numpy(float),
                                 gb["recall"].to_numpy(float))
-            prog_max = gb["progress"].max()
-            for (_, r), ir in zip(ga.iterrows(), idp_rec):
-                if r["progress"] > prog_max + 1e-9:  # IDP has not got this far (yet)
-                    continue
-                rows.append({"pair": _pair_label(ino, idp), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
-                             "step": r["step"], "progress": r["progress"], "tier": tier,
-                             "tier_index": r["tier_index"], "epsilon": r["epsilon"], "ino_recall": r["recall"],
-                             "idp_recall": float(ir), "gain": r["recall"] - float(ir)})
-    return pd.DataFrame(rows, columns=GAIN_TIME_COLUMNS)
+            part = ga[["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon", "epsilon_spent"]].copy()
+            part["ino_recall"], part["idp_recall"] = ga["recall"].to_numpy(float), idp_rec
+            part["gain"] = part["ino_recall"] - idp_rec
+            for k, v in ident.items():
+                part[k] = v
+            parts.append(part)
+    if not parts:
+        return pd.DataFrame(columns=GAIN_TIME_COLUMNS)
+    return pd.concat(parts, ignore_index=True)[GAIN_TIME_COLUMNS]
 
 
 def _auc(progress, recalls) -> float:
@@ -252,27 +317,26 @@ def recall_auc_table(runs: list[dict]) -> pd.DataFrame:
     """Area under each tier's recall-vs-progress curve, normalised to [0, 1] (as the engine's summary)."""
     hist = tier_history(runs)
     rows = []
-    for (run_id, run, algo, tier), g in hist.groupby(["run_id", "run", "algorithm", "tier"], sort=False):
+    for key, g in hist.groupby(ID_COLUMNS + ["tier"], sort=False):
         g = g.sort_values("step")
-        rows.append({"run_id": run_id, "run": run, "algorithm": algo, "tier": tier,
+        rows.append({**dict(zip(ID_COLUMNS + ["tier"], key)),
                      "tier_index": int(g["tier_index"].iloc[0]), "epsilon": g["epsilon"].iloc[0],
                      "recall_auc": _auc(g["step"], g["recall"]), "final_recall": g["recall"].iloc[-1]})
-    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "tier", "tier_index", "epsilon", "recall_auc",
-                                       "final_recall"])
+    return pd.DataFrame(rows, columns=ID_COLUMNS + ["tier", "tier_index", "epsilon", "recall_auc", "final_recall"])
 
 
-FINAL_COLUMNS = ["run_id", "run", "algorithm", "status", "steps", "loss", "accuracy", "balanced_accuracy", "dp"]
+FINAL_COLUMNS = ID_COLUMNS + ["status", "steps", "loss", "accuracy", "balanced_accuracy", "dp"]
 
 
 def final_table(runs: list[dict]) -> pd.DataFrame:
     rows = []
+    labels = series_labels(runs)
     for run in runs:
         evals = run.get("evals") or []
         if not evals:
             continue
         o = evals[-1].get("overall") or {}
-        rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                     "status": run.get("status", ""), "steps": evals[-1]["step"], "loss": _finite(o.get("loss")),
+        rows.append({**_ident(run, labels), "status": run.get("status", ""), "steps": evals[-1]["step"], "loss": _finite(o.get("loss")),
                      "accuracy": _finite(o.get("accuracy")), "balanced_accuracy": _finite(o.get("balanced_accuracy")),
                      "dp": dp_note(run) or "formal DP"})
     return pd.DataFrame(rows, columns=FINAL_COLUMNS)
@@ -280,15 +344,15 @@ def final_table(runs: list[dict]) -> pd.DataFrame:
 
 def fairness_table(runs: list[dict]) -> pd.DataFrame:
     rows = []
+    labels = series_labels(runs)
     for run in runs:
         evals = run.get("evals") or []
         fair = evals[-1].get("fairness") if evals else None
         if not fair:
             continue
         for metric, value in fair.items():
-            rows.append({"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""),
-                         "metric": metric, "value": _finite(value)})
-    return pd.DataFrame(rows, columns=["run_id", "run", "algorithm", "metric", "value"])
+            rows.append({**_ident(run, labels), "metric": metric, "value": _finite(value)})
+    return pd.DataFrame(rows, columns=ID_COLUMNS + ["metric", "value"])
 
 
 def mid_summary(runs: list[dict]) -> pd.DataFrame:
@@ -296,12 +360,12 @@ def mid_summary(runs: list[dict]) -> pd.DataFrame:
     spans = mid_spans(runs)
     auc = recall_auc_table(runs)
     if spans.empty:
-        return pd.DataFrame(columns=["run", "tier", "ε", "MID", "onset step", "end step", "peak step",
+        return pd.DataFrame(columns=["run", "seed", "series", "tier", "ε", "MID", "onset step", "end step", "peak step",
                                      "peak loss increase", "final recall", "recall AUC", "DP"])
     merged = spans.merge(auc[["run_id", "tier", "recall_auc", "final_recall"]], on=["run_id", "tier"], how="left")
     notes = {r["id"]: dp_note(r) or "formal DP" for r in runs}
     out = pd.DataFrame({
-        "run": merged["run"], "tier": merged["tier"], "ε": merged["epsilon"], "MID": merged["state"],
+        "run": merged["run"], "seed": merged["seed"], "series": merged["series"], "tier": merged["tier"], "ε": merged["epsilon"], "MID": merged["state"],
         "onset step": merged["onset_step"], "end step": merged["end_step"], "peak step": merged["peak_step"],
         "peak loss increase": merged["peak_increase"].round(4), "final recall": merged["final_recall"].round(4),
         "recall AUC": merged["recall_auc"].round(4), "DP": merged["run_id"].map(notes),

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import html
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -22,17 +23,21 @@ from plotly.subplots import make_subplots
 
 THEMES = ("light", "dark", "presentation")
 
+# Algorithms / runs: Paul Tol's "muted" set (colour-blind safe), each algorithm also with its own marker.
 ALGORITHM_COLORS = {
-    "nonprivate": "#7f7f7f",
-    "dpsgd": "#8c564b",
-    "idp_sample": "#1f77b4",
-    "idp_scale": "#17becf",
-    "ino": "#d62728",
-    "dpsgd_s": "#2ca02c",
+    "nonprivate": "#777777",
+    "dpsgd": "#999933",
+    "idp_sample": "#332288",
+    "idp_scale": "#44AA99",
+    "ino": "#882255",
+    "dpsgd_s": "#117733",
 }
-EXTRA_COLORS = ("#9467bd", "#ff7f0e", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31")
-# Tiers sorted by ε: the most private first, in warm colours.
-TIER_COLORS = ("#e4572e", "#f0a202", "#3a86ff", "#8338ec", "#06a77d", "#ff006e", "#6c757d", "#2b2d42")
+ALGORITHM_SYMBOLS = {"nonprivate": "x", "dpsgd": "diamond", "idp_sample": "circle", "idp_scale": "triangle-up",
+                     "ino": "square", "dpsgd_s": "star"}
+EXTRA_COLORS = ("#AA4499", "#88CCEE", "#DDCC77", "#CC6677", "#4B0082", "#2F4F4F", "#8B4513", "#5F9EA0")
+# Tiers sorted by ε, the most private first and most salient: Okabe–Ito (colour-blind safe), a set apart
+# from the algorithm colours.
+TIER_COLORS = ("#D55E00", "#0072B2", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 GROUP_COLORS = ("#3a86ff", "#e4572e", "#06a77d", "#8338ec", "#f0a202", "#ff006e", "#6c757d", "#2b2d42",
                 "#17becf", "#bcbd22")
 
@@ -88,8 +93,18 @@ def algo_color(algorithm: str, k: int = 0) -> str:
     return ALGORITHM_COLORS.get(algorithm, EXTRA_COLORS[k % len(EXTRA_COLORS)])
 
 
+def algo_symbol(algorithm: str) -> str:
+    return ALGORITHM_SYMBOLS.get(algorithm, "circle")
+
+
 def tier_color(k: int) -> str:
     return TIER_COLORS[k % len(TIER_COLORS)]
+
+
+def rgba(color: str, alpha: float) -> str:
+    """``#rrggbb`` → ``rgba(r, g, b, alpha)`` (band fills)."""
+    c = color.lstrip("#")
+    return f"rgba({int(c[0:2], 16)}, {int(c[2:4], 16)}, {int(c[4:6], 16)}, {alpha})"
 
 
 def group_color(k: int) -> str:
@@ -161,13 +176,15 @@ def facets(n: int, max_cols: int = 3) -> tuple[int, int]:
 
 
 def facet_grid(panel_titles: list[str], title: str, theme: str, *, max_cols: int = 3, horizontal_spacing=0.04,
-               vertical_spacing=None, legend: str = "bottom") -> tuple[go.Figure, int, int]:
-    """One panel per title (titles are already-escaped text), shared y axes; returns (figure, rows, cols).
-
-    Panel ``i`` sits at ``row = i // cols + 1, col = i % cols + 1``.
+               vertical_spacing=None, legend: str = "bottom", shared_y: bool = True) -> tuple[go.Figure, int, int]:
+    """One panel per title (titles are already-escaped text), shared y axes unless ``shared_y=False``;
+    returns (figure, rows, cols). Panel ``i`` sits at ``row = i // cols + 1, col = i % cols + 1`` (its axes
+    are ``x{i+1}``/``y{i+1}``, ``x``/``y`` for i = 0).
     """
     rows, cols = facets(len(panel_titles), max_cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(panel_titles), shared_yaxes=True,
+    if not shared_y:
+        horizontal_spacing = max(horizontal_spacing, 0.07)  # room for each panel's own tick labels
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=list(panel_titles), shared_yaxes=shared_y,
                         horizontal_spacing=horizontal_spacing,
                         vertical_spacing=vertical_spacing if vertical_spacing is not None else 0.12)
     base_figure(title, theme, fig, legend=legend)
@@ -191,4 +208,115 @@ def fig_table(df: pd.DataFrame, *, theme: str = "light", title: str = "MID summa
         cells=dict(values=cells, fill_color="#0e1117" if dark else "white",
                    font=dict(color="#fafafa" if dark else "#111", size=12), align="left")))
     fig.update_layout(height=max(250, 60 + 28 * (len(df) + 2)))
+    return fig
+
+
+# --- plans: a figure's data and structure as plain values, rendered once, patched live --------------------
+
+@dataclass
+class Trace:
+    """One scatter trace of a plan: a stable ``key`` (the trace's ``meta``), its data, its panel, and every
+    other go.Scatter property (``style``: plain values)."""
+    key: str
+    x: object
+    y: object
+    style: dict
+    panel: int = 0
+
+
+@dataclass
+class Span:
+    """A shaded x interval (a MID span) on a panel."""
+    key: str
+    x0: float
+    x1: float
+    color: str
+    opacity: float = 0.12
+    panel: int = 0
+
+
+@dataclass
+class Plan:
+    """What a curve figure shows, before any Plotly object exists. :func:`render` builds the figure;
+    :mod:`engine.figures.live` patches a rendered one when only the data parts (trace x/y, span ends,
+    per-panel y ranges, note texts) changed, i.e. when :meth:`structure` is unchanged.
+
+    ``panels``: escaped panel titles of a facet grid (None: one panel). ``notes``: add_annotation kwargs
+    (escaped text). ``empty``: the message of an empty figure."""
+    title: str
+    traces: list = field(default_factory=list)
+    spans: list = field(default_factory=list)
+    panels: list | None = None
+    notes: list = field(default_factory=list)
+    hlines: list = field(default_factory=list)
+    x_title: str = ""
+    y_title: str = ""
+    y_range: list | None = None
+    y_rangemode: str | None = None
+    y_ranges: dict = field(default_factory=dict)
+    shared_y: bool = True
+    max_cols: int = 3
+    vertical_spacing: float | None = None
+    height: int | None = None
+    layout: dict = field(default_factory=dict)
+    empty: str | None = None
+
+    def structure(self) -> str:
+        """Everything but the data parts, as canonical JSON: equal structures render equal figures up to data."""
+        return json.dumps({
+            "title": self.title, "panels": self.panels, "empty": self.empty, "hlines": self.hlines,
+            "traces": [(t.key, t.panel, t.style) for t in self.traces],
+            "spans": [(s.key, s.panel, s.color, s.opacity) for s in self.spans],
+            "notes": [{k: v for k, v in n.items() if k != "text"} for n in self.notes],
+            "axes": [self.x_title, self.y_title, self.y_range, self.y_rangemode, sorted(self.y_ranges), self.shared_y, self.max_cols,
+                     self.vertical_spacing, self.height, self.layout],
+        }, sort_keys=True, default=str)
+
+
+def axis_name(axis: str, panel: int) -> str:
+    """Layout key of a panel's axis: ``yaxis`` for panel 0, ``yaxis3`` for panel 2."""
+    return f"{axis}axis" if panel == 0 else f"{axis}axis{panel + 1}"
+
+
+def render(plan: Plan, theme: str = "light") -> go.Figure:
+    """The figure of a plan."""
+    if plan.empty is not None:
+        return empty_figure(plan.title, theme, plan.empty)
+    if plan.panels is None:
+        fig, cols = base_figure(plan.title, theme), 1
+    else:
+        fig, rows, cols = facet_grid(plan.panels, plan.title, theme, max_cols=plan.max_cols, shared_y=plan.shared_y,
+                                     vertical_spacing=plan.vertical_spacing)
+
+    def loc(p):
+        return {} if plan.panels is None else {"row": p // cols + 1, "col": p % cols + 1}
+
+    traces = [go.Scatter(x=t.x, y=t.y, meta=t.key, **t.style) for t in plan.traces]
+    if plan.panels is None:
+        fig.add_traces(traces)
+    elif traces:
+        fig.add_traces(traces, rows=[t.panel // cols + 1 for t in plan.traces],
+                       cols=[t.panel % cols + 1 for t in plan.traces])
+    for s in plan.spans:
+        fig.add_vrect(x0=s.x0, x1=s.x1, fillcolor=s.color, opacity=s.opacity, line_width=0, layer="below",
+                      **loc(s.panel))
+    for h in plan.hlines:
+        fig.add_hline(**h)
+    for n in plan.notes:
+        fig.add_annotation(**n)
+    fig.update_xaxes(title_text=plan.x_title)
+    if plan.panels is None:
+        fig.update_yaxes(title_text=plan.y_title)
+    else:
+        fig.update_yaxes(title_text=plan.y_title, col=1)
+    if plan.y_range is not None:
+        fig.update_yaxes(range=plan.y_range)
+    if plan.y_rangemode is not None:
+        fig.update_yaxes(rangemode=plan.y_rangemode)
+    for p, r in plan.y_ranges.items():
+        fig.layout[axis_name("y", p)].range = r
+    if plan.height:
+        fig.update_layout(height=plan.height)
+    if plan.layout:
+        fig.update_layout(**plan.layout)
     return fig

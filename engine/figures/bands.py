@@ -1,0 +1,166 @@
+"""Seeds as bands, smoothing, divergence and the x axis of the curves over training: what the curve figures
+(:mod:`engine.figures.curves`) do to a tidy frame before they plot it.
+
+* **Units.** A figure draws one curve per *unit*: a run, or — with ``bands=True`` and a series of more than
+  one seed (the frames' ``series`` column, :func:`engine.figures.frames.series_labels`) — the series, as the
+  mean over its seeds with a band of ± 1 standard error (:func:`seed_mean`).
+* **Gain beyond the seed spread.** :func:`recall_gain_spread` and :func:`gain_spread_words` over
+  :func:`engine.figures.frames.recall_gain_over_time` (seed pairs matched by ``seed_index``).
+* **Smoothing.** :func:`ema`, an exponential moving average with weight ``smoothing`` in [0, 0.99).
+* **Divergence.** :func:`diverged_step`: a loss that is non-finite or above :data:`DIVERGENCE_FACTOR` × its
+  initial value marks the run diverged from that evaluation on.
+* **x axis.** :func:`with_x`: step, epoch, wall time (elapsed s) or ε spent.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+X_AXES = ("step", "epoch", "elapsed", "epsilon")
+MID_LAYOUTS = ("facet", "overlay")
+DIVERGENCE_FACTOR = 10.0  # a loss above 10× its initial value (or non-finite) is a diverged run
+
+
+def check_options(*, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0) -> None:
+    """One clear ValueError for a figure option out of range."""
+    if mid_layout not in MID_LAYOUTS:
+        raise ValueError(f"unknown MID layout {mid_layout!r}; allowed: {', '.join(MID_LAYOUTS)}")
+    if x_axis not in X_AXES:
+        raise ValueError(f"unknown x axis {x_axis!r}; allowed: {', '.join(X_AXES)}")
+    if not (isinstance(smoothing, (int, float)) and 0.0 <= float(smoothing) < 0.99):
+        raise ValueError(f"smoothing must be an EMA weight in [0, 0.99), got {smoothing!r}")
+
+
+# --- units and seed means ---------------------------------------------------------------------------
+
+def with_units(df: pd.DataFrame, bands: bool, *, run_col: str = "run", id_col: str = "run_id") -> pd.DataFrame:
+    """``df`` with a ``unit`` column: the series where ``bands`` and the series has more than one run,
+    else the run."""
+    out = df.copy()
+    if df.empty:
+        out["unit"] = pd.Series(dtype=object)
+        return out
+    if bands:
+        sizes = df.groupby("series", sort=False)[id_col].nunique()
+        multi = df["series"].map(sizes) > 1
+        out["unit"] = np.where(multi, df["series"], df[run_col])
+    else:
+        out["unit"] = df[run_col]
+    return out
+
+
+def seed_mean(df: pd.DataFrame, keys: list[str], value: str, *, extra: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Mean of ``value`` over the rows sharing ``keys`` (the seeds of a series at one evaluation) with its
+    standard error (sample sd / √n; 0 for one seed) and n; ``extra`` columns are averaged too (x values)."""
+    grouped = df.groupby(keys, sort=False)
+    out = grouped[[value, *extra]].mean()
+    v = grouped[value]
+    count = v.count()
+    out["se"] = (v.std(ddof=1) / np.sqrt(count.clip(lower=1))).fillna(0.0)
+    out["n"] = count
+    return out.reset_index()
+
+
+GAIN_SPREAD_COLUMNS = ["series", "tier", "tier_index", "epsilon", "step", "progress", "mean_gain", "se", "n", "p",
+                       "beyond_spread"]
+
+
+def recall_gain_spread(gain: pd.DataFrame) -> pd.DataFrame:
+    """Is the gain beyond the seed spread? Per pair series, tier and evaluation (from
+    :func:`engine.figures.frames.recall_gain_over_time`): the mean paired gain over seeds, its standard error,
+    n, the paired t-test's two-sided p, and ``beyond_spread`` = n ≥ 2 and mean − 2·SE > 0."""
+    if gain.empty:
+        return pd.DataFrame(columns=GAIN_SPREAD_COLUMNS)
+    from scipy.stats import ttest_1samp
+
+    out = seed_mean(gain, ["series", "tier", "tier_index", "epsilon", "step"], "gain", extra=("progress",))
+    out = out.rename(columns={"gain": "mean_gain"})
+    ps = []
+    for _, g in gain.groupby(["series", "tier", "tier_index", "epsilon", "step"], sort=False):
+        x = g["gain"].dropna().to_numpy(float)
+        ps.append(float(ttest_1samp(x, 0.0).pvalue) if len(x) >= 2 and np.ptp(x) > 0 else float("nan"))
+    out["p"] = ps
+    out["beyond_spread"] = (out["n"] >= 2) & (out["mean_gain"] - 2 * out["se"] > 0)
+    return out[GAIN_SPREAD_COLUMNS]
+
+
+def gain_spread_words(spread: pd.DataFrame) -> list[str]:
+    """The gain summary in words (raw text), one line per pair series and tier, the most private tier first."""
+    lines = []
+    if spread.empty:
+        return lines
+    for (series, tier), g in spread.sort_values(["tier_index", "step"]).groupby(["series", "tier"], sort=False):
+        n = int(g["n"].max())
+        best = g.loc[g["mean_gain"].idxmax()]
+        if n < 2:
+            lines.append(f"{tier} ({series}): best gain {100 * best['mean_gain']:+.1f} points at step "
+                         f"{int(best['step'])}; one seed, so the seed spread is unknown (repeat over k seeds).")
+            continue
+        k = int(g["beyond_spread"].sum())
+        verdict = (f"beyond the seed spread (mean − 2·SE > 0) at {k} of {len(g)} evaluations" if k
+                   else "not beyond the seed spread (mean − 2·SE ≤ 0) at any evaluation")
+        lines.append(f"{tier} ({series}): best mean gain {100 * best['mean_gain']:+.1f} ± {100 * best['se']:.1f} "
+                     f"points (± SE, {n} paired seeds) at step {int(best['step'])}; {verdict}.")
+    return lines
+
+
+# --- smoothing and divergence ------------------------------------------------------------------------
+
+def ema(y, weight: float) -> np.ndarray:
+    """Exponential moving average s_t = w·s_{t−1} + (1 − w)·y_t (s_0 = y_0); nan points stay gaps and
+    do not reset the average. ``weight`` 0 returns the values unchanged."""
+    y = np.asarray(y, dtype=float)
+    if weight <= 0:
+        return y.copy()
+    out = np.full_like(y, np.nan)
+    s = math.nan
+    for i, v in enumerate(y):
+        if math.isfinite(v):
+            s = v if not math.isfinite(s) else weight * s + (1.0 - weight) * v
+            out[i] = s
+    return out
+
+
+def diverged_step(steps, losses, factor: float = DIVERGENCE_FACTOR):
+    """The first step at which a loss curve has diverged — its loss is non-finite (nan, ±inf) or above
+    ``factor`` × its initial (first) value — or None."""
+    losses = np.asarray(losses, dtype=float)
+    if not len(losses):
+        return None
+    initial = losses[0]
+    for s, v in zip(steps, losses):
+        if not math.isfinite(v) or (math.isfinite(initial) and v > factor * max(initial, 1e-12)):
+            return s
+    return None
+
+
+def diverged_units(df: pd.DataFrame, value: str = "raw_loss") -> dict:
+    """unit → the first step at which any of its runs' tier curves diverged (units that never did are absent)."""
+    out: dict = {}
+    for (unit, _run, _tier), g in df.sort_values("step").groupby(["unit", "run_id", "tier"], sort=False):
+        s = diverged_step(g["step"].to_numpy(), g[value].to_numpy(float))
+        if s is not None:
+            out[unit] = s if unit not in out else min(out[unit], s)
+    return out
+
+
+# --- the x axis ------------------------------------------------------------------------------------
+
+def x_title(x_axis: str, *, per_tier: bool) -> str:
+    if x_axis == "epsilon":
+        return "ε spent (each tier's own)" if per_tier else "ε spent of the most private tier"
+    return {"step": "step", "epoch": "epoch", "elapsed": "wall time (s)"}[x_axis]
+
+
+def with_x(df: pd.DataFrame, x_axis: str, *, per_tier: bool) -> tuple[pd.DataFrame, list[str]]:
+    """``df`` with an ``x`` column for the chosen axis, and the units (labels) without it: runs that record
+    no ε spent (no formal DP guarantee) when ``x_axis="epsilon"``, runs without epochs or times otherwise."""
+    col = {"step": "step", "epoch": "epoch", "elapsed": "elapsed",
+           "epsilon": "epsilon_spent" if per_tier else "private_epsilon_spent"}[x_axis]
+    out = df.copy()
+    out["x"] = out[col].astype(float)
+    has = out.groupby("unit", sort=False)["x"].apply(lambda v: bool(np.isfinite(v.to_numpy(float)).any()))
+    missing = [u for u, ok in has.items() if not ok]
+    return out[out["unit"].isin(has[has].index) & np.isfinite(out["x"].to_numpy(float))], missing

@@ -246,6 +246,7 @@ def test_markup_in_a_run_name_is_drawn_as_text():
 def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
     from engine.figures.talk import TALK_FIGURES
     from engine.figures.talk_frames import RHO_KEY
+    from engine.runs import run_label
 
     assert set(TALK_FIGURES) <= set(export.figure_titles())
     names = [s.name for s in export.pack_figures(trained_runs)]
@@ -258,7 +259,7 @@ def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
     assert sorted(n for n in z.namelist() if n.startswith("data/")) == ["data/01_results_table.csv",
                                                                         "data/02_privacy_frontier.csv"]
     table = pd.read_csv(io.BytesIO(z.read("data/01_results_table.csv")))
-    assert list(table["algorithm"]) == ["IDP-SGD (SAMPLE)", "INO-SGD"] and "ε=1 gain vs IDP, AUC (pp)" in table
+    assert list(table["algorithm"]) == [run_label(r) for r in trained_runs] and "ε=1 gain vs IDP, AUC (pp)" in table
     with pytest.raises(ValueError, match="unknown figure"):
         export.pack_figures(trained_runs, names=["nope"])
     store, ids = _store_with_runs(tmp_path)

@@ -16,10 +16,12 @@ from engine.figures import talk_frames as tf
 from test_plots import HOSTILE, assert_escaped, hostile_run, make_run
 
 
-def seeded(run_id: int, algorithm: str, j: int, *, gain: float = 0.0, shift: float = 0.0, group: str = "g1") -> dict:
-    """make_run as replicate j of a series: config seed = j, seed_index = j; recalls shifted by ``shift``."""
+def seeded(run_id: int, algorithm: str, j: int, *, gain: float = 0.0, shift: float = 0.0, group: str = "g1",
+           k: int = 3) -> dict:
+    """make_run as replicate j of a k-seed series (run ids first + j): config seed = j, seeds = k,
+    seed_index = j; recalls shifted by ``shift``."""
     run = make_run(run_id, algorithm, gain=gain, group=group)
-    run["config"] = {**run["config"], "seed": j, "seed_index": j}
+    run["config"] = {**run["config"], "seed": j, "seeds": k, "seed_index": j}
     for e in run["evals"]:
         for t in e["tiers"]:
             t["recall"] = min(1.0, t["recall"] + shift)
@@ -93,9 +95,10 @@ def test_gains_pair_ino_and_idp_by_seed_index():
     assert s["auc_gain"] == pytest.approx(np.mean(expect)) and s["auc_se"] == pytest.approx(_se(expect))
     assert s["peak_gain"] > 0 and s["peak_step"] is not None
     table = tf.results_table(runs).set_index("algorithm")
-    cell = table.at["INO-SGD", "ε=1 gain vs IDP, AUC (pp)"]
+    assert list(table.index) == ["IDP-SGD (SAMPLE) #1–3", "INO-SGD #10–12"]  # one row per series
+    cell = table.at["INO-SGD #10–12", "ε=1 gain vs IDP, AUC (pp)"]
     assert cell == f"{np.mean(expect):+.1f} ± {_se(expect):.1f}"
-    assert table.at["INO-SGD", "runs"] == 3 and "audit Δ (pp)" not in table.columns
+    assert table.at["INO-SGD #10–12", "runs"] == 3 and "audit Δ (pp)" not in table.columns
 
 
 def _auc(run, tier):
@@ -255,7 +258,7 @@ def test_audit_gpr_per_tier_against_its_epsilon():
     gpr = next(t for t in spec.figure.data if t.name == "INO-SGD: GPR")
     assert list(gpr.y) == pytest.approx([0.1, 0.04]) and list(gpr.error_y.array) == pytest.approx([0.01, 0.01])
     table = tf.results_table([make_run(1, "idp_sample"), make_run(2, "ino", gain=0.2)], results).set_index("algorithm")
-    assert table.at["INO-SGD", "audit Δ (pp)"] == f"{100 * (0.1 - 0.04):.2f}"
+    assert table.at["INO-SGD #2", "audit Δ (pp)"] == f"{100 * (0.1 - 0.04):.2f}"  # matched by algorithm
     none = talk.build_talk_figures([make_run(1, "idp_sample")], names=["audit_tiers"])[0]
     assert none.data.empty and "no audit" in none.figure.layout.annotations[0].text
 
@@ -276,5 +279,5 @@ def test_user_text_is_escaped_in_every_talk_figure():
     assert {s.name for s in talk.build_talk_figures(runs, audit=results, skip_empty=True)} == \
         set(talk.TALK_FIGURES) - {"tif_sweep"}
     data = talk.build_talk_figures(runs, names=["results_table"])[0].data
-    assert HOSTILE in set(data["algorithm"])  # the CSV keeps what the user wrote
+    assert f"{HOSTILE} #1" in set(data["algorithm"])  # the CSV keeps what the user wrote
     assert isinstance(data, pd.DataFrame)

@@ -23,6 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.figures import talk_frames as tf
+from engine.figures.bands import seed_mean
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns,
                                      facet_grid, fig_table, group_color, tier_color)
 
@@ -79,9 +80,8 @@ def fig_privacy_frontier(frame: pd.DataFrame, *, theme: str = "light", value: st
 
 
 def _mean_lines(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Mean and s.e. over seeds per (keys…, step)."""
-    return (df.groupby(keys + ["step"], sort=False)[value]
-            .agg(mean="mean", se=lambda v: tf._se(list(v)), n="count").reset_index().sort_values("step"))
+    """Mean (column ``mean``) and s.e. over seeds per (keys…, step) (:func:`engine.figures.bands.seed_mean`)."""
+    return seed_mean(df, keys + ["step"], value).rename(columns={value: "mean"}).sort_values("step")
 
 
 def fig_ino_internals(frame: pd.DataFrame, *, theme: str = "light", has_ino: bool = True,

@@ -1,8 +1,9 @@
 """Tidy frames of the talk figures (:mod:`engine.figures.talk`): run records (and optionally an audit
 report) in, one :class:`pandas.DataFrame` per question out. They build on :mod:`engine.figures.frames`
-(tier histories, recall AUC, INO/IDP pairs) and add what a talk needs across runs: replicates of one
-series (same config, different seeds: ``config.seed_index``) aggregated as mean ± standard error, and
-INO − IDP gains paired by seed.
+(tier histories, recall AUC, series labels, INO/IDP pairs matched by ``seed_index``) and
+:func:`engine.figures.bands.seed_mean` (mean ± standard error over the seeds of a series), and add what
+a talk needs across runs: per-tier values against ε, gains per algorithm, the INO/DP-SGD-S internals,
+an audit's GPR against ε.
 
 Frames hold raw text; the builders escape it. Nothing here reads the store or plots.
 """
@@ -15,36 +16,20 @@ import numpy as np
 import pandas as pd
 
 from engine.figures import frames as fr
-from engine.runs import algorithm_label, run_label
+from engine.figures.bands import seed_mean
+from engine.runs import algorithm_label, run_label, seed_index, series_key
 
 # Keys an evaluation of an INO-SGD run carries (``Importance.state()`` in engine.mechanisms):
 RHO_KEY = "ino_rho_by_tier"  # per tier (tier order), mean ρ of the tier's batch items since the last evaluation
 DOWNWEIGHTED_KEY = "ino_downweighted_fraction"  # Σ (1 − ρ_i) C_i / Σ C_i over the same steps
 
 
-# --- series and seeds ---------------------------------------------------------------------------------
-
-def seed_index(run: dict) -> int:
-    return int((run.get("config") or {}).get("seed_index") or 0)
-
-
-def series_key(run: dict) -> str:
-    """Replicates of one series share this: group + config without (seed, seed_index, name)."""
-    cfg = {k: v for k, v in (run.get("config") or {}).items() if k not in ("seed", "seed_index", "name")}
-    return f"{run.get('group_id') or ''}|{json.dumps(cfg, sort_keys=True, default=str)}"
-
-
-def series_name(run: dict) -> str:
-    """The series' label (the run label without the seed): frames.series_label where it exists."""
-    label = getattr(fr, "series_label", None)
-    if label is not None:
-        return label(run)
-    return run.get("name") or algorithm_label(run.get("algorithm", ""))
-
-
 def _se(values) -> float:
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
-    return float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+    """Standard error of the mean of the finite values (nan for fewer than two)."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return float("nan")
+    return float(seed_mean(pd.DataFrame({"k": 0, "v": v}), ["k"], "v")["se"].iloc[0])
 
 
 def _mean(values) -> float:
@@ -76,17 +61,12 @@ def frontier_frame(runs: list[dict]) -> pd.DataFrame:
     auc = fr.recall_auc_table(runs)
     if auc.empty:
         return pd.DataFrame(columns=FRONTIER_COLUMNS)
-    by_id = {r["id"]: r for r in runs}
-    keys = {rid: series_key(by_id[rid]) for rid in auc["run_id"].unique()}
-    replicated = pd.Series(keys).value_counts().max() > 1
-    if replicated:
-        auc["series"] = [series_name(by_id[rid]) for rid in auc["run_id"]]
-        auc["key"] = [keys[rid] for rid in auc["run_id"]]
-    else:
-        auc["series"] = [algorithm_label(by_id[rid].get("algorithm", "")) for rid in auc["run_id"]]
-        auc["key"] = auc["series"]
+    # the frames' series column is shared by the replicates of a series (engine.figures.frames.series_labels)
+    replicated = auc.groupby("series")["run_id"].nunique().max() > 1
+    if not replicated:
+        auc["series"] = [algorithm_label(a) for a in auc["algorithm"]]
     rows = []
-    for (key, tier), g in auc.groupby(["key", "tier"], sort=False):
+    for (_, tier), g in auc.groupby(["series", "tier"], sort=False):
         base = {"series": g["series"].iloc[0], "algorithm": g["algorithm"].iloc[0], "tier": tier,
                 "tier_index": int(g["tier_index"].iloc[0]), "epsilon": float(g["epsilon"].iloc[0]),
                 "error_bars": "seeds" if replicated else "runs"}
@@ -101,44 +81,29 @@ def frontier_frame(runs: list[dict]) -> pd.DataFrame:
 
 # --- INO − IDP paired by seed -----------------------------------------------------------------------------
 
-def _by_seed(runs: list[dict]) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
-    for r in runs:
-        out.setdefault(seed_index(r), []).append(r)
-    return out
-
-
-PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon", "gain_final",
-                  "gain_auc"]
+PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon",
+                  "gain_final", "gain_auc"]
 
 
 def paired_gains(runs: list[dict]) -> pd.DataFrame:
     """Per INO-SGD run and tier: final-recall and recall-AUC gain over its IDP-SGD run, paired by seed
-    (:func:`engine.figures.frames.pair_runs` within each ``seed_index``), in percentage points."""
+    (:func:`engine.figures.frames.pair_runs`), in percentage points; ``series`` is INO's series label."""
+    auc = fr.recall_auc_table(runs).set_index(["run_id", "tier"])
+    labels = fr.series_labels(runs)
     rows = []
-    for j, group in _by_seed(runs).items():
-        auc = fr.recall_auc_table(group).set_index(["run_id", "tier"])
-        for ino, idp in fr.pair_runs(group):
-            for (rid, tier), a in auc.loc[[ino["id"]]].iterrows():
-                if (idp["id"], tier) not in auc.index:
-                    continue
-                b = auc.loc[(idp["id"], tier)]
-                rows.append({"series": series_name(ino), "series_key": series_key(ino), "ino_run_id": ino["id"], "idp_run_id": idp["id"],
-                             "seed_index": j, "tier": tier, "tier_index": int(a["tier_index"]),
-                             "epsilon": float(a["epsilon"]),
-                             "gain_final": 100.0 * (a["final_recall"] - b["final_recall"]),
-                             "gain_auc": 100.0 * (a["recall_auc"] - b["recall_auc"])})
+    for ino, idp in fr.pair_runs(runs):
+        if ino["id"] not in auc.index.get_level_values(0):
+            continue
+        for (_, tier), a in auc.loc[[ino["id"]]].iterrows():
+            if (idp["id"], tier) not in auc.index:
+                continue
+            b = auc.loc[(idp["id"], tier)]
+            rows.append({"series": labels[ino["id"]], "series_key": series_key(ino), "ino_run_id": ino["id"],
+                         "idp_run_id": idp["id"], "seed_index": seed_index(ino), "tier": tier,
+                         "tier_index": int(a["tier_index"]), "epsilon": float(a["epsilon"]),
+                         "gain_final": 100.0 * (a["final_recall"] - b["final_recall"]),
+                         "gain_auc": 100.0 * (a["recall_auc"] - b["recall_auc"])})
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
-
-
-def gain_over_time(runs: list[dict]) -> pd.DataFrame:
-    """:func:`engine.figures.frames.recall_gain_over_time` within each seed, with a ``seed_index`` column."""
-    parts = []
-    for j, group in _by_seed(runs).items():
-        g = fr.recall_gain_over_time(group)
-        if not g.empty:
-            parts.append(g.assign(seed_index=j))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=fr.GAIN_TIME_COLUMNS + ["seed_index"])
 
 
 def gain_summary(runs: list[dict]) -> dict | None:
@@ -156,7 +121,7 @@ def gain_summary(runs: list[dict]) -> dict | None:
     out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "auc_gain": _mean(p["gain_auc"]),
            "auc_se": _se(p["gain_auc"]), "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
            "peak_gain": float("nan"), "peak_step": None, "peak_progress": None}
-    t = gain_over_time(runs)
+    t = fr.recall_gain_over_time(runs)
     t = t[(t.tier == tier[0]) & t.ino_run_id.isin(set(p["ino_run_id"]))]
     if not t.empty:
         curve = t.groupby("step", sort=True).agg(gain=("gain", "mean"), progress=("progress", "mean"))
@@ -176,10 +141,11 @@ def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
     down-weighted ("downweighted"), from the evaluation keys :data:`RHO_KEY` / :data:`DOWNWEIGHTED_KEY`.
     Empty when no run recorded them."""
     rows = []
+    labels = fr.series_labels(runs)
     for run in runs:
         if run.get("algorithm") != "ino":
             continue
-        base = {"run_id": run["id"], "run": run_label(run), "series": series_name(run), "seed_index": seed_index(run)}
+        base = {"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]], "seed_index": seed_index(run)}
         for e in run.get("evals") or []:
             tiers = e.get("tiers") or []
             order = fr._tier_order(tiers)
@@ -202,13 +168,14 @@ def group_clip_frame(runs: list[dict]) -> pd.DataFrame:
     """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k and the noise std
     (evaluation keys ``group_clip_norms``, ``noise_std``; group names from the plan's ``clip_groups``)."""
     rows = []
+    labels = fr.series_labels(runs)
     for run in runs:
         if run.get("algorithm") != "dpsgd_s":
             continue
         names = list((run.get("plan") or {}).get("clip_groups") or [])
         for e in run.get("evals") or []:
             for k, c in enumerate(e.get("group_clip_norms") or []):
-                rows.append({"run_id": run["id"], "run": run_label(run), "series": series_name(run),
+                rows.append({"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]],
                              "seed_index": seed_index(run), "step": e["step"], "epoch": e.get("epoch"),
                              "group": str(names[k]) if k < len(names) else f"group {k}", "group_index": k,
                              "clip_norm": fr._finite(c), "noise_std": fr._finite(e.get("noise_std"))})
@@ -280,7 +247,6 @@ def results_table(runs: list[dict], report=None) -> pd.DataFrame:
     tier = most_private_tier(runs)
     if final.empty or tier is None:
         return pd.DataFrame(columns=["algorithm", "runs", "accuracy (%)"])
-    by_id = {r["id"]: r for r in runs}
     auc = fr.recall_auc_table(runs)
     auc = auc[auc.tier == tier[0]].set_index("run_id")
     gains = paired_gains(runs)
@@ -292,7 +258,6 @@ def results_table(runs: list[dict], report=None) -> pd.DataFrame:
         deltas = {a.name: a.delta.value for a in as_report(report).algorithms}
     t = f"{tier[0]}"
     rows = []
-    final["series"] = [series_name(by_id[i]) for i in final["run_id"]]
     for series, g in final.groupby("series", sort=False):
         ids = list(g["run_id"])
         algo = g["algorithm"].iloc[0]

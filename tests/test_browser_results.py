@@ -1,0 +1,160 @@
+"""Results and the TIF sweep in a real browser (Playwright drives Debian's Chromium against ``streamlit run
+app.py`` on a fresh temporary run store).
+
+* On a fresh store Results shows the lab's example runs (``engine.demo.example_runs``), labelled
+  "example", and its first chart, the recall gain INO − IDP over training, plots the example's positive
+  gain for the most private tier: the test reads the plotted data out of the page and checks it against
+  the engine's frames.
+* The TIF explorer launches a tiny sweep (small digits runs: one IDP-SGD reference and a 2 × 1 grid of
+  INO-SGD runs) whose heatmap appears on the page with the gains the engine computes from the store.
+
+Every wait polls the page or the store with generous limits (a loaded 2-core machine); none sleeps a
+fixed time.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.store import RunStore, pid_alive
+
+from test_browser import CHROMIUM, RUN, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+
+# what a Plotly chart of the page plots: the div's decoded traces (typed arrays as plain lists)
+TRACES_JS = """el => el._fullData.map(t => ({
+    name: t.name, type: t.type,
+    y: t.y ? Array.from(t.y) : null,
+    z: t.z ? Array.from(t.z, r => (r === null || typeof r !== 'object') ? r : Array.from(r)) : null,
+    x: t.x ? Array.from(t.x) : null}))"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab-results")
+    store_path = tmp / "runs.sqlite"
+    port = _free_port()
+    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT))
+    log = open(tmp / "streamlit.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--server.headless", "true",
+                             "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    wait_healthy(url, proc, tmp / "streamlit.log")
+    store = RunStore(store_path)
+    yield url, store
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for run in store.list_runs(status="running"):  # workers are separate processes: stop what is left
+        if run["pid"] and pid_alive(run["pid"]):
+            os.kill(run["pid"], signal.SIGTERM)
+
+
+def poll(pred, timeout: float, what: str, interval: float = 0.25):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def open_page(browser, url: str, name: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(UI_MS)
+    page.goto(url)
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=name).click()
+    page.get_by_role("heading", name=name).first.wait_for()
+    return page
+
+
+def traces(page, key: str) -> list[dict]:
+    chart = page.locator(f".st-key-chart-{key} .js-plotly-plot").first
+    chart.wait_for()
+    return chart.evaluate(TRACES_JS)
+
+
+def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
+    demo = pytest.importorskip("engine.demo", reason="engine.demo (the shipped example runs) is not in this build")
+    from engine.figures import frames
+    from engine.figures import talk_frames as tf
+
+    url, store = server
+    assert not store.list_runs()  # a fresh store: nothing of the user's own
+    runs = demo.example_runs()
+    tier, _ = tf.most_private_tier(runs)
+    gain = frames.recall_gain_over_time(runs)
+    curve = gain[gain.tier == tier].groupby("step")["gain"].mean()  # mean over the example's paired seeds
+    assert curve.max() > 0
+
+    page = open_page(browser, url, "Results")
+    page.locator(".st-key-example-note").get_by_text("Example runs").wait_for()
+    page.locator(".st-key-headline").get_by_text(f"INO gain, {tier} recall AUC").wait_for()
+    plotted = poll(lambda: [t for t in traces(page, "res-gain-time") if t["y"] and (t["name"] or "").startswith(tier)],
+                   120, "the gain chart's traces of the most private tier")
+    ys = [y for t in plotted for y in t["y"] if y is not None and math.isfinite(y)]
+    assert max(ys) > 0
+    assert any(abs(y - curve.max()) < 1e-6 for y in ys), (curve.max(), max(ys))  # the example's peak gain
+    assert page.locator(".st-key-chart-res-mid .js-plotly-plot").count() == 1  # the MID chart next to it
+    page.close()
+
+
+def _fill(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+
+
+def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
+    from engine import sweep
+    from engine.runs import run_record
+
+    url, store = server
+    page = open_page(browser, url, "TIF explorer")
+    page.get_by_role("button", name="Launch sweep").wait_for()
+    _fill(page, "x values", "0.5, 4")
+    _fill(page, "y values", "0.5")
+    _fill(page, "Epochs per run", "1")
+    _fill(page, "Training samples (0: all)", "300")
+    page.locator(".stSelectbox").filter(has_text="Model").click()
+    page.get_by_role("option", name="lr", exact=True).click()
+    launch = page.get_by_role("button", name="Launch sweep")
+    poll(lambda: launch.is_enabled() and page.get_by_text("3 runs ×").count() > 0, 120, "the sweep's plan (3 runs)")
+    launch.click()
+
+    rows = poll(lambda: [r for r in store.list_runs() if sweep.is_sweep_group(r["group_id"])], 120, "the sweep's runs")
+    assert len(rows) == 3 and len({r["group_id"] for r in rows}) == 1
+    finished = poll(lambda: (lambda rs: rs if all(r["status"] == "finished" for r in rs) else None)(
+        store.list_runs(group_id=rows[0]["group_id"])), RUN, "the sweep's runs to finish")
+    records = [run_record(store, r["id"]) for r in finished]
+    assert sorted(r["config"]["algorithm"]["alpha"] for r in records if r["algorithm"] == "ino") == [0.5, 4.0]
+    expect = sweep.sweep_frame(records).sort_values("x")
+    assert len(expect) == 2 and list(expect["x"]) == [0.5, 4.0]
+
+    def heatmap():
+        hm = [t for t in traces(page, "x-sweep") if t["type"] == "heatmap"]
+        if hm and hm[0]["z"] and all(v is not None for row in hm[0]["z"] for v in row):
+            return hm[0]
+        return None
+
+    hm = poll(heatmap, 120, "the sweep heatmap with every cell")
+    assert hm["x"] == ["0.5", "4"] and hm["y"] == ["0.5"]
+    assert hm["z"][0] == pytest.approx(list(expect["gain"]), abs=1e-6)
+    page.get_by_text("3/3 runs finished").wait_for()
+    page.close()

@@ -115,8 +115,8 @@ def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
     page.close()
 
 
-def _fill(page, label: str, value: str) -> None:
-    box = page.get_by_label(label, exact=True)
+def _fill(page, key: str, value: str) -> None:
+    box = page.locator(f".st-key-{key} input")
     box.fill(value)
     box.press("Enter")
 
@@ -128,11 +128,11 @@ def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
     url, store = server
     page = open_page(browser, url, "TIF explorer")
     page.get_by_role("button", name="Launch sweep").wait_for()
-    _fill(page, "x values", "0.5, 4")
-    _fill(page, "y values", "0.5")
-    _fill(page, "Epochs per run", "1")
-    _fill(page, "Training samples (0: all)", "300")
-    page.locator(".stSelectbox").filter(has_text="Model").click()
+    _fill(page, "sw_xv", "0.5, 4")
+    _fill(page, "sw_yv", "0.5")
+    _fill(page, "sw_epochs", "1")
+    _fill(page, "sw_max", "300")
+    page.locator(".st-key-sw_model input").click()  # opens the model list
     page.get_by_role("option", name="lr", exact=True).click()
     launch = page.get_by_role("button", name="Launch sweep")
     poll(lambda: launch.is_enabled() and page.get_by_text("3 runs ×").count() > 0, 120, "the sweep's plan (3 runs)")
@@ -147,14 +147,20 @@ def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
     expect = sweep.sweep_frame(records).sort_values("x")
     assert len(expect) == 2 and list(expect["x"]) == [0.5, 4.0]
 
-    def heatmap():
+    page.get_by_text("3/3 runs finished").wait_for()  # the page's live view has seen every run end
+    seen = []
+
+    def heatmap():  # the heatmap, once its refresh shows the finished runs' gains in every cell
         hm = [t for t in traces(page, "x-sweep") if t["type"] == "heatmap"]
-        if hm and hm[0]["z"] and all(v is not None for row in hm[0]["z"] for v in row):
+        seen[:] = hm[:1]
+        if hm and hm[0]["z"] and all(v is not None for row in hm[0]["z"] for v in row) and \
+                hm[0]["z"][0] == pytest.approx(list(expect["gain"]), abs=1e-6):
             return hm[0]
         return None
 
-    hm = poll(heatmap, 120, "the sweep heatmap with every cell")
+    try:
+        hm = poll(heatmap, 120, "the sweep heatmap with the finished runs' gains")
+    except AssertionError:
+        raise AssertionError(f"heatmap plotted {seen}, the engine computes {list(expect['gain'])}") from None
     assert hm["x"] == ["0.5", "4"] and hm["y"] == ["0.5"]
-    assert hm["z"][0] == pytest.approx(list(expect["gain"]), abs=1e-6)
-    page.get_by_text("3/3 runs finished").wait_for()
     page.close()

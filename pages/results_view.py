@@ -30,10 +30,12 @@ def example_runs() -> list[dict] | None:
     """The lab's shipped example comparison (run records), each named "example …"; None if not shipped."""
     try:
         from engine.demo import example_runs as load
-    except ImportError:
+
+        records = load()
+    except (ImportError, OSError, ValueError, KeyError):  # not in this build, or its JSON is missing / unreadable
         return None
     out = []
-    for r in load():
+    for r in records:
         r = dict(r)
         name = r.get("name") or algorithm_label(r.get("algorithm", ""))
         r["name"] = name if name.lower().startswith("example") else f"example · {name}"
@@ -51,7 +53,7 @@ if examples:
     url.check()
     if not runs:
         st.info("No finished runs yet — launch a comparison on the Train / compare page. (The example runs are "
-                "not part of this build: engine.demo.example_runs is missing.)")
+                "not part of this build: engine.demo.example_runs or assets/demo/example_runs.json is missing.)")
         st.stop()
     with st.container(key="example-note"):
         st.info("**Example runs** (shipped with the lab, trained once with its default comparison): your own "

@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from engine.store import RunStore, pid_alive
-
-from test_browser import CHROMIUM, RUN, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
-
-ROOT = Path(__file__).resolve().parent.parent
+# a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
+from test_browser import CHROMIUM, RUN, UI_MS, browser, server  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -38,31 +31,6 @@ TRACES_JS = """el => el._fullData.map(t => ({
     y: t.y ? Array.from(t.y) : null,
     z: t.z ? Array.from(t.z, r => (r === null || typeof r !== 'object') ? r : Array.from(r)) : null,
     x: t.x ? Array.from(t.x) : null}))"""
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab-results")
-    store_path = tmp / "runs.sqlite"
-    port = _free_port()
-    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT))
-    log = open(tmp / "streamlit.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true",
-                             "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    wait_healthy(url, proc, tmp / "streamlit.log")
-    store = RunStore(store_path)
-    yield url, store
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    for run in store.list_runs(status="running"):  # workers are separate processes: stop what is left
-        if run["pid"] and pid_alive(run["pid"]):
-            os.kill(run["pid"], signal.SIGTERM)
 
 
 def poll(pred, timeout: float, what: str, interval: float = 0.25):
@@ -95,7 +63,7 @@ def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
     from engine.figures import frames
     from engine.figures import talk_frames as tf
 
-    url, store = server
+    url, store, _ = server
     assert not store.list_runs()  # a fresh store: nothing of the user's own
     try:
         runs = demo.example_runs()
@@ -128,7 +96,7 @@ def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
     from engine import sweep
     from engine.runs import run_record
 
-    url, store = server
+    url, store, _ = server
     page = open_page(browser, url, "TIF explorer")
     page.get_by_role("button", name="Launch sweep").wait_for()
     _fill(page, "sw_xv", "0.5, 4")

@@ -84,29 +84,34 @@ def _mean_lines(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
     return seed_mean(df, keys + ["step"], value).rename(columns={value: "mean"}).sort_values("step")
 
 
+def _two_panels(df: pd.DataFrame, titles: list[str], title: str, theme: str):
+    """Two side-by-side panels with their own y axes, and a line dash per series."""
+    fig, _, _ = facet_grid(titles, title, theme, max_cols=2, horizontal_spacing=0.08)
+    fig.update_yaxes(matches=None, showticklabels=True)
+    return fig, dict(zip(dict.fromkeys(df["series"]), ["solid", "dash", "dot", "dashdot"] * 8))
+
+
+def _seed_lines(fig, df: pd.DataFrame, keys: list[str], value: str, *, col: int, name, color, dashes) -> None:
+    """One line per group of ``keys`` (series first): the mean over seeds at each step, ± s.e. as error bars."""
+    for key, g in df.groupby(keys, sort=False):
+        m = _mean_lines(g, [], value)
+        fig.add_trace(go.Scatter(x=m["step"], y=m["mean"], error_y=_err(m["se"]), mode="lines+markers", name=name(key),
+                                 legendgroup=name(key), line=dict(color=color(g), dash=dashes[key[0]])), row=1, col=col)
+
+
 def fig_ino_internals(frame: pd.DataFrame, *, theme: str = "light", has_ino: bool = True,
                       title: str = "INO-SGD internals: mean ρ per tier and the clip mass down-weighted") -> go.Figure:
     if frame.empty:
         return empty_figure(title, theme, NOT_RECORDED if has_ino else "select an INO-SGD run")
     df = escape_columns(frame, "series", "tier")
-    fig, _, _ = facet_grid(["mean ρ per tier (importance weight)", "fraction of clip mass down-weighted"], title,
-                           theme, max_cols=2, horizontal_spacing=0.08)
-    fig.update_yaxes(matches=None, showticklabels=True)
+    fig, dashes = _two_panels(df, ["mean ρ per tier (importance weight)", "fraction of clip mass down-weighted"],
+                              title, theme)
     multi = df["series"].nunique() > 1
-    dashes = dict(zip(dict.fromkeys(df["series"]), ["solid", "dash", "dot", "dashdot"] * 8))
-    rho = df[df.quantity == "rho"]
-    for (series, tier), g in rho.groupby(["series", "tier"], sort=False):
-        m = _mean_lines(g, [], "value")
-        fig.add_trace(go.Scatter(x=m["step"], y=m["mean"], error_y=_err(m["se"]), mode="lines+markers",
-                                 name=f"{tier}" + (f" · {series}" if multi else ""), legendgroup=tier,
-                                 line=dict(color=tier_color(int(g["tier_index"].iloc[0])), dash=dashes[series])),
-                      row=1, col=1)
-    down = df[df.quantity == "downweighted"]
-    for series, g in down.groupby("series", sort=False):
-        m = _mean_lines(g, [], "value")
-        fig.add_trace(go.Scatter(x=m["step"], y=m["mean"], error_y=_err(m["se"]), mode="lines+markers",
-                                 name=f"down-weighted · {series}", line=dict(color="#555", dash=dashes[series])),
-                      row=1, col=2)
+    _seed_lines(fig, df[df.quantity == "rho"], ["series", "tier"], "value", col=1, dashes=dashes,
+                name=lambda k: k[1] + (f" · {k[0]}" if multi else ""),
+                color=lambda g: tier_color(int(g["tier_index"].iloc[0])))
+    _seed_lines(fig, df[df.quantity == "downweighted"], ["series"], "value", col=2, dashes=dashes,
+                name=lambda k: f"down-weighted · {k[0]}", color=lambda g: "#555")
     fig.update_yaxes(title_text="mean ρ", range=[-0.02, 1.05], row=1, col=1)
     fig.update_yaxes(title_text="Σ(1−ρ)C / ΣC", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="step")
@@ -118,22 +123,13 @@ def fig_group_clip(frame: pd.DataFrame, *, theme: str = "light",
     if frame.empty:
         return empty_figure(title, theme, "select a DP-SGD-S run (its evaluations carry group_clip_norms)")
     df = escape_columns(frame, "series", "group")
-    fig, _, _ = facet_grid(["clip norm C_k per group", "noise std (σ · max C_k)"], title, theme, max_cols=2,
-                           horizontal_spacing=0.08)
-    fig.update_yaxes(matches=None, showticklabels=True)
+    fig, dashes = _two_panels(df, ["clip norm C_k per group", "noise std (σ · max C_k)"], title, theme)
     multi = df["series"].nunique() > 1
-    dashes = dict(zip(dict.fromkeys(df["series"]), ["solid", "dash", "dot", "dashdot"] * 8))
-    for (series, group), g in df.groupby(["series", "group"], sort=False):
-        m = _mean_lines(g, [], "clip_norm")
-        fig.add_trace(go.Scatter(x=m["step"], y=m["mean"], error_y=_err(m["se"]), mode="lines+markers",
-                                 name=f"{group}" + (f" · {series}" if multi else ""), legendgroup=group,
-                                 line=dict(color=group_color(int(g["group_index"].iloc[0])), dash=dashes[series])),
-                      row=1, col=1)
-    for series, g in df.drop_duplicates(["run_id", "step"]).groupby("series", sort=False):
-        m = _mean_lines(g, [], "noise_std")
-        fig.add_trace(go.Scatter(x=m["step"], y=m["mean"], error_y=_err(m["se"]), mode="lines+markers",
-                                 name=f"noise std · {series}", line=dict(color="#555", dash=dashes[series])),
-                      row=1, col=2)
+    _seed_lines(fig, df, ["series", "group"], "clip_norm", col=1, dashes=dashes,
+                name=lambda k: k[1] + (f" · {k[0]}" if multi else ""),
+                color=lambda g: group_color(int(g["group_index"].iloc[0])))
+    _seed_lines(fig, df.drop_duplicates(["run_id", "step"]), ["series"], "noise_std", col=2, dashes=dashes,
+                name=lambda k: f"noise std · {k[0]}", color=lambda g: "#555")
     fig.update_yaxes(title_text="C_k", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="noise std", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="step")

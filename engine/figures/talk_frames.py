@@ -9,7 +9,6 @@ Frames hold raw text; the builders escape it. Nothing here reads the store or pl
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np

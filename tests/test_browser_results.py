@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import pytest
 
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, RUN, UI_MS, browser, server  # noqa: F401
+from test_browser import CHROMIUM, RUN, UI_MS, browser, server, wait_until as poll  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -31,16 +30,6 @@ TRACES_JS = """el => el._fullData.map(t => ({
     y: t.y ? Array.from(t.y) : null,
     z: t.z ? Array.from(t.z, r => (r === null || typeof r !== 'object') ? r : Array.from(r)) : null,
     x: t.x ? Array.from(t.x) : null}))"""
-
-
-def poll(pred, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def open_page(browser, url: str, name: str):

@@ -15,7 +15,7 @@ from engine.figures import frames
 from engine.figures import talk_frames as tf
 from engine.figures.talk import build_talk_figures
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
-from engine.runs import algorithm_label, dp_note, run_label, run_record
+from engine.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
 from engine.sweep import is_sweep_group
 from pages import _common as ui
 from pages import _widgets as widgets
@@ -135,7 +135,11 @@ with c2:
 
 st.subheader("For a talk")
 c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
+datasets = {dataset_name(r) for r in runs}
+same_data = [a["id"] for a in audits if dataset_name(a) in datasets]  # newest first
 audit_id = c1.selectbox("Audit (GPR vs ε, Δ in the table)", audit_ids, key="res_audit", disabled=len(audit_ids) == 1,
+                        index=audit_ids.index(same_data[0]) if same_data else 0,
+                        help="default: the newest finished audit on the selection's dataset",
                         format_func=lambda i: "none" if i is None else widgets.audit_label(audit_by_id[i]))
 sweep = any(is_sweep_group(r.get("group_id")) for r in runs)
 sweep_metric = c2.segmented_control("Sweep gain", ["auc", "epoch"], default="auc", key="res_sweep_metric",

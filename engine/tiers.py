@@ -99,6 +99,8 @@ def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignmen
 
 
 # --- presets -------------------------------------------------------------------------------
+PRESETS = ("paper", "two_tier_attribute", "random_54_37_9", "single")
+
 
 def preset_names(dataset) -> list[str]:
     out = []
@@ -110,12 +112,15 @@ def preset_names(dataset) -> list[str]:
     return out
 
 
-def preset(name: str, dataset) -> TiersConfig:
+def preset(name: str, dataset=None) -> TiersConfig:
     """Named tier splits. ``paper``: ε=1 {2,5,9}, ε=2 {3,7,8}, ε=3 {0,1,4,6} (MNIST/digits);
     ``two_tier_attribute``: the smallest group of the default sensitive attribute at ε=1,
-    the rest at ε=3; ``random_54_37_9``: 54/37/9 % of samples at random with ε = 3/2/1."""
+    the rest at ε=3; ``random_54_37_9``: 54/37/9 % of samples at random with ε = 3/2/1.
+    ``paper`` and ``random_54_37_9`` need no ``dataset``; the others read it."""
     if name == "paper":
         return TiersConfig(assign="class", tiers=PAPER_TIERS)
+    if name in ("two_tier_attribute", "single") and dataset is None:
+        raise ConfigError("tiers", f"preset {name!r} needs the dataset")
     if name == "two_tier_attribute":
         attr = dataset.default_sensitive
         if attr is None:
@@ -136,4 +141,5 @@ def preset(name: str, dataset) -> TiersConfig:
     if name == "single":
         return TiersConfig(assign="class", tiers=(
             TierConfig(epsilon=1.0, classes=tuple(range(dataset.num_classes)), name="all (ε=1)"),))
-    raise ConfigError("tiers", f"unknown preset {name!r}; allowed: {', '.join(preset_names(dataset))}")
+    allowed = preset_names(dataset) if dataset is not None else PRESETS
+    raise ConfigError("tiers", f"unknown preset {name!r}; allowed: {', '.join(allowed)}")

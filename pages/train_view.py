@@ -7,6 +7,7 @@ import streamlit as st
 from engine.config import (AlgorithmConfig, ConfigError, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
                            MODELS, TIF_SHAPES)
 from engine.data import dataset_names
+from engine.demo import DEFAULT_TRAIN
 from engine.figures.training import LIVE_FIGURES, build_figures
 from engine.jobs import new_group_id
 from engine.tiers import preset, preset_names
@@ -24,20 +25,23 @@ cfg_col, algo_col = st.columns([3, 2], gap="large")
 with cfg_col:
     st.subheader("Data, model and training")
     c1, c2, c3 = st.columns(3)
-    dataset_name = c1.selectbox("Dataset", names, index=names.index("digits"), key="dataset", bind="query-params",
-                                help="digits is always available offline; others need their files "
-                                     "(the engine says which and where)")
-    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=0, step=100, key="max_train",
-                                bind="query-params")
-    model = c3.selectbox("Model", MODELS, key="model", bind="query-params",
+    dataset_name = c1.selectbox("Dataset", names, index=names.index(DEFAULT_TRAIN.dataset), key="dataset",
+                                bind="query-params",
+                                help="digits, MNIST and Adult are always available offline; others need their "
+                                     "files (the engine says which and where)")
+    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=DEFAULT_TRAIN.max_train, step=100,
+                                key="max_train", bind="query-params")
+    model = c3.selectbox("Model", MODELS, index=MODELS.index(DEFAULT_TRAIN.model), key="model",
+                         bind="query-params",
                          help="auto: the CNN for images, logistic regression for tabular data")
-    train = widgets.training_inputs(epochs=3.0, batch=64, batch_step=8, lr=0.5, lr_step=0.05)
-    eval_every = st.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=0, step=1, key="eval_every",
-                                 bind="query-params")
+    train = widgets.training_inputs(epochs=DEFAULT_TRAIN.epochs, batch=DEFAULT_TRAIN.batch, batch_step=8,
+                                    lr=DEFAULT_TRAIN.lr, lr_step=0.05)
+    eval_every = st.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=DEFAULT_TRAIN.eval_every,
+                                 step=1, key="eval_every", bind="query-params")
 
 with algo_col:
     st.subheader("Algorithms (side by side)")
-    algos = st.multiselect("Algorithms", ui.algorithm_options(), default=["idp_sample", "ino"],
+    algos = st.multiselect("Algorithms", ui.algorithm_options(), default=list(DEFAULT_TRAIN.algos),
                            format_func=ui.algo_label, key="algos", bind="query-params",
                            help="One background run per algorithm, same seed, data and tiers")
     with st.expander("INO-SGD options", expanded=False):
@@ -82,7 +86,9 @@ with st.container():
     dataset = widgets.dataset(dataset_name, max_train, errors)
     if dataset is not None:
         t1, t2 = st.columns([1, 3])
-        preset_name = t1.selectbox("Preset", preset_names(dataset), key="preset", bind="query-params",
+        presets = preset_names(dataset)
+        preset_name = t1.selectbox("Preset", presets, index=presets.index(DEFAULT_TRAIN.preset)
+                                   if DEFAULT_TRAIN.preset in presets else 0, key="preset", bind="query-params",
                                    on_change=lambda: st.query_params.pop("tiers", None),
                                    help="Tier splits from the engine; edit the table to customise")
         base = preset(preset_name, dataset)
@@ -112,7 +118,8 @@ with st.container():
                                           power=float(power), step_cut=float(cut), tail_fraction=tail_pct / 100.0,
                                           tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q),
                                           c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
-                optimizer=OptimizerConfig(lr=float(train["lr"])), epochs=float(train["epochs"]),
+                optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=DEFAULT_TRAIN.momentum),
+                epochs=float(train["epochs"]),
                 batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
                 seed=int(train["seed"]), eval_every=int(eval_every))
             base_cfg.validate()

@@ -111,3 +111,22 @@ def test_bad_override_is_one_line_exit_2(venv, tmp_path, override, field):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), out.stderr
     assert len(RunStore(store, readonly=True).list_runs()) == 1  # nothing was started
+
+
+def test_the_installed_package_carries_the_demo_offline(venv, tmp_path):
+    """The wheel holds the shipped MNIST (checksum-verified on load) and the example runs, so the default
+    demo and the first Results view work from any directory on a machine without a data folder."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    code = ("import json; from engine.data import load_dataset; from engine.data.files import ASSETS_DIR;"
+            "from engine.demo import DEFAULT_TRAIN, example_runs;"
+            "ds = load_dataset(DEFAULT_TRAIN.dataset);"
+            "print(json.dumps([str(ASSETS_DIR), len(ds.y_train), len(example_runs())]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PRIVACY_LAB_DATA_DIR=str(empty), PRIVACY_LAB_OFFLINE="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([str(venv / "python"), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    assets, n_train, n_examples = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not Path(assets).is_relative_to(REPO) and Path(assets).name == "assets"
+    assert n_train == 60000 and n_examples >= 2 and list(empty.iterdir()) == []

@@ -21,6 +21,18 @@ def test_paper_preset_by_class(digits):
     assert a.epsilons == (1.0, 2.0, 3.0) and a.test is not None and len(a.test) == len(digits.y_test)
 
 
+def test_presets_that_need_no_dataset(digits):
+    """paper and random_54_37_9 are fixed splits (the demo's defaults build configs without loading data);
+    the presets that read the data say so."""
+    assert preset("paper") == preset("paper", digits) == TiersConfig()
+    assert preset("random_54_37_9") == preset("random_54_37_9", digits)
+    for name in ("two_tier_attribute", "single"):
+        with pytest.raises(ConfigError, match="needs the dataset"):
+            preset(name)
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; allowed: paper, two_tier_attribute"):
+        preset("nope")
+
+
 def test_random_ratios(digits):
     a = assign_tiers(preset("random_54_37_9", digits), digits, seed=3)
     n = len(digits.y_train)

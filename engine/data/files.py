@@ -256,20 +256,35 @@ def read_verified(path: Path, kf: KnownFile) -> bytes:
     elif kf.raw_sha256 and is_gz:  # maybe the original re-compressed: its trailer must state the original size
         stated = gzip_stated_size(data)
         if kf.raw_size is None or stated == kf.raw_size % (1 << 32):
-            content = gunzip_capped(data, cap, path)
-            raw = content if sha256_bytes(content) == kf.raw_sha256 else None
+            try:
+                content = gunzip_capped(data, cap, path)
+            except DataError:  # a damaged copy of the pinned file: reported as the mismatch it is
+                content, note = None, "; it does not decompress (a damaged gzip stream)"
+            raw = content if content is not None and sha256_bytes(content) == kf.raw_sha256 else None
         else:
             note = f"; it states a decompressed size of {stated} bytes, the original has {kf.raw_size}: not decompressed"
     if raw is None:
         raise DataError(
             f"Checksum mismatch for {path}: its sha256 is {sha}, expected "
             f"{kf.sha256}" + (f" (or decompressed content {kf.raw_sha256})" if kf.raw_sha256 else "") + note
-            + ". The file is corrupt or a different version; delete it and get the original"
-            + (f" from {kf.where}." if kf.where else ".")
+            + ". The file is corrupt or a different version; "
+            + (_SHIPPED_HINT if _is_shipped(path) else
+               "delete it and get the original" + (f" from {kf.where}." if kf.where else "."))
         )
     with _LOCK:
         _VERIFIED[key] = True
     return raw
+
+
+_SHIPPED_HINT = ("it is the lab's shipped copy (assets/): restore it (git checkout -- assets/, or reinstall the "
+                 "package), or put the original files in the data folder, which is read first.")
+
+
+def _is_shipped(path: Path) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(Path(ASSETS_DIR).resolve())
+    except OSError:
+        return False
 
 
 def download_file(url: str, dest: Path, sha256: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:

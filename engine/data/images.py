@@ -3,7 +3,8 @@
 Normalisation (documented in ``Dataset.meta["normalization"]``):
 
 * digits: ``x / 16`` (pixel range of load_digits is 0..16); no mean/std step.
-* MNIST: ``(x / 255 - 0.1307) / 0.3081``.
+* MNIST: ``(x / 255 - 0.1307) / 0.3081``. Read from ``<data_dir>/mnist/``, else the shipped copy in
+  ``assets/mnist/`` (checksum-verified like any data file), so MNIST works offline.
 * UTKFace: ``(x / 255 - mean_c) / std_c`` with per-channel mean/std of the *training* split.
   Bad files in the folder are skipped and counted in ``Dataset.report`` (malformed names, images over
   :data:`UTK_MAX_PIXELS` or refused by Pillow as decompression bombs, unreadable files).
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import DataError, LoadReport, RawData
-from .files import KNOWN_FILES, locate_files, read_verified
+from .files import ASSETS_DIR, KNOWN_FILES, locate_files, read_verified
 
 SPLIT_SEED = 0  # fixed seed of every train/test split made here
 
@@ -90,7 +91,7 @@ def parse_idx(raw: bytes, ndim: int, what: str = "IDX file") -> np.ndarray:
 
 def load_mnist_raw(root: Path) -> RawData:
     kfs = [KNOWN_FILES[f"mnist/{n}"] for n in MNIST_FILES]
-    paths = locate_files("mnist", root, "mnist", kfs)
+    paths = locate_files("mnist", root, "mnist", kfs, fallback_dirs=(ASSETS_DIR / "mnist",))
     xtr, ytr, xte, yte = (
         parse_idx(read_verified(p, kf), 3 if "images" in kf.name else 1, str(p)) for p, kf in zip(paths, kfs)
     )

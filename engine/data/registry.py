@@ -39,8 +39,8 @@ DATASETS: dict[str, DatasetInfo] = {
         ),
         DatasetInfo(
             "mnist", "image", "MNIST handwritten digits, 60000/10000, 1x28x28, (x/255-0.1307)/0.3081.",
-            images.load_mnist_raw, (), None, "mnist", images.MNIST_FILES, False,
-            "LeCun, Cortes & Burges; IDX files (mirror https://ossci-datasets.s3.amazonaws.com/mnist/)",
+            images.load_mnist_raw, (), None, "mnist", images.MNIST_FILES, True,
+            "LeCun, Cortes & Burges, http://yann.lecun.com/exdb/mnist/ (copy shipped in assets/mnist/)",
             "none stated (commonly CC BY-SA 3.0)", 10,
         ),
         DatasetInfo(

@@ -1,0 +1,202 @@
+"""The default demo in a real browser, on a fresh machine: an empty data folder (so MNIST comes from the
+shipped copy in assets/mnist), no network, a fresh run store. Open the Train page, click Launch with the
+defaults (engine.demo.DEFAULT_TRAIN: IDP-SGD vs INO-SGD on MNIST, paper tiers), and read the live charts'
+plotted data from the DOM (Plotly's ``gd.data`` / ``gd.layout`` on each chart's div) until the ε = 1 tier
+shows its MID (its test loss above the initial one) and INO-SGD's recall above IDP-SGD's at an early
+evaluation. Every wait polls; the limits are minutes, for a loaded 2-core machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.demo import DEFAULT_TRAIN
+from engine.store import RunStore, pid_alive
+
+try:  # tests/ as a package or as a plain folder on sys.path
+    from .test_browser import ARGS, CHROMIUM, ROOT, SHOTS, UI, UI_MS, _free_port, wait_healthy
+except ImportError:  # pragma: no cover
+    from test_browser import ARGS, CHROMIUM, ROOT, SHOTS, UI, UI_MS, _free_port, wait_healthy
+
+GAIN_WAIT = 900.0  # seconds from the click to INO's early lead on a loaded machine (about a minute when quiet)
+EARLY = 20  # "early": among the first evaluations (20 × 13 steps ≈ 2 of the 12 epochs)
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+
+# A chart's plotted data: traces (name, axes, x, y) and the facet titles with their paper positions and
+# the axes' domains, so the ε = 1 facet is found by its title whatever the facet layout.
+READ_CHART = """el => {
+  const gd = el.querySelector('.js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  const axes = {};
+  for (const [k, v] of Object.entries(gd.layout || {}))
+    if (/^[xy]axis\\d*$/.test(k) && v && v.domain) axes[k] = v.domain;
+  // gd._fullData holds the arrays as plotted (plotly.py sends numpy arrays base64-encoded; plotly.js decodes them)
+  const plotted = gd._fullData && gd._fullData.length ? gd._fullData : gd.data;
+  const arr = v => (v && typeof v.length === 'number' && typeof v !== 'string') ? Array.from(v) : [];
+  return {traces: plotted.map(t => ({name: t.name || '', xaxis: t.xaxis || 'x', yaxis: t.yaxis || 'y',
+                                     fill: (t.fill && t.fill !== 'none') ? t.fill : '',
+                                     x: arr(t.x), y: arr(t.y)})),
+          titles: (gd.layout.annotations || []).map(a => ({text: String(a.text || ''), x: a.x, y: a.y,
+                                                           xref: a.xref, yref: a.yref})),
+          axes};
+}"""
+
+
+@pytest.fixture(scope="module")
+def fresh_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab-demo")
+    store_path, data_dir = tmp / "runs.sqlite", tmp / "empty-data"
+    data_dir.mkdir()
+    port = _free_port()
+    # two workers: the comparison's two runs train side by side (one thread each), as on any machine with
+    # three or more cores; engine.jobs.default_max_workers() gives one on two cores, which would start
+    # INO-SGD only after IDP-SGD's whole 12-epoch run
+    env = dict(os.environ, PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT), PRIVACY_LAB_WORKERS="2",
+               PRIVACY_LAB_DATA_DIR=str(data_dir), PRIVACY_LAB_OFFLINE="1")
+    log = open(tmp / "streamlit.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--server.headless", "true",
+                             "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    store = None
+    try:
+        wait_healthy(url, proc, tmp / "streamlit.log")
+        store = RunStore(store_path)
+        yield url, store, data_dir
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for run in store.list_runs(status="running") if store is not None else []:
+            if run["pid"] and pid_alive(run["pid"]):  # workers are separate processes: stop what is left
+                os.kill(run["pid"], signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def facet_traces(chart: dict | None, title: str) -> list[dict]:
+    """The traces drawn in the facet titled ``title`` (the subplot whose axes' domains hold the title's
+    position; the whole chart when it has a single panel)."""
+    if not chart:
+        return []
+    traces = chart["traces"]
+    panels = {(t["xaxis"], t["yaxis"]) for t in traces}
+    if len(panels) <= 1:
+        return traces
+    spots = [a for a in chart["titles"] if a["text"].strip().startswith(title)]
+    if not spots:
+        return []
+    a = spots[0]
+
+    def distance(panel):
+        xd = chart["axes"].get("xaxis" + panel[0][1:], [0, 1])
+        yd = chart["axes"].get("yaxis" + panel[1][1:], [0, 1])
+        dx = 0 if xd[0] <= a["x"] <= xd[1] else min(abs(a["x"] - xd[0]), abs(a["x"] - xd[1]))
+        dy = 0 if yd[0] <= a["y"] <= yd[1] else min(abs(a["y"] - yd[0]), abs(a["y"] - yd[1]))
+        return dx * 10 + dy
+
+    best = min(panels, key=distance)
+    return [t for t in traces if (t["xaxis"], t["yaxis"]) == best]
+
+
+def curve(traces: list[dict], word: str) -> dict | None:
+    """The one line of ``word`` (an algorithm's label) among ``traces`` (bands and markers excluded)."""
+    lines = [t for t in traces if word in t["name"] and not t["fill"] and len(t["x"]) == len(t["y"]) > 1]
+    return max(lines, key=lambda t: len(t["x"]), default=None)
+
+
+def early_gain(chart: dict | None, tier: str) -> tuple[float, float] | None:
+    """(x, INO − IDP recall) at the early evaluation where INO's curve leads IDP's most (None: no lead)."""
+    traces = facet_traces(chart, tier)
+    idp, ino = curve(traces, "IDP"), curve(traces, "INO")
+    if idp is None or ino is None:
+        return None
+    at = dict(zip(idp["x"], idp["y"]))
+    leads = [(y - at[x], x) for x, y in list(zip(ino["x"], ino["y"]))[:EARLY]
+             if x in at and y is not None and at[x] is not None and y - at[x] > 0.005]
+    return (max(leads)[1], max(leads)[0]) if leads else None
+
+
+def mid_shown(chart: dict | None, tier: str) -> bool:
+    """The tier's test-loss curve rises above its initial value (the MID) in some run's panel."""
+    for t in (chart or {}).get("traces", []):
+        if t["name"].strip().startswith(tier) and not t["fill"] and len(t["y"]) > 2:
+            ys = [v for v in t["y"] if v is not None]
+            if ys and max(ys[1:]) > ys[0]:
+                return True
+    return False
+
+
+def test_default_demo_shows_the_mid_and_inos_early_gain(fresh_server, browser):
+    url, store, data_dir = fresh_server
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    page.set_default_timeout(UI_MS)
+    page.goto(url)
+    page.get_by_role("button", name="Got it").click()  # the first-visit explanation
+    launch = page.get_by_role("button", name="Launch comparison")
+    deadline = time.time() + UI
+    while not launch.is_enabled():
+        assert time.time() < deadline, "the launch button stayed disabled with the defaults"
+        time.sleep(0.2)
+    clicked = time.time()
+    launch.click()
+
+    mid = page.locator(".st-key-chart-live-mid")
+    recall = page.locator(".st-key-chart-live-tier-recall")
+    tier = DEFAULT_TRAIN.highlight_tier
+    found = None
+    while found is None:
+        runs = store.list_runs()
+        assert all(r["status"] in ("queued", "running", "finished") for r in runs), \
+            [(r["id"], r["status"], r["error"]) for r in runs]
+        assert time.time() - clicked < GAIN_WAIT, (
+            f"no early INO gain on the {tier} tier after {GAIN_WAIT:.0f} s; runs: "
+            f"{[(r['id'], r['algorithm'], r['status'], r['step']) for r in runs]}")
+        try:
+            charts = recall.evaluate(READ_CHART, timeout=5000), mid.evaluate(READ_CHART, timeout=5000)
+        except Exception:  # the fragment is redrawing the chart (or it is not there yet): read it again
+            charts = None, None
+        gain = early_gain(charts[0], tier)
+        if gain is not None and mid_shown(charts[1], tier):
+            found = gain
+        else:
+            time.sleep(1.0)
+    seconds = time.time() - clicked
+    # for the screenshot only: a little longer while the lead grows (the issue measured ~+5 points at epoch 1)
+    shown, until = found, time.time() + 120
+    while shown[1] < 0.03 and time.time() < until:
+        time.sleep(1.0)
+        try:
+            shown = early_gain(recall.evaluate(READ_CHART, timeout=5000), tier) or shown
+        except Exception:
+            pass
+    runs = sorted(store.list_runs(), key=lambda r: r["id"])
+    assert [r["algorithm"] for r in runs] == list(DEFAULT_TRAIN.algos)
+    for r, cfg in zip(runs, DEFAULT_TRAIN.run_configs()):
+        assert r["config"]["data"]["name"] == "mnist" and r["config"]["epochs"] == cfg.epochs
+        assert r["config"]["optimizer"] == cfg.to_dict()["optimizer"] and r["config"]["batch_size"] == cfg.batch_size
+    assert list(data_dir.iterdir()) == []  # MNIST came from the shipped copy; nothing was downloaded
+    print(f"INO − IDP on {tier}: {100 * found[1]:+.1f} points at x = {found[0]} after {seconds:.0f} s from the click"
+          f" (screenshot: {100 * shown[1]:+.1f} at x = {shown[0]})")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    recall.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "default_demo.png"))
+    page.close()

@@ -266,3 +266,23 @@ def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
     paths = export.export_runs(store, ids, formats=["csv"], out_dir=tmp_path / "out")
     assert {p.name for p in paths} >= {f"runs-{ids[0]}-{ids[1]}_privacy_frontier.csv",
                                        f"runs-{ids[0]}-{ids[1]}_results_table.csv"}
+
+
+def test_slim_png_is_lossless_and_smaller():
+    from PIL import Image, ImageChops
+
+    im = Image.new("RGBA", (400, 300), (255, 255, 255, 255))
+    for x in range(0, 400, 7):
+        im.putpixel((x, x % 300), (200, 30, 30, 255))
+    raw = io.BytesIO()
+    im.save(raw, "PNG", compress_level=0)
+    slim = export.slim_png(raw.getvalue())
+    assert len(slim) < len(raw.getvalue())
+    with Image.open(io.BytesIO(slim)) as out:
+        assert out.mode == "RGB" and out.size == im.size
+        assert ImageChops.difference(out.convert("RGBA"), im).getbbox() is None  # the same pixels
+    see_through = Image.new("RGBA", (50, 50), (255, 255, 255, 0))
+    buf = io.BytesIO()
+    see_through.save(buf, "PNG")
+    with Image.open(io.BytesIO(export.slim_png(buf.getvalue()))) as out:
+        assert out.mode == "RGBA"  # transparency is kept

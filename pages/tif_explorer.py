@@ -5,14 +5,17 @@ import time
 
 import streamlit as st
 
-from engine import tif_explorer
+from engine import sweep, tif_explorer
 from engine.figures.explorer import fig_bif_batch, fig_tier_rho, fig_tif
+from engine.figures.talk import build_talk_figures
 from engine.figures.scaffold import FigureSpec
-from engine.config import AlgorithmConfig, ConfigError
+from engine.config import MODELS, AlgorithmConfig, ConfigError, DataConfig, ModelConfig, RunConfig
 from engine.data import DataError, dataset_names
 from engine.importance import expected_dropped_mass
 from engine.importance import resolve_tail_length
 from engine.mechanisms import build_tif
+from engine.jobs import new_group_id
+from engine.runs import run_record
 from engine.tiers import preset, preset_names
 from pages import _common as ui
 from pages import _widgets as widgets
@@ -20,6 +23,7 @@ from pages import _widgets as widgets
 st.title("TIF explorer")
 ui.intro()
 url = widgets.UrlParams()
+store = ui.store()
 st.caption("INO-SGD sorts a batch by loss and lays the clipped gradients end to end as clip mass; the first γ of "
            "that mass (the easiest items) is weighted by the TIF, the rest gets weight 1. Move the sliders: "
            "nothing is trained, the batch is sampled once per dataset/tier setting and cached.")
@@ -78,7 +82,6 @@ with controls:
     algo = AlgorithmConfig(name="ino", idp_mode=mode or "sample", tif=shape or "beta", alpha=float(alpha),
                            beta=float(beta), power=float(power), step_cut=float(cut), **tail)
     gamma = resolve_tail_length(algo, mass)
-    url.check()
     st.caption(f"expected batch clip mass Σ q·N·C = {mass:.2f} · γ = {gamma:.2f}")
 
 t0 = time.perf_counter()
@@ -109,3 +112,65 @@ with view:
         ui.chart(spec_rho, key="x-rho", export_key="xe-rho", height=360)
     st.caption(f"Figures computed in {elapsed_ms:.0f} ms · losses from an under-fitted reference model "
                f"(logistic regression), rates and clip norms from the IDP-SGD {mode or 'sample'} plan.")
+
+# --- a sweep: train one IDP-SGD reference and one INO-SGD run per grid cell -------------------------------
+st.divider()
+st.subheader("Sweep: the most private tier's INO gain over two TIF parameters")
+st.caption("Trains the IDP-SGD reference and one INO-SGD run per cell (this page's dataset, tiers, batch size, "
+           "planner and TIF settings; the swept parameters replace theirs) as one group; the heatmap shows the most "
+           "private tier's recall gain INO − IDP in each cell. Results shows it too (pick the sweep's runs).")
+labels = sweep.PARAM_LABELS
+c1, c2, c3, c4 = st.columns(4)
+x_param = c1.selectbox("x parameter", list(labels), format_func=labels.get, key="sw_x", bind="query-params")
+x_text = c2.text_input("x values", "0.5, 2", key="sw_xv", bind="query-params", help="comma-separated")
+y_param = c3.selectbox("y parameter", list(labels), index=2, format_func=labels.get, key="sw_y", bind="query-params")
+y_text = c4.text_input("y values", "0.25, 0.75", key="sw_yv", bind="query-params", help="comma-separated")
+c1, c2, c3, c4 = st.columns(4)
+sw_epochs = c1.number_input("Epochs per run", 0.1, 100.0, 2.0, 0.5, key="sw_epochs", bind="query-params")
+sw_max = c2.number_input("Training samples (0: all)", 0, 1_000_000, 0, 100, key="sw_max", bind="query-params")
+sw_model = c3.selectbox("Model", [m for m in MODELS if m != "resnet18"], key="sw_model", bind="query-params")
+url.check()  # every URL-bound widget of the page has run
+sweep_error = None
+configs, run_names = [], []
+try:
+    xs, ys = sweep.parse_grid(x_text, x_param), sweep.parse_grid(y_text, y_param)
+    base = RunConfig(data=DataConfig(name=name, max_train=int(sw_max) or None), tiers=preset(preset_name, ds),
+                     model=ModelConfig(name=sw_model), algorithm=algo, epochs=float(sw_epochs), batch_size=int(batch))
+    configs, run_names = sweep.sweep_configs(base, x_param, xs, y_param, ys)
+    n_train = len(ds.y_train) if not int(sw_max) else min(int(sw_max), len(ds.y_train))
+    steps = configs[0].planned_steps(n_train)
+except ConfigError as e:
+    sweep_error = e
+mgr = ui.manager()
+if sweep_error is not None:
+    ui.show_error(sweep_error)
+else:
+    past = [r for r in store.list_runs(kind="train") if (r.get("config") or {}).get("data", {}).get("name") == name]
+    secs = sweep.estimate(len(configs), steps, mgr.max_workers, sweep.seconds_per_step(past))
+    eta = f"≈ {ui.fmt_seconds(secs)} on this machine" if secs is not None else "no finished run on this dataset to time yet"
+    c4.metric("Runs", len(configs), help=f"1 IDP-SGD reference + {len(configs) - 1} INO-SGD cells, {steps} steps each")
+    st.caption(f"{len(configs)} runs × {steps} steps · {eta} ({mgr.max_workers} at a time)")
+if st.button("Launch sweep", type="primary", icon=":material/grid_on:", key="sw_launch", disabled=sweep_error is not None):
+    group = new_group_id(sweep.group_prefix(x_param, y_param))
+    mgr.submit(configs, group_id=group, names=run_names)
+    st.session_state["sweep_group"] = group
+
+groups = [r["group_id"] for r in store.list_runs(kind="train") if sweep.is_sweep_group(r["group_id"])]
+shown = st.session_state.get("sweep_group") or (groups[0] if groups else None)
+sweep_active = shown is not None and any(ui.is_active(r) for r in store.list_runs(group_id=shown))
+
+
+@st.fragment(run_every=1.0 if sweep_active else None)
+def sweep_view(group: str) -> None:
+    rows = sorted(ui.store().list_runs(group_id=group), key=lambda r: r["id"])
+    done = sum(r["status"] == "finished" for r in rows)
+    st.caption(ui.md(f"Sweep {group}: {done}/{len(rows)} runs finished") + (" · training…" if any(
+        ui.is_active(r) for r in rows) else ""))
+    records = [rec for rec in (run_record(ui.store(), r["id"]) for r in rows) if rec is not None]
+    spec = build_talk_figures(records, theme=ui.plot_theme(), names=["tif_sweep"])[0]
+    ui.chart(spec, key="x-sweep", export_key="xe-sweep")
+
+
+if shown is not None:
+    with st.container(key="sweep-view"):
+        sweep_view(shown)

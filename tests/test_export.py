@@ -241,3 +241,48 @@ def test_markup_in_a_run_name_is_drawn_as_text():
     assert f"{HOSTILE} #1" in texts and f"{HOSTILE} #2" in texts, [t for t in texts if "click" in t]
     bold = [el for el in root.iter() if "font-weight:bold" in (el.get("style") or "").replace(" ", "")]
     assert not bold
+
+
+def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
+    from engine.figures.talk import TALK_FIGURES
+    from engine.figures.talk_frames import RHO_KEY
+    from engine.runs import run_label
+
+    assert set(TALK_FIGURES) <= set(export.figure_titles())
+    names = [s.name for s in export.pack_figures(trained_runs)]
+    assert {"privacy_frontier", "results_table"} <= set(names)
+    assert "tif_sweep" not in names and "audit_tiers" not in names  # no sweep group, no audit: left out
+    recorded = any(RHO_KEY in e for r in trained_runs for e in r["evals"])
+    assert ("ino_internals" in names) == recorded
+    z = zipfile.ZipFile(io.BytesIO(export.presentation_pack(trained_runs, names=["results_table", "privacy_frontier"],
+                                                            formats=("html", "csv"))))
+    assert sorted(n for n in z.namelist() if n.startswith("data/")) == ["data/01_results_table.csv",
+                                                                        "data/02_privacy_frontier.csv"]
+    table = pd.read_csv(io.BytesIO(z.read("data/01_results_table.csv")))
+    assert list(table["algorithm"]) == [run_label(r) for r in trained_runs] and "ε=1 gain vs IDP, AUC (pp)" in table
+    with pytest.raises(ValueError, match="unknown figure"):
+        export.pack_figures(trained_runs, names=["nope"])
+    store, ids = _store_with_runs(tmp_path)
+    paths = export.export_runs(store, ids, formats=["csv"], out_dir=tmp_path / "out")
+    assert {p.name for p in paths} >= {f"runs-{ids[0]}-{ids[1]}_privacy_frontier.csv",
+                                       f"runs-{ids[0]}-{ids[1]}_results_table.csv"}
+
+
+def test_slim_png_is_lossless_and_smaller():
+    from PIL import Image, ImageChops
+
+    im = Image.new("RGBA", (400, 300), (255, 255, 255, 255))
+    for x in range(0, 400, 7):
+        im.putpixel((x, x % 300), (200, 30, 30, 255))
+    raw = io.BytesIO()
+    im.save(raw, "PNG", compress_level=0)
+    slim = export.slim_png(raw.getvalue())
+    assert len(slim) < len(raw.getvalue())
+    with Image.open(io.BytesIO(slim)) as out:
+        assert out.mode == "RGB" and out.size == im.size
+        assert ImageChops.difference(out.convert("RGBA"), im).getbbox() is None  # the same pixels
+    see_through = Image.new("RGBA", (50, 50), (255, 255, 255, 0))
+    buf = io.BytesIO()
+    see_through.save(buf, "PNG")
+    with Image.open(io.BytesIO(export.slim_png(buf.getvalue()))) as out:
+        assert out.mode == "RGBA"  # transparency is kept

@@ -1,0 +1,279 @@
+"""Tidy frames of the talk figures (:mod:`engine.figures.talk`): run records (and optionally an audit
+report) in, one :class:`pandas.DataFrame` per question out. They build on :mod:`engine.figures.frames`
+(tier histories, recall AUC, series labels, INO/IDP pairs matched by ``seed_index``) and
+:func:`engine.figures.bands.seed_mean` (mean ± standard error over the seeds of a series), and add what
+a talk needs across runs: per-tier values against ε, gains per algorithm, the INO/DP-SGD-S internals,
+an audit's GPR against ε.
+
+Frames hold raw text; the builders escape it. Nothing here reads the store or plots.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from engine.figures import frames as fr
+from engine.figures.bands import seed_mean
+from engine.runs import algorithm_label, run_label, seed_index, series_key
+
+# Keys an evaluation of an INO-SGD run carries (``Importance.state()`` in engine.mechanisms):
+RHO_KEY = "ino_rho_by_tier"  # per tier (tier order), mean ρ of the tier's batch items since the last evaluation
+DOWNWEIGHTED_KEY = "ino_downweighted_fraction"  # Σ (1 − ρ_i) C_i / Σ C_i over the same steps
+
+
+def _se(values) -> float:
+    """Standard error of the mean of the finite values (nan for fewer than two)."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return float("nan")
+    return float(seed_mean(pd.DataFrame({"k": 0, "v": v}), ["k"], "v")["se"].iloc[0])
+
+
+def _mean(values) -> float:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def most_private_tier(runs: list[dict]) -> tuple[str, float] | None:
+    """(name, ε) of the smallest-ε tier of the selection's last evaluations, or None."""
+    best = None
+    for run in runs:
+        for t in ((run.get("evals") or [{}])[-1].get("tiers") or []):
+            eps = t.get("epsilon")
+            if eps is not None and (best is None or eps < best[1]):
+                best = (t["name"], float(eps))
+    return best
+
+
+# --- frontier: recall per tier vs ε, across runs ---------------------------------------------------------
+
+FRONTIER_COLUMNS = ["kind", "series", "algorithm", "run_id", "tier", "tier_index", "epsilon", "recall", "recall_se",
+                    "recall_auc", "auc_se", "n", "error_bars"]
+
+
+def frontier_frame(runs: list[dict]) -> pd.DataFrame:
+    """Final recall and recall AUC per (series, tier): mean ± s.e. over the series' seeds (``error_bars``
+    "seeds"); when no series has replicates, over the runs of one algorithm ("runs"). Plus one row per
+    run (``kind`` "run") behind each mean (``kind`` "mean")."""
+    auc = fr.recall_auc_table(runs)
+    if auc.empty:
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    # the frames' series column is shared by the replicates of a series (engine.figures.frames.series_labels)
+    replicated = auc.groupby("series")["run_id"].nunique().max() > 1
+    if not replicated:
+        auc["series"] = [algorithm_label(a) for a in auc["algorithm"]]
+    rows = []
+    for (_, tier), g in auc.groupby(["series", "tier"], sort=False):
+        base = {"series": g["series"].iloc[0], "algorithm": g["algorithm"].iloc[0], "tier": tier,
+                "tier_index": int(g["tier_index"].iloc[0]), "epsilon": float(g["epsilon"].iloc[0]),
+                "error_bars": "seeds" if replicated else "runs"}
+        rows.append({**base, "kind": "mean", "run_id": None, "recall": _mean(g["final_recall"]),
+                     "recall_se": _se(g["final_recall"]), "recall_auc": _mean(g["recall_auc"]),
+                     "auc_se": _se(g["recall_auc"]), "n": len(g)})
+        for _, r in g.iterrows():
+            rows.append({**base, "kind": "run", "run_id": int(r["run_id"]), "recall": r["final_recall"],
+                         "recall_se": float("nan"), "recall_auc": r["recall_auc"], "auc_se": float("nan"), "n": 1})
+    return pd.DataFrame(rows, columns=FRONTIER_COLUMNS)
+
+
+# --- INO − IDP paired by seed -----------------------------------------------------------------------------
+
+PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon",
+                  "gain_final", "gain_auc"]
+
+
+def paired_gains(runs: list[dict]) -> pd.DataFrame:
+    """Per INO-SGD run and tier: final-recall and recall-AUC gain over its IDP-SGD run, paired by seed
+    (:func:`engine.figures.frames.pair_runs`), in percentage points; ``series`` is INO's series label."""
+    auc = fr.recall_auc_table(runs).set_index(["run_id", "tier"])
+    labels = fr.series_labels(runs)
+    rows = []
+    for ino, idp in fr.pair_runs(runs):
+        if ino["id"] not in auc.index.get_level_values(0):
+            continue
+        for (_, tier), a in auc.loc[[ino["id"]]].iterrows():
+            if (idp["id"], tier) not in auc.index:
+                continue
+            b = auc.loc[(idp["id"], tier)]
+            rows.append({"series": labels[ino["id"]], "series_key": series_key(ino), "ino_run_id": ino["id"],
+                         "idp_run_id": idp["id"], "seed_index": seed_index(ino), "tier": tier,
+                         "tier_index": int(a["tier_index"]), "epsilon": float(a["epsilon"]),
+                         "gain_final": 100.0 * (a["final_recall"] - b["final_recall"]),
+                         "gain_auc": 100.0 * (a["recall_auc"] - b["recall_auc"])})
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+
+def gain_summary(runs: list[dict]) -> dict | None:
+    """The most private tier's INO − IDP gain of one INO-SGD series (the first one's, when the selection
+    holds several, e.g. a sweep): recall AUC gain (pp) ± s.e. over its paired seeds, and the peak of the
+    mean gain along training (pp, at which progress / step). None without a pair."""
+    tier = most_private_tier(runs)
+    pg = paired_gains(runs)
+    if tier is None or pg.empty:
+        return None
+    p = pg[pg.tier == tier[0]]
+    if p.empty:
+        return None
+    p = p[p.series_key == p.sort_values("ino_run_id")["series_key"].iloc[0]]
+    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "auc_gain": _mean(p["gain_auc"]),
+           "auc_se": _se(p["gain_auc"]), "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
+           "peak_gain": float("nan"), "peak_step": None, "peak_progress": None}
+    t = fr.recall_gain_over_time(runs)
+    t = t[(t.tier == tier[0]) & t.ino_run_id.isin(set(p["ino_run_id"]))]
+    if not t.empty:
+        curve = t.groupby("step", sort=True).agg(gain=("gain", "mean"), progress=("progress", "mean"))
+        k = curve["gain"].idxmax()
+        out.update(peak_gain=100.0 * float(curve.at[k, "gain"]), peak_step=int(k),
+                   peak_progress=float(curve.at[k, "progress"]))
+    return out
+
+
+# --- INO internals and DP-SGD-S clips over training ---------------------------------------------------------
+
+INO_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "quantity", "tier", "tier_index", "value"]
+
+
+def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
+    """Per INO-SGD run and evaluation: mean ρ per tier (``quantity`` "rho") and the fraction of clip mass
+    down-weighted ("downweighted"), from the evaluation keys :data:`RHO_KEY` / :data:`DOWNWEIGHTED_KEY`.
+    Empty when no run recorded them."""
+    rows = []
+    labels = fr.series_labels(runs)
+    for run in runs:
+        if run.get("algorithm") != "ino":
+            continue
+        base = {"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]], "seed_index": seed_index(run)}
+        for e in run.get("evals") or []:
+            tiers = e.get("tiers") or []
+            order = fr._tier_order(tiers)
+            at = {**base, "step": e["step"], "epoch": e.get("epoch")}
+            for k, v in enumerate(e.get(RHO_KEY) or []):
+                name = tiers[k]["name"] if k < len(tiers) else f"tier {k}"
+                rows.append({**at, "quantity": "rho", "tier": name, "tier_index": order.get(name, k),
+                             "value": fr._finite(v)})
+            if e.get(DOWNWEIGHTED_KEY) is not None:
+                rows.append({**at, "quantity": "downweighted", "tier": "", "tier_index": -1,
+                             "value": fr._finite(e[DOWNWEIGHTED_KEY])})
+    return pd.DataFrame(rows, columns=INO_COLUMNS)
+
+
+CLIP_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "group", "group_index", "clip_norm",
+                "noise_std"]
+
+
+def group_clip_frame(runs: list[dict]) -> pd.DataFrame:
+    """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k and the noise std
+    (evaluation keys ``group_clip_norms``, ``noise_std``; group names from the plan's ``clip_groups``)."""
+    rows = []
+    labels = fr.series_labels(runs)
+    for run in runs:
+        if run.get("algorithm") != "dpsgd_s":
+            continue
+        names = list((run.get("plan") or {}).get("clip_groups") or [])
+        for e in run.get("evals") or []:
+            for k, c in enumerate(e.get("group_clip_norms") or []):
+                rows.append({"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]],
+                             "seed_index": seed_index(run), "step": e["step"], "epoch": e.get("epoch"),
+                             "group": str(names[k]) if k < len(names) else f"group {k}", "group_index": k,
+                             "clip_norm": fr._finite(c), "noise_std": fr._finite(e.get("noise_std"))})
+    return pd.DataFrame(rows, columns=CLIP_COLUMNS)
+
+
+# --- audit: GPR per tier against the tier's ε ---------------------------------------------------------------
+
+def advantage_ceiling(epsilon: float, delta: float) -> float:
+    """The largest membership advantage TPR − FPR any (ε, δ)-DP mechanism allows:
+    (e^ε − 1 + 2δ) / (e^ε + 1) (Kairouz, Oh & Viswanath 2015, the (ε, δ) privacy region)."""
+    if epsilon is None or not math.isfinite(epsilon):
+        return float("nan")
+    return min(1.0, (math.expm1(epsilon) + 2 * delta) / (math.exp(epsilon) + 1))
+
+
+def epsilon_from_advantage(adv: float, delta: float) -> float:
+    """The inverse of :func:`advantage_ceiling`: an advantage ``adv`` implies ε ≥ ln((1 + adv − 2δ)/(1 − adv)),
+    clamped at 0 (a point estimate: no confidence level)."""
+    if adv is None or not math.isfinite(adv):
+        return float("nan")
+    if adv >= 1:
+        return math.inf
+    return max(0.0, math.log(max(1 + adv - 2 * delta, 1e-300) / (1 - adv)))
+
+
+AUDIT_TIER_COLUMNS = ["algorithm", "label", "tier", "epsilon", "gpr", "low", "high", "null_floor", "ceiling",
+                      "epsilon_from_gpr", "epsilon_lower_bound", "delta", "formal_dp"]
+
+
+def audit_tier_frame(report) -> pd.DataFrame:
+    """Per audited algorithm and tier: the claimed ε, the tier's GPR with CI (audits grouped by tier), the
+    largest advantage that ε allows, the ε the GPR implies, and the audit's Clopper–Pearson ε lower bound."""
+    if report is None:
+        return pd.DataFrame(columns=AUDIT_TIER_COLUMNS)
+    from engine.audit.report import as_report
+
+    report = as_report(report)
+    rows = []
+    by_tier = report.group_by == "tier"
+    for a in report.algorithms:
+        delta = a.epsilon_delta if a.epsilon_delta is not None else float((report.config or {}).get("delta") or 0.0)
+        for t, claimed in zip(a.epsilon, a.claimed_epsilons()):
+            e = a.gpr.get(t.name) if by_tier else None
+            gpr = fr._finite(e.value) if e is not None else float("nan")
+            eps = fr._finite(claimed if claimed is not None else t.target)
+            rows.append({"algorithm": a.key, "label": a.label, "tier": t.name, "epsilon": eps, "gpr": gpr,
+                         "low": fr._finite(e.low) if e is not None else float("nan"),
+                         "high": fr._finite(e.high) if e is not None else float("nan"),
+                         "null_floor": fr._finite(a.null_groups.get(t.name, a.null_floor) if by_tier else a.null_floor),
+                         "ceiling": advantage_ceiling(eps, delta), "epsilon_from_gpr": epsilon_from_advantage(gpr, delta),
+                         "epsilon_lower_bound": fr._finite(t.lower_bound), "delta": delta, "formal_dp": a.formal_dp})
+    return pd.DataFrame(rows, columns=AUDIT_TIER_COLUMNS)
+
+
+# --- the one-slide results table ------------------------------------------------------------------------------
+
+def _pm(mean: float, se: float, digits: int = 1, signed: bool = False) -> str | None:
+    if not math.isfinite(mean):
+        return None
+    s = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return s + (f" ± {se:.{digits}f}" if math.isfinite(se) else "")
+
+
+def results_table(runs: list[dict], report=None) -> pd.DataFrame:
+    """One row per algorithm (series): runs (seeds), overall accuracy, the most private tier's final recall
+    and recall AUC, its gain vs IDP-SGD (pp, ± s.e. over paired seeds) and the audit's Δ (pp) if audited."""
+    final = fr.final_table(runs)
+    tier = most_private_tier(runs)
+    if final.empty or tier is None:
+        return pd.DataFrame(columns=["algorithm", "runs", "accuracy (%)"])
+    auc = fr.recall_auc_table(runs)
+    auc = auc[auc.tier == tier[0]].set_index("run_id")
+    gains = paired_gains(runs)
+    gains = gains[gains.tier == tier[0]]
+    deltas = {}
+    if report is not None:
+        from engine.audit.report import as_report
+
+        deltas = {a.name: a.delta.value for a in as_report(report).algorithms}
+    t = f"{tier[0]}"
+    rows = []
+    for series, g in final.groupby("series", sort=False):
+        ids = list(g["run_id"])
+        algo = g["algorithm"].iloc[0]
+        rec = [auc.at[i, "final_recall"] for i in ids if i in auc.index]
+        area = [auc.at[i, "recall_auc"] for i in ids if i in auc.index]
+        gg = gains[gains.ino_run_id.isin(ids)]
+        delta = deltas.get(algo)
+        rows.append({"algorithm": series, "runs": len(ids),
+                     "accuracy (%)": _pm(100 * _mean(g["accuracy"]), 100 * _se(g["accuracy"])),
+                     f"{t} recall (%)": _pm(100 * _mean(rec), 100 * _se(rec)),
+                     f"{t} recall AUC (%)": _pm(100 * _mean(area), 100 * _se(area)),
+                     f"{t} gain vs IDP, AUC (pp)": _pm(_mean(gg["gain_auc"]), _se(gg["gain_auc"]), signed=True)
+                     if not gg.empty else None,
+                     f"{t} gain vs IDP, final (pp)": _pm(_mean(gg["gain_final"]), _se(gg["gain_final"]), signed=True)
+                     if not gg.empty else None,
+                     "audit Δ (pp)": None if delta is None else f"{delta:.2f}"})
+    out = pd.DataFrame(rows)
+    if not deltas:
+        out = out.drop(columns=["audit Δ (pp)"])
+    return out

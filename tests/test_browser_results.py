@@ -1,0 +1,124 @@
+"""Results and the TIF sweep in a real browser (Playwright drives Debian's Chromium against ``streamlit run
+app.py`` on a fresh temporary run store).
+
+* On a fresh store Results shows the lab's example runs (``engine.demo.example_runs``), labelled
+  "example", and its first chart, the recall gain INO − IDP over training, plots the example's positive
+  gain for the most private tier: the test reads the plotted data out of the page and checks it against
+  the engine's frames.
+* The TIF explorer launches a tiny sweep (small digits runs: one IDP-SGD reference and a 2 × 1 grid of
+  INO-SGD runs) whose heatmap appears on the page with the gains the engine computes from the store.
+
+Every wait polls the page or the store with generous limits (a loaded 2-core machine); none sleeps a
+fixed time.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+# a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
+from test_browser import CHROMIUM, RUN, UI_MS, browser, server, wait_until as poll  # noqa: F401
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+
+# what a Plotly chart of the page plots: the div's decoded traces (typed arrays as plain lists)
+TRACES_JS = """el => el._fullData.map(t => ({
+    name: t.name, type: t.type,
+    y: t.y ? Array.from(t.y) : null,
+    z: t.z ? Array.from(t.z, r => (r === null || typeof r !== 'object') ? r : Array.from(r)) : null,
+    x: t.x ? Array.from(t.x) : null}))"""
+
+
+def open_page(browser, url: str, name: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(UI_MS)
+    page.goto(url)
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=name).click()
+    page.get_by_role("heading", name=name).first.wait_for()
+    return page
+
+
+def traces(page, key: str) -> list[dict]:
+    chart = page.locator(f".st-key-chart-{key} .js-plotly-plot").first
+    chart.wait_for()
+    return chart.evaluate(TRACES_JS)
+
+
+def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
+    demo = pytest.importorskip("engine.demo", reason="engine.demo (the shipped example runs) is not in this build")
+    from engine.figures import frames
+    from engine.figures import talk_frames as tf
+
+    url, store, _ = server
+    assert not store.list_runs()  # a fresh store: nothing of the user's own
+    try:
+        runs = demo.example_runs()
+    except OSError as e:
+        pytest.skip(f"the example runs are not written yet ({e})")
+    tier, _ = tf.most_private_tier(runs)
+    gain = frames.recall_gain_over_time(runs)
+    curve = gain[gain.tier == tier].groupby("step")["gain"].mean()  # mean over the example's paired seeds
+    assert curve.max() > 0
+
+    page = open_page(browser, url, "Results")
+    page.locator(".st-key-example-note").get_by_text("Example runs").wait_for()
+    page.locator(".st-key-headline").get_by_text(f"INO gain, {tier} recall AUC").wait_for()
+    plotted = poll(lambda: [t for t in traces(page, "res-gain-time") if t["y"] and (t["name"] or "").startswith(tier)],
+                   120, "the gain chart's traces of the most private tier")
+    ys = [y for t in plotted for y in t["y"] if y is not None and math.isfinite(y)]
+    assert max(ys) > 0
+    assert any(abs(y - curve.max()) < 1e-6 for y in ys), (curve.max(), max(ys))  # the example's peak gain
+    assert page.locator(".st-key-chart-res-mid .js-plotly-plot").count() == 1  # the MID chart next to it
+    page.close()
+
+
+def _fill(page, key: str, value: str) -> None:
+    box = page.locator(f".st-key-{key} input")
+    box.fill(value)
+    box.press("Enter")
+
+
+def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
+    from engine import sweep
+    from engine.runs import run_record
+
+    url, store, _ = server
+    page = open_page(browser, url, "TIF explorer")
+    page.get_by_role("button", name="Launch sweep").wait_for()
+    _fill(page, "sw_xv", "0.5, 4")
+    _fill(page, "sw_yv", "0.5")
+    _fill(page, "sw_epochs", "1")
+    _fill(page, "sw_max", "300")
+    launch = page.get_by_role("button", name="Launch sweep")
+    poll(lambda: launch.is_enabled() and page.get_by_text("3 runs ×").count() > 0, 120, "the sweep's plan (3 runs)")
+    launch.click()
+
+    rows = poll(lambda: [r for r in store.list_runs() if sweep.is_sweep_group(r["group_id"])], 120, "the sweep's runs")
+    assert len(rows) == 3 and len({r["group_id"] for r in rows}) == 1
+    finished = poll(lambda: (lambda rs: rs if all(r["status"] == "finished" for r in rs) else None)(
+        store.list_runs(group_id=rows[0]["group_id"])), RUN, "the sweep's runs to finish")
+    records = [run_record(store, r["id"]) for r in finished]
+    assert sorted(r["config"]["algorithm"]["alpha"] for r in records if r["algorithm"] == "ino") == [0.5, 4.0]
+    expect = sweep.sweep_frame(records).sort_values("x")
+    assert len(expect) == 2 and list(expect["x"]) == [0.5, 4.0]
+
+    page.get_by_text("3/3 runs finished").wait_for()  # the page's live view has seen every run end
+    seen = []
+
+    def heatmap():  # the heatmap, once its refresh shows the finished runs' gains in every cell
+        hm = [t for t in traces(page, "x-sweep") if t["type"] == "heatmap"]
+        seen[:] = hm[:1]
+        if hm and hm[0]["z"] and all(v is not None for row in hm[0]["z"] for v in row) and \
+                hm[0]["z"][0] == pytest.approx(list(expect["gain"]), abs=1e-6):
+            return hm[0]
+        return None
+
+    try:
+        hm = poll(heatmap, 120, "the sweep heatmap with the finished runs' gains")
+    except AssertionError:
+        raise AssertionError(f"heatmap plotted {seen}, the engine computes {list(expect['gain'])}") from None
+    assert hm["x"] == ["0.5", "4"] and hm["y"] == ["0.5"]
+    page.close()

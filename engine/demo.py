@@ -33,8 +33,9 @@ loading, load average 3–4):
 :func:`example_runs` loads ``assets/demo/example_runs.json``: run records (the store's run dict plus
 ``evals``, as ``engine.runs.run_record`` gives them) of this comparison over :data:`EXAMPLE_SEEDS` seeds,
 written by ``python -m engine.demo --write``, which really trains them (about 4 minutes per run on
-one core). Each record carries ``"example": True``; its config is the default comparison's with
-``seed = j``, ``seeds = k``, ``seed_index = j`` (the store's rows of a k-seed series).
+one core). Each record carries ``"example": True``; its config is exactly what it trained with: the
+default comparison's with ``seed = j`` (lone runs, one per algorithm and seed; the figures treat runs
+of one group that differ only in their seed as one series, and pair IDP-SGD and INO-SGD by seed).
 """
 from __future__ import annotations
 
@@ -164,8 +165,7 @@ def train_examples(seeds: int = EXAMPLE_SEEDS, *, workers: int = 2, defaults: De
         _parallel(jobs, workers)
         records = []
         for j, (cfg, _, rid) in enumerate(jobs):
-            r = run_record(store, rid)
-            r["config"] = dict(r["config"], seeds=seeds, seed_index=j // len(defaults.algos))
+            r = run_record(store, rid)  # its config is what it trained with: a lone run with seed base + j
             r.update(example=True, pid=None, host=None)  # nothing of the machine that wrote it
             records.append(r)
     return records

@@ -57,15 +57,21 @@ def series_key(run: dict) -> str:
                        cfg], sort_keys=True, default=str)
 
 
-def series_label(run: dict) -> str:
-    """The run's label without the seed: a single-seed run's :func:`run_label`; a run of a k-seed series
-    "INO-SGD #12–15" (the series' run ids: row j of a series is stored as run ``first + j``)."""
-    k = _config_int(run, "seeds", 1)
-    if k <= 1:
+def series_label(run: dict, member_ids=None) -> str:
+    """The label of the run's series (its label without the seed): a lone run's :func:`run_label`; a series
+    of several runs (``member_ids``: their ids; default: the k rows of the run's k-seed job, stored as ids
+    ``first .. first + k - 1``) "INO-SGD #12–15" for consecutive ids, else "INO-SGD #1, #3, #5"."""
+    if member_ids is None:
+        k = _config_int(run, "seeds", 1)
+        first = run["id"] - seed_index(run)
+        member_ids = range(first, first + k)
+    ids = sorted(int(i) for i in member_ids)
+    if len(ids) <= 1:
         return run_label(run)
     base = run.get("name") or algorithm_label(run.get("algorithm", ""))
-    first = run["id"] - seed_index(run)
-    return f"{base} #{first}–{first + k - 1}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{base} #{ids[0]}–{ids[-1]}"
+    return f"{base} " + ", ".join(f"#{i}" for i in ids)
 
 
 def formal_dp(run: dict) -> bool | None:

@@ -142,24 +142,24 @@ def test_example_file_is_small_and_matches_the_default_comparison():
     for r in runs:
         assert r["example"] is True and r["status"] == "finished" and r["kind"] == "train"
         assert config_key(r["config"]) == keys[r["algorithm"]]
-        assert r["config"]["seed"] == DEFAULT_TRAIN.seed + r["config"]["seed_index"]
-        assert r["config"]["seeds"] == EXAMPLE_SEEDS and r["group_id"] == "example"
+        assert "seeds" not in r["config"] and "seed_index" not in r["config"]  # lone runs, as they trained
+        assert r["group_id"] == "example"
         steps = [e["step"] for e in r["evals"]]
         assert steps[0] == 0 and steps[-1] == 1406 == r["total_steps"] and len(steps) == 1406 // 13 + 2
         assert r["summary"]["steps"] == 1406 and r["plan"]["epsilons"] is not None
-    pairs = {(r["algorithm"], r["config"]["seed_index"]) for r in runs}
-    assert pairs == {(a, j) for a in DEFAULT_TRAIN.algos for j in range(EXAMPLE_SEEDS)}
+    pairs = {(r["algorithm"], r["config"]["seed"]) for r in runs}
+    assert pairs == {(a, DEFAULT_TRAIN.seed + j) for a in DEFAULT_TRAIN.algos for j in range(EXAMPLE_SEEDS)}
     runs[0]["evals"].clear()  # copies: the next caller gets the file's records again
     assert example_runs()[0]["evals"]
 
 
 def _paired_gains(runs: list[dict], tier: str) -> dict[int, dict[int, float]]:
-    """INO − IDP recall of ``tier`` per seed_index and step, from the records' evaluations (an independent
+    """INO − IDP recall of ``tier`` per seed and step, from the records' evaluations (an independent
     reading of the file: both runs of a pair evaluate at the same steps)."""
     def recall(r):
         return {e["step"]: next(t["recall"] for t in e["tiers"] if t["name"] == tier) for e in r["evals"]}
 
-    by = {(r["algorithm"], r["config"]["seed_index"]): recall(r) for r in runs}
+    by = {(r["algorithm"], r["config"]["seed"]): recall(r) for r in runs}
     return {j: {s: by[("ino", j)][s] - by[("idp_sample", j)][s] for s in by[("ino", j)]}
             for a, j in by if a == "ino"}
 

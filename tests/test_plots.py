@@ -411,6 +411,7 @@ def test_series_labels_and_seed_columns():
     runs = seed_series(11, "idp_sample", 3, offsets=[0, 0, 0]) + [make_run(20, "ino")]
     assert frames.series_label(runs[1]) == "IDP-SGD (SAMPLE) #11–13"
     assert frames.series_label(runs[3]) == run_label(runs[3])  # a single-seed run is its own series
+
     for frame in (frames.tier_history(runs), frames.class_history(runs), frames.overall_history(runs),
                   frames.mid_spans(runs), frames.owner_recall(runs), frames.recall_auc_table(runs),
                   frames.final_table(runs), frames.pearson_by_run(frames.owner_recall(runs))):
@@ -567,3 +568,18 @@ def test_overlay_is_the_most_private_tier_of_idp_and_ino_on_one_panel(pair):
     assert [t.name for t in lines] == ["IDP-SGD (SAMPLE) #1 · ε=1", "INO-SGD #2 · ε=1"]
     assert [t.line.color for t in lines] == [scaffold.ALGORITHM_COLORS["idp_sample"], scaffold.ALGORITHM_COLORS["ino"]]
     assert "xaxis2" not in fig.layout and "other tiers (faint)" in {t.name for t in fig.data}
+
+
+def test_lone_runs_that_differ_only_in_their_seed_form_one_series_paired_by_seed():
+    """Lone runs of one group (ids interleaved: IDP 1, 3, 5 and INO 2, 4, 6, seeds 0, 1, 2): one series per
+    algorithm, labelled by its members' ids, and INO of seed s pairs with IDP of seed s."""
+    runs = []
+    for j in range(3):
+        for rid, algo in ((2 * j + 1, "idp_sample"), (2 * j + 2, "ino")):
+            run = make_run(rid, algo)
+            run["config"] = {**run["config"], "seed": j}
+            runs.append(run)
+    labels = frames.series_labels(runs)
+    assert {labels[i] for i in (1, 3, 5)} == {"IDP-SGD (SAMPLE) #1, #3, #5"}
+    assert {labels[i] for i in (2, 4, 6)} == {"INO-SGD #2, #4, #6"}
+    assert sorted((ino["id"], idp["id"]) for ino, idp in frames.pair_runs(runs)) == [(2, 1), (4, 3), (6, 5)]

@@ -22,10 +22,13 @@ ID_COLUMNS = ["run_id", "run", "algorithm", "seed", "seed_index", "series"]
 def series_labels(runs: list[dict]) -> dict[int, str]:
     """Run id → the label of its series (:func:`engine.runs.series_label` of the series' lowest seed index):
     the replicates of one series (same group and config but the seed) share it."""
-    first: dict[str, str] = {}
-    out = {}
+    members: dict[str, list[dict]] = {}
     for run in sorted(runs, key=seed_index):
-        out[run["id"]] = first.setdefault(series_key(run), series_label(run))
+        members.setdefault(series_key(run), []).append(run)
+    out = {}
+    for group in members.values():
+        label = series_label(group[0], [r["id"] for r in group])
+        out.update({r["id"]: label for r in group})
     return out
 
 
@@ -265,7 +268,7 @@ def pearson_by_run(owners: pd.DataFrame) -> pd.DataFrame:
 
 def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
     """(INO-SGD run, IDP-SGD run it builds on) pairs: same IDP mode; same group preferred, and within it the
-    same ``seed_index`` (replicate j of INO pairs with replicate j of IDP: same batches and noise)."""
+    same ``seed_index`` and seed (replicate j of INO pairs with replicate j of IDP: same batches and noise)."""
     pairs = []
     idps = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale")]
     for ino in (r for r in runs if r.get("algorithm") == "ino"):
@@ -276,7 +279,10 @@ def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
         if not cands:
             continue
         same = [r for r in cands if r.get("group_id") and r.get("group_id") == ino.get("group_id")] or cands
-        seeded = [r for r in same if seed_index(r) == seed_index(ino)]
+        # the same seed and seed index: the same initialisation, batches and noise (a k-seed job's row j,
+        # or a lone run with the same seed)
+        seeded = [r for r in same if seed_index(r) == seed_index(ino) and run_seed(r) == run_seed(ino)] or \
+            [r for r in same if seed_index(r) == seed_index(ino)]
         pairs.append((ino, (seeded or same)[0]))
     return pairs
 

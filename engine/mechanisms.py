@@ -90,15 +90,51 @@ class Importance(Clipped):
     """INO-SGD: sort by loss, weight each clipped gradient by the BIF average over its mass
     (float64 on the CPU, one row per model; ``tail_length`` γ for all models or one per model)."""
 
-    def __init__(self, *, sample_clip_norms, noise_std, tail_length, tif, n_models: int = 1, device="cpu"):
+    def __init__(self, *, sample_clip_norms, noise_std, tail_length, tif, n_models: int = 1, device="cpu",
+                 sample_tiers=None, n_tiers: int | None = None):
         super().__init__(sample_clip_norms=sample_clip_norms, noise_std=noise_std, n_models=n_models, device=device)
         self.tail_length = np.broadcast_to(np.asarray(tail_length, dtype=float), (self.n_models,)).copy()
         self.tif = tif
+        # Diagnostics for the figures (engine.figures.talk "ino_internals"), per model since its previous
+        # evaluation: Σ ρ and the count per tier, Σ (1 − ρ_i) C_i and Σ C_i. They are statistics of the
+        # training batches, recorded in the local store only — not part of what the DP guarantee covers.
+        self._tiers = None if sample_tiers is None else np.asarray(sample_tiers, dtype=np.int64)
+        k = 0 if self._tiers is None else int(n_tiers if n_tiers is not None else self._tiers.max() + 1)
+        self._rho_sum, self._rho_n = np.zeros((self.n_models, k)), np.zeros((self.n_models, k))
+        self._mass = np.zeros((self.n_models, 2))  # Σ (1 − ρ) C, Σ C
 
     def weights(self, losses, clip, mask):
-        rho = ino_weights(losses.detach().cpu().numpy(), clip.detach().cpu().numpy(), mask.cpu().numpy(),
-                          self.tif, self.tail_length)
+        clip_np, mask_np = clip.detach().cpu().numpy(), mask.cpu().numpy()
+        rho = ino_weights(losses.detach().cpu().numpy(), clip_np, mask_np, self.tif, self.tail_length)
+        self._record(rho, clip_np, mask_np)
         return torch.as_tensor(rho, dtype=losses.dtype, device=losses.device)
+
+    def see_batch(self, idx, work, mask):
+        self._idx = idx  # the batch's sample indices, for the per-tier diagnostics of weights()
+
+    def _record(self, rho, clip, mask) -> None:
+        c = np.where(mask, clip, 0.0)
+        self._mass[:, 0] += ((1.0 - rho) * c).sum(1)
+        self._mass[:, 1] += c.sum(1)
+        if self._tiers is not None and getattr(self, "_idx", None) is not None:
+            tiers = self._tiers[self._idx.cpu().numpy()]
+            for m in range(self.n_models):
+                t, r = tiers[m][mask[m]], rho[m][mask[m]]
+                np.add.at(self._rho_sum[m], t, r)
+                np.add.at(self._rho_n[m], t, 1.0)
+
+    def model_state(self, model: int) -> dict:
+        """Model ``model``'s mean ρ per tier (null for a tier it did not sample) and the fraction of its
+        clip mass down-weighted, since its previous evaluation; then starts a new window for it."""
+        n, mass = self._rho_n[model], self._mass[model]
+        out = {"ino_rho_by_tier": [float(s / c) if c > 0 else None for s, c in zip(self._rho_sum[model], n)]
+               if self._tiers is not None else None,
+               "ino_downweighted_fraction": float(mass[0] / mass[1]) if mass[1] > 0 else None}
+        self._rho_sum[model], self._rho_n[model], self._mass[model] = 0.0, 0.0, 0.0
+        return out
+
+    def state(self) -> dict:
+        return self.model_state(0) if self.n_models == 1 else {}
 
 
 class GroupAdaptive(Mechanism):
@@ -254,9 +290,10 @@ def default_count_noise_std(expected_batch: float, noise_multiplier: float) -> f
     return max(float(expected_batch) / 20.0, COUNT_NOISE_PER_Z * float(noise_multiplier), 1.0)
 
 
-def build_mechanism(*, privacy, members, device) -> Mechanism:
+def build_mechanism(*, privacy, members, device, sample_tiers=None) -> Mechanism:
     """The mechanism of ``privacy`` (an ``engine.prepare.PrivacyPlan``) for M models whose training
-    sets are the rows of ``members`` ((M, n) bool; a dashboard run: one row, all True)."""
+    sets are the rows of ``members`` ((M, n) bool; a dashboard run: one row, all True). ``sample_tiers``
+    (tier index per training sample) lets INO-SGD record its mean ρ per tier for the figures."""
     members = np.atleast_2d(np.asarray(members, dtype=bool))
     m = members.shape[0]
     algo = privacy.algorithm
@@ -267,7 +304,8 @@ def build_mechanism(*, privacy, members, device) -> Mechanism:
         return Clipped(sample_clip_norms=clips, noise_std=privacy.plan.noise_std, n_models=m, device=device)
     if algo.name == "ino":
         return Importance(sample_clip_norms=clips, noise_std=privacy.plan.noise_std, tail_length=privacy.tail_length,
-                          tif=build_tif(algo), n_models=m, device=device)
+                          tif=build_tif(algo), n_models=m, device=device, sample_tiers=sample_tiers,
+                          n_tiers=None if sample_tiers is None else len(privacy.plan.sample_rates))
     if algo.name == "dpsgd_s":
         s = privacy.dpsgd_s
         return GroupAdaptive(groups=s.groups, n_groups=len(s.group_names), noise_multiplier=s.noise_multiplier,

@@ -109,7 +109,8 @@ def prepare(config: RunConfig) -> Prepared:
                                 data.device)
     steps = total_steps(config, n)
     privacy = prepare_privacy(config, data, steps=steps)
-    mechanism = build_mechanism(privacy=privacy, members=np.ones((k, n), bool), device=data.device)
+    mechanism = build_mechanism(privacy=privacy, members=np.ones((k, n), bool), device=data.device,
+                                sample_tiers=data.tiers.train)
     return Prepared(config=config, data=data, privacy=privacy, model=model, mechanism=mechanism, steps=steps,
                     train_steps=config.trained_steps(n), stacked=stacked)
 

@@ -231,3 +231,39 @@ def test_non_increasing_tif_breaks_the_invariant():
         return mech.weights(lo, c, mask)[0].numpy()
 
     assert sensitivity_excess(row0, batch) == pytest.approx(0.35)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 3))
+def test_ino_diagnostics_are_the_windows_mean_rho_per_tier_and_down_weighted_mass(seed, m):
+    """Importance records, per model and since its previous evaluation, the mean ρ of each tier's batch items
+    and Σ(1 − ρ_i)C_i / ΣC_i — recomputed here from the weights it returned; a read starts a new window."""
+    rng = np.random.default_rng(seed)
+    n, k = 40, 3
+    tiers = rng.integers(0, k, n)
+    clips = rng.choice([0.5, 1.0, 2.0], n)
+    mech = Importance(sample_clip_norms=clips, noise_std=1.0, tail_length=3.0, tif=make_tif("beta", alpha=1, beta=3),
+                      n_models=m, sample_tiers=tiers, n_tiers=k)
+    sums, counts, mass = np.zeros((m, k)), np.zeros((m, k)), np.zeros((m, 2))
+    for _ in range(3):  # three steps in one window
+        idx = torch.as_tensor(rng.integers(0, n, (m, 12)))
+        mask = torch.as_tensor(rng.random((m, 12)) < 0.8)
+        losses = torch.as_tensor(rng.random((m, 12)), dtype=torch.float64)
+        mech.see_batch(idx, None, mask)
+        clip = mech.clip_norms(idx)
+        rho = mech.weights(losses, clip, mask).numpy()
+        for r in range(m):
+            for i in np.flatnonzero(mask[r].numpy()):
+                t = tiers[int(idx[r, i])]
+                sums[r, t] += rho[r, i]
+                counts[r, t] += 1
+                mass[r] += [(1 - rho[r, i]) * clips[int(idx[r, i])], clips[int(idx[r, i])]]
+    for r in range(m):
+        got = mech.model_state(r)
+        want = [sums[r, t] / counts[r, t] if counts[r, t] else None for t in range(k)]
+        for g, w in zip(got["ino_rho_by_tier"], want):
+            assert (g is None and w is None) or g == pytest.approx(w, rel=1e-9)
+        assert got["ino_downweighted_fraction"] == pytest.approx(mass[r, 0] / mass[r, 1], rel=1e-9)
+        assert 0.0 <= got["ino_downweighted_fraction"] <= 1.0
+        again = mech.model_state(r)  # a new window: nothing seen since
+        assert again["ino_rho_by_tier"] == [None] * k and again["ino_downweighted_fraction"] is None

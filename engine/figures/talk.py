@@ -100,7 +100,8 @@ def _seed_lines(fig, df: pd.DataFrame, keys: list[str], value: str, *, col: int,
 
 
 def fig_ino_internals(frame: pd.DataFrame, *, theme: str = "light", has_ino: bool = True,
-                      title: str = "INO-SGD internals: mean ρ per tier and the clip mass down-weighted") -> go.Figure:
+                      title: str = "INO-SGD internals: mean ρ per tier and the clip mass down-weighted "
+                                   "(training-batch diagnostics, outside the DP guarantee)") -> go.Figure:
     if frame.empty:
         return empty_figure(title, theme, NOT_RECORDED if has_ino else "select an INO-SGD run")
     df = escape_columns(frame, "series", "tier")

@@ -34,3 +34,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """No test may reach the network: every download attempt fails (and is recorded)."""
+    from engine.data import files
+
+    calls = []
+
+    def refuse(url, dest, sha256, timeout=10.0):
+        calls.append(url)
+        raise OSError("network disabled in tests")
+
+    monkeypatch.setattr(files, "download_file", refuse)
+    return calls

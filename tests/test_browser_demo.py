@@ -8,20 +8,17 @@ evaluation. Every wait polls; the limits are minutes, for a loaded 2-core machin
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from engine.demo import DEFAULT_TRAIN
-from engine.store import RunStore, pid_alive
+from engine.store import RunStore
 
 try:  # tests/ as a package or as a plain folder on sys.path
-    from .test_browser import ARGS, CHROMIUM, ROOT, SHOTS, UI, UI_MS, _free_port, wait_healthy
+    from .test_browser import ARGS, CHROMIUM, SHOTS, UI, UI_MS, start_lab, stop_lab
 except ImportError:  # pragma: no cover
-    from test_browser import ARGS, CHROMIUM, ROOT, SHOTS, UI, UI_MS, _free_port, wait_healthy
+    from test_browser import ARGS, CHROMIUM, SHOTS, UI, UI_MS, start_lab, stop_lab
 
 GAIN_WAIT = 900.0  # seconds from the click to INO's early lead on a loaded machine (about a minute when quiet)
 EARLY = 20  # "early": among the first evaluations (20 × 13 steps ≈ 2 of the 12 epochs)
@@ -52,34 +49,21 @@ READ_CHART = """el => {
 @pytest.fixture(scope="module")
 def fresh_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab-demo")
-    store_path, data_dir = tmp / "runs.sqlite", tmp / "empty-data"
+    data_dir = tmp / "empty-data"
     data_dir.mkdir()
-    port = _free_port()
     # the default worker count (engine.jobs.default_max_workers: at least two) trains the comparison's
     # two runs side by side, one thread each, also on a 2-core machine
-    env = {k: v for k, v in os.environ.items() if k != "PRIVACY_LAB_WORKERS"}
-    env.update(PRIVACY_LAB_STORE=str(store_path), PYTHONPATH=str(ROOT), PRIVACY_LAB_DATA_DIR=str(data_dir),
-               PRIVACY_LAB_OFFLINE="1")
-    log = open(tmp / "streamlit.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true",
-                             "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    store = None
+    saved = os.environ.pop("PRIVACY_LAB_WORKERS", None)
     try:
-        wait_healthy(url, proc, tmp / "streamlit.log")
-        store = RunStore(store_path)
+        proc, url = start_lab(tmp, PRIVACY_LAB_DATA_DIR=str(data_dir), PRIVACY_LAB_OFFLINE="1")
+    finally:
+        if saved is not None:
+            os.environ["PRIVACY_LAB_WORKERS"] = saved
+    store = RunStore(tmp / "runs.sqlite")
+    try:
         yield url, store, data_dir
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        for run in store.list_runs(status="running") if store is not None else []:
-            if run["pid"] and pid_alive(run["pid"]):  # workers are separate processes: stop what is left
-                os.kill(run["pid"], signal.SIGTERM)
+        stop_lab(proc, store)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, wait_until
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, click_until, wait_until
 from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -112,9 +112,8 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     for r in sorted(store.list_runs(), key=lambda r: r["id"]):  # stop them (in words: "cancelled by you")
         cancel = page.locator(f".st-key-cancel-{r['id']} button")
         if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():
-            cancel.click()
-            wait_until(lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"), UI,
-                       f"run {r['id']} to stop")
+            click_until(cancel, lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"),
+                        f"run {r['id']} to stop")
     status = page.locator(".st-key-live-status")
     wait_until(lambda: status.get_by_text("cancelled by you").count() >= 1, UI, "cancelled in words")
     page.close()

@@ -31,17 +31,7 @@ MNIST_TEST_HIST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    """No test may reach the network: every download attempt fails (and is recorded)."""
-    calls = []
-
-    def refuse(url, dest, sha256, timeout=10.0):
-        calls.append(url)
-        raise OSError("network disabled in tests")
-
-    monkeypatch.setattr(files, "download_file", refuse)
-    return calls
+pytestmark = pytest.mark.usefixtures("no_network")  # conftest.py: every download attempt fails
 
 
 @pytest.fixture(scope="session")

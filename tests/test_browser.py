@@ -198,8 +198,8 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1300}, accept_downloads=True)
     page.set_default_timeout(UI_MS)
-    # settings come from the URL: 100 epochs of digits keep each run busy for a while (both get stopped)
-    page.goto(url + "train?dataset=digits&batch=64&epochs=100&eval_every=10")
+    # settings come from the URL: 1000 epochs of digits keep each run busy for long (both get stopped)
+    page.goto(url + "train?dataset=digits&batch=64&epochs=1000&eval_every=10")
     page.get_by_role("button", name="Got it").click()  # the first-visit explanation
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")

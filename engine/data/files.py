@@ -208,6 +208,10 @@ def gzip_stated_size(data: bytes) -> int | None:
     return int.from_bytes(data[-4:], "little") if data[:2] == b"\x1f\x8b" and len(data) >= 18 else None
 
 
+class OverCapError(DataError):
+    """A gzip stream that decompresses beyond its cap (a bomb, or not the original): never a "damaged copy"."""
+
+
 def gunzip_capped(data: bytes, limit: int, path: Path) -> bytes:
     """Decompress gzip ``data`` (one or more members), streaming: refused as soon as the output
     exceeds ``limit`` bytes, so a decompression bomb costs at most ``limit`` bytes of memory."""
@@ -220,7 +224,7 @@ def gunzip_capped(data: bytes, limit: int, path: Path) -> bytes:
             while buf and not d.eof:
                 out += d.decompress(buf, min(_CHUNK, limit + 1 - len(out)) or 1)
                 if len(out) > limit:
-                    raise DataError(
+                    raise OverCapError(
                         f"{path} decompresses to more than {limit} bytes, the size of the original; refused "
                         "(a decompression bomb or a different file). Delete it and get the original.")
                 buf = d.unconsumed_tail
@@ -258,6 +262,8 @@ def read_verified(path: Path, kf: KnownFile) -> bytes:
         if kf.raw_size is None or stated == kf.raw_size % (1 << 32):
             try:
                 content = gunzip_capped(data, cap, path)
+            except OverCapError:  # stopped by the cap: said as such (a bomb is not a damaged copy)
+                raise
             except DataError:  # a damaged copy of the pinned file: reported as the mismatch it is
                 content, note = None, "; it does not decompress (a damaged gzip stream)"
             raw = content if content is not None and sha256_bytes(content) == kf.raw_sha256 else None

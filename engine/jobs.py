@@ -14,8 +14,8 @@ store as ``queued`` with a ``group_id`` (one comparison = one group). A schedule
 A worker is ``python -m engine --store STORE worker RUN_ID --threads 1`` (``engine.cli``), started
 with :class:`subprocess.Popen` — never a multiprocessing child, which would re-import the
 Streamlit script. To keep the click → first live point latency low (a cold worker spends ~3 s
-importing torch and ~1 s planning), the manager keeps one *standby* process per worker slot
-(``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns them off) that has already
+importing torch and ~1 s planning), the manager keeps one *standby* process per worker slot (at
+most ``MAX_STANDBYS``; ``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns them off) that has already
 imported the engine and waits on its stdin, so that every run of a comparison that starts at the
 click starts warm. :meth:`JobManager.hint` lets the UI tell them the configs the user is looking at;
 standby i prepares config i ahead of time (data, tiers, privacy plan, model — what
@@ -58,6 +58,7 @@ from engine.store import ACTIVE, RunStore, pid_alive
 
 DEAD_CHECK_SECONDS = 3.0
 TICK_SECONDS = 0.2
+MAX_STANDBYS = 3  # pre-imported workers kept at most (each holds torch and a prepared run: ~0.4–0.6 GB)
 STANDBY_DELAY_SECONDS = 6.0  # after a launch, let the new worker have the CPU before warming the next standby
 CANCEL_GRACE_SECONDS = 3.0
 
@@ -419,7 +420,7 @@ class JobManager:
         for i in reversed(range(len(self._standbys))):  # drop the dead
             if self._standbys[i].poll() is not None:
                 del self._standbys[i], self._hinted[i]
-        while len(self._standbys) < self.max_workers:
+        while len(self._standbys) < self._pool_size():
             with open(self.log_dir / "standby.log", "ab") as err:
                 self._standbys.append(subprocess.Popen(
                     [sys.executable, "-m", "engine.jobs", "--store", self.store_path, "standby",
@@ -439,6 +440,10 @@ class JobManager:
             except (BrokenPipeError, OSError, ValueError):
                 self._close_standby(proc)
 
+    def _pool_size(self) -> int:
+        """Standbys to keep: one per worker slot, at most MAX_STANDBYS."""
+        return min(self.max_workers, MAX_STANDBYS)
+
     def hint(self, configs) -> None:
         """Tell the standbys which run configs are likely next (e.g. the form on the Train page).
 
@@ -446,7 +451,7 @@ class JobManager:
         exactly that config skips the preparation. Purely a speed-up: nothing is queued or stored.
         """
         texts = []
-        for cfg in list(configs)[: self.max_workers]:
+        for cfg in list(configs)[: self._pool_size()]:
             texts.append(cfg.to_json() if hasattr(cfg, "to_json") else json.dumps(cfg, sort_keys=True,
                                                                                  separators=(",", ":")))
         with self._mutex:

@@ -116,8 +116,9 @@ class Importance(Clipped):
         c = np.where(mask, clip, 0.0)
         self._mass[:, 0] += ((1.0 - rho) * c).sum(1)
         self._mass[:, 1] += c.sum(1)
-        if self._tiers is not None and getattr(self, "_idx", None) is not None:
-            tiers = self._tiers[self._idx.cpu().numpy()]
+        idx, self._idx = getattr(self, "_idx", None), None  # this batch's indices (see_batch), used once
+        if self._tiers is not None and idx is not None and tuple(idx.shape) == tuple(mask.shape):
+            tiers = self._tiers[idx.cpu().numpy()]
             for m in range(self.n_models):
                 t, r = tiers[m][mask[m]], rho[m][mask[m]]
                 np.add.at(self._rho_sum[m], t, r)

@@ -87,8 +87,8 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     url, store, _ = server
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
-    # ~1250 steps, an evaluation each: far longer than the refreshes the test needs on any machine (then cancelled)
-    page.goto(url + "train?dataset=digits&max_train=400&batch=64&epochs=200&eval_every=1&momentum=0.0")
+    # ~12 500 steps, an evaluation each: far longer than the refreshes the test needs on any machine (then cancelled)
+    page.goto(url + "train?dataset=digits&max_train=400&batch=64&epochs=2000&eval_every=1&momentum=0.0")
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")

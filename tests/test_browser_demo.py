@@ -16,9 +16,9 @@ from engine.demo import DEFAULT_TRAIN
 from engine.store import RunStore
 
 try:  # tests/ as a package or as a plain folder on sys.path
-    from .test_browser import ARGS, CHROMIUM, SHOTS, UI, UI_MS, start_lab, stop_lab
+    from .test_browser import CHROMIUM, SHOTS, UI, UI_MS, browser, start_lab, stop_lab  # noqa: F401 - browser: fixture
 except ImportError:  # pragma: no cover
-    from test_browser import ARGS, CHROMIUM, SHOTS, UI, UI_MS, start_lab, stop_lab
+    from test_browser import CHROMIUM, SHOTS, UI, UI_MS, browser, start_lab, stop_lab  # noqa: F401 - browser: fixture
 
 GAIN_WAIT = 900.0  # seconds from the click to INO's early lead on a loaded machine (about a minute when quiet)
 EARLY = 20  # "early": among the first evaluations (20 × 13 steps ≈ 2 of the 12 epochs)
@@ -64,16 +64,6 @@ def fresh_server(tmp_path_factory):
         yield url, store, data_dir
     finally:
         stop_lab(proc, store)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def facet_traces(chart: dict | None, title: str) -> list[dict]:

@@ -81,6 +81,21 @@ def worker_command(store_path: str | os.PathLike, run_id: int, threads: int = 1)
     return [sys.executable, "-m", "engine", "--store", str(store_path), "worker", str(run_id), "--threads", str(threads)]
 
 
+# Workers run at this niceness (or nicer): on a 2-core machine the app server and the browser then get the
+# CPU first, so the live view keeps refreshing while the runs train (the runs lose little: they wait only
+# while the UI works).
+WORKER_NICENESS = 10
+
+
+def lower_priority(niceness: int = WORKER_NICENESS) -> None:
+    """Set this process's niceness to at least ``niceness`` (idempotent; best effort where not supported)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except (AttributeError, OSError):
+        pass
+
+
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
@@ -588,6 +603,7 @@ def _standby_main(argv=None) -> int:
     s = sub.add_parser("standby", help="(internal) pre-import the engine, then run the worker for a run id read from stdin")
     s.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    lower_priority()
     _warm_up()
     from engine.config import RunConfig
     from engine.train import prepare

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine.config import RunConfig
-from engine.jobs import JobManager, default_max_workers, eta_seconds, worker_command
+from engine.jobs import WORKER_NICENESS, JobManager, default_max_workers, eta_seconds, worker_command
 from engine.store import RunStore
 
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
@@ -61,6 +61,8 @@ def test_queue_cancel_kill_and_reattach(managers):
     # at most one worker: the others wait in the queue, shown as queued
     assert status(store, b) == "queued" and status(store, c) == "queued" and mgr.queue_position(c) == 2
     assert eta_seconds(store.get_run(a)) is not None
+    # a worker yields the CPU to the app and the browser
+    assert os.getpriority(os.PRIO_PROCESS, store.get_run(a)["pid"]) >= WORKER_NICENESS
     # a queued run is cancelled without ever starting
     assert mgr.cancel(c) == "cancelled" and store.get_run(c)["pid"] is None
     # a second manager on the same store (a new app process / a refreshed page) sees the running run
@@ -117,6 +119,7 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     wait_for(lambda: len(mgr._standbys) == 2 and all(p.poll() is None for p in mgr._standbys)
              and set(mgr._hinted) == {TINY.to_json(), other.to_json()}, 60, "two hinted standbys")
     pid_of = dict(zip(mgr._hinted, [p.pid for p in mgr._standbys]))  # each standby prepares its own config
+    assert all(os.getpriority(os.PRIO_PROCESS, pid) >= WORKER_NICENESS for pid in pid_of.values())
     # (a standby reads its hint before the run line, so the run always finds what it prepared)
     warm, warm_other = mgr.submit([TINY, other], group_id="g-warm")
     runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, warm_other)])

@@ -145,3 +145,32 @@ def test_unknown_names_and_options_are_refused():
         LiveFigures(["nope"])
     with pytest.raises(ValueError, match="smoothing"):
         LiveFigures(NAMES, smoothing=1.0)
+
+
+def test_long_curves_are_drawn_thinned_and_patched_alike(monkeypatch):
+    """A curve over MAX_DRAWN_POINTS is drawn with that many evenly spaced points, its first and last kept and
+    the band edges on the line's points, in a fresh build and in a patch alike; the frames keep every point."""
+    assert scaffold.drawn_points(scaffold.MAX_DRAWN_POINTS) is None
+    for n in (scaffold.MAX_DRAWN_POINTS + 1, 10 * scaffold.MAX_DRAWN_POINTS + 7):
+        idx = scaffold.drawn_points(n)
+        assert len(idx) == scaffold.MAX_DRAWN_POINTS and idx[0] == 0 and idx[-1] == n - 1 and np.all(np.diff(idx) > 0)
+    monkeypatch.setattr(scaffold, "MAX_DRAWN_POINTS", 6)
+    runs = full_runs()
+    live = LiveFigures(NAMES)
+    live.update(snapshot(runs, [5] * 5))
+    for n in (8, 11):
+        specs = live.update(snapshot(runs, [n] * 5))
+        assert_same_specs(specs, snapshot(runs, [n] * 5))
+    assert live.patches >= len(NAMES)
+    mid = specs["mid_curves"]
+    steps = sorted(mid.data["step"].unique())
+    assert len(steps) == 11  # the frame: every evaluation
+    lines = {t.meta: t for t in mid.figure.data if str(t.meta).startswith(("line|", "lo|", "hi|"))}
+    assert lines and all(len(t.x) <= 6 for t in lines.values())
+    for key, t in lines.items():
+        if key.startswith("line|"):
+            assert list(t.x)[0] == steps[0] and list(t.x)[-1] == steps[-1]
+            unit = key.split("|", 1)[1]
+            for edge in ("lo|", "hi|"):
+                if edge + unit in lines:
+                    assert list(lines[edge + unit].x) == list(t.x)

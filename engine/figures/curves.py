@@ -22,6 +22,9 @@ CURVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsil
 DASHES = ("solid", "dash", "dashdot", "longdash", "longdashdot", "dot")
 BADGE_COLOR = "#D55E00"
 NEUTRAL = "#888888"
+# Markers drawn per curve at most (evenly spread by Plotly): they tell algorithms apart; thousands of SVG
+# markers would make every live redraw slow.
+MAX_MARKERS = 40
 
 
 def unit_styles(df: pd.DataFrame) -> dict:
@@ -71,7 +74,8 @@ def _curve(traces: list, key: str, x, mean, se, *, panel: int, color: str, name:
                                                         **common), panel))
     line = dict(color=color) if dash is None else dict(color=color, dash=dash)
     traces.append(Trace(f"line|{key}", x, y, dict(mode="lines+markers", name=name, line=line, legendgroup=group,
-                                                  marker=dict(size=5, symbol=symbol), showlegend=show), panel))
+                                                  marker=dict(size=5, symbol=symbol, maxdisplayed=MAX_MARKERS),
+                                                  showlegend=show), panel))
 
 
 def _legend(traces: list, key: str, name: str, **style) -> None:
@@ -309,7 +313,8 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
             _, x, m, _, _ = g
             color = tier_color(int(ti))
             traces.append(Trace(f"line|{u}|{tier}", x, m, dict(mode="lines+markers", name=tier, line=dict(color=color),
-                                                               marker=dict(size=4), legendgroup=f"tier|{tier}",
+                                                               marker=dict(size=4, maxdisplayed=MAX_MARKERS),
+                                                               legendgroup=f"tier|{tier}",
                                                                showlegend=tier not in shown), p))
             shown.add(tier)
             traces.append(Trace(f"budget|{u}|{tier}", [min(0.0, float(np.nanmin(x))), max(float(np.nanmax(x)), 1e-9)],

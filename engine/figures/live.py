@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.figures import bands as bd
 from engine.figures import curves as cv
-from engine.figures.scaffold import FigureSpec, Plan, axis_name
+from engine.figures.scaffold import FigureSpec, Plan, axis_name, drawn
 
 
 def _signature(records: list[dict]) -> tuple:
@@ -53,10 +53,11 @@ def patch_figure(fig, plan: Plan) -> None:
     """Write ``plan``'s data parts into ``fig``, rendered from a plan of the same structure: no Plotly
     object is created, none is added or removed."""
     for trace, t in zip(fig.data, plan.traces):
-        if not _same(trace.x, t.x):
-            trace.x = t.x
-        if not _same(trace.y, t.y):
-            trace.y = t.y
+        x, y = drawn(t.x), drawn(t.y)
+        if not _same(trace.x, x):
+            trace.x = x
+        if not _same(trace.y, y):
+            trace.y = y
     shapes = fig.layout.shapes
     for shape, s in zip(shapes, plan.spans):  # spans are the first shapes (h-lines follow)
         if shape.x0 != s.x0:

@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -275,6 +276,28 @@ class Plan:
         }, sort_keys=True, default=str)
 
 
+# A curve is drawn with at most this many points (a chart is ~1 000 px wide): the browser's cost of a live
+# refresh (JSON, redraw) then stays flat however long a run evaluates; the frames keep every point.
+MAX_DRAWN_POINTS = 400
+
+
+def drawn_points(n: int) -> np.ndarray | None:
+    """Indices of the points drawn of a curve of ``n`` points: None (all) up to :data:`MAX_DRAWN_POINTS`,
+    else evenly spaced ones, the first and last included. It depends on ``n`` only, so the traces of one
+    curve (line, band edges, raw) keep the same points and stay aligned."""
+    if n <= MAX_DRAWN_POINTS:
+        return None
+    return np.unique(np.linspace(0, n - 1, MAX_DRAWN_POINTS).round().astype(np.int64))
+
+
+def drawn(values):
+    """``values`` (a trace's x or y) as drawn: thinned by :func:`drawn_points`."""
+    if values is None:
+        return values
+    idx = drawn_points(len(values))
+    return values if idx is None else np.asarray(values)[idx]
+
+
 def axis_name(axis: str, panel: int) -> str:
     """Layout key of a panel's axis: ``yaxis`` for panel 0, ``yaxis3`` for panel 2."""
     return f"{axis}axis" if panel == 0 else f"{axis}axis{panel + 1}"
@@ -293,7 +316,7 @@ def render(plan: Plan, theme: str = "light") -> go.Figure:
     def loc(p):
         return {} if plan.panels is None else {"row": p // cols + 1, "col": p % cols + 1}
 
-    traces = [go.Scatter(x=t.x, y=t.y, meta=t.key, **t.style) for t in plan.traces]
+    traces = [go.Scatter(x=drawn(t.x), y=drawn(t.y), meta=t.key, **t.style) for t in plan.traces]
     if plan.panels is None:
         fig.add_traces(traces)
     elif traces:

@@ -34,10 +34,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 ALGOS = ("idp_sample", "ino", "dpsgd_s")
 TARGETS = {"quiet": {"first_point_seconds": 3.0, "refresh_seconds": 1.5},
            "loaded": {"first_point_seconds": 6.0, "refresh_seconds": 3.0}}
+# the live MID chart's plotted data: [points drawn, largest x drawn, the chart's text] (a long curve is drawn
+# thinned to a fixed number of points, so a refresh can move its end without changing the count)
 PLOTTED = """() => { const c = document.querySelector('.st-key-chart-live-mid');
     const gd = c && c.querySelector('.js-plotly-plot');
-    if (!gd || !gd.calcdata) return [0, ''];
-    return [gd.calcdata.reduce((n, cd) => n + cd.filter(p => p.x !== undefined).length, 0), c.innerText]; }"""
+    if (!gd || !gd.calcdata) return [0, -1, ''];
+    let n = 0, m = -1;
+    for (const cd of gd.calcdata) for (const p of cd) if (p.x !== undefined) { n++; if (p.x > m) m = p.x; }
+    return [n, m, c.innerText]; }"""
 
 
 def free_port() -> int:
@@ -114,8 +118,9 @@ def measure(page, store, *, timeout: float = 300) -> tuple[float, list[float], l
     """One try: (seconds from the click to the new comparison's first point, refresh intervals in seconds).
 
     A refresh interval is the time between two successive changes of the chart's plotted data while the
-    same run is training at both ends. The hand-over from one run to the next (the previous run's last
-    point → the next run's first, which includes the next worker's start) is not a refresh: it is returned
+    same runs of the comparison are training (running, past their first step) at both ends; two train side
+    by side on 2 cores. An interval in which a run ended or started (a hand-over: the last point of one →
+    the first of the next, which includes the next worker's start) is not a refresh: it is returned
     separately, as the third element (seconds, one per hand-over)."""
     runs = store.list_runs()
     first = (max(r["id"] for r in runs) if runs else 0) + 1
@@ -125,18 +130,19 @@ def measure(page, store, *, timeout: float = 300) -> tuple[float, list[float], l
     t0 = time.perf_counter()
     launch.click()
     deadline = time.time() + timeout
-    first_point, last, changes = None, None, []  # changes: (time, id of the run training then, or None)
+    first_point, last, changes = None, None, []  # changes: (time, ids of the runs training then)
     while time.time() < deadline:
-        n, text = page.evaluate(PLOTTED)
+        n, end, text = page.evaluate(PLOTTED)
         now = time.perf_counter()
         mine = [r for r in store.list_runs() if r["id"] >= first]
-        training = next((r["id"] for r in mine if r["status"] == "running"), None)
+        # the runs training then: running and past their first step (a run still starting is a hand-over)
+        training = tuple(sorted(r["id"] for r in mine if r["status"] == "running" and (r["step"] or 0) > 0))
         if first_point is None:
             if n and f"#{first}" in text:
-                first_point, last = now - t0, n
+                first_point, last = now - t0, (n, end)
                 changes.append((now, training))
-        elif n != last:
-            last = n
+        elif (n, end) != last:
+            last = (n, end)
             changes.append((now, training))
         if len(mine) == len(ALGOS) and all(r["status"] not in ("queued", "running") for r in mine):
             break
@@ -146,7 +152,7 @@ def measure(page, store, *, timeout: float = 300) -> tuple[float, list[float], l
     if first_point is None:
         raise RuntimeError("no live point appeared")
     pairs = list(zip(changes, changes[1:]))
-    intervals = [b[0] - a[0] for a, b in pairs if a[1] is not None and a[1] == b[1]]
+    intervals = [b[0] - a[0] for a, b in pairs if a[1] and a[1] == b[1]]
     handovers = [b[0] - a[0] for a, b in pairs if a[1] != b[1]]
     return first_point, intervals, handovers
 

@@ -59,7 +59,7 @@ from engine.store import ACTIVE, RunStore, pid_alive
 DEAD_CHECK_SECONDS = 3.0
 TICK_SECONDS = 0.2
 MAX_STANDBYS = 3  # pre-imported workers kept at most (each holds torch and a prepared run: ~0.4–0.6 GB)
-STANDBY_DELAY_SECONDS = 6.0  # after a launch, let the new worker have the CPU before warming the next standby
+STANDBY_DELAY_SECONDS = 2.0  # after a launch, let the new worker start before warming the next standby (for a queued run)
 CANCEL_GRACE_SECONDS = 3.0
 
 _MANAGERS: "weakref.WeakSet[JobManager]" = weakref.WeakSet()
@@ -87,13 +87,21 @@ def worker_command(store_path: str | os.PathLike, run_id: int, threads: int = 1)
 WORKER_NICENESS = 10
 
 
-def lower_priority(niceness: int = WORKER_NICENESS) -> None:
-    """Set this process's niceness to at least ``niceness`` (idempotent; best effort where not supported)."""
+def lower_priority(niceness: int = WORKER_NICENESS, pid: int = 0) -> None:
+    """Set the niceness of process ``pid`` (0: this one) to at least ``niceness`` (idempotent; best effort
+    where not supported). The manager sets it on each worker it spawns, and the worker on itself."""
     try:
-        if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
-            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+        if os.getpriority(os.PRIO_PROCESS, pid) < niceness:
+            os.setpriority(os.PRIO_PROCESS, pid, niceness)
     except (AttributeError, OSError):
         pass
+
+
+def _spawn(cmd: list[str], **popen) -> subprocess.Popen:
+    """A worker or standby process, started at WORKER_NICENESS."""
+    proc = subprocess.Popen(cmd, cwd=_repo_root(), env=_child_env(), start_new_session=True, **popen)
+    lower_priority(pid=proc.pid)
+    return proc
 
 
 def _repo_root() -> str:
@@ -342,7 +350,8 @@ class JobManager:
                 self._launch(queued.pop(0)["id"])
                 running += 1
             if self.prewarm and not self._stop.is_set() and time.time() - self._last_launch > STANDBY_DELAY_SECONDS:
-                self._ensure_standbys()
+                # the queued runs next in line are prepared first (then what the UI hints)
+                self._ensure_standbys(tuple(self._config_json(r["id"]) for r in queued[: self._pool_size()]))
 
     class _Lock:
         def __init__(self, path: Path):
@@ -397,9 +406,8 @@ class JobManager:
                 proc = None
         if proc is None:
             with open(self.log_path(run_id), "ab") as log:
-                proc = subprocess.Popen(worker_command(self.store_path, run_id, self.threads), cwd=_repo_root(),
-                                        env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                proc = _spawn(worker_command(self.store_path, run_id, self.threads), stdin=subprocess.DEVNULL,
+                              stdout=log, stderr=subprocess.STDOUT)
             self._claim(run_id, proc.pid)
         self._procs[run_id] = proc
         self._last_launch = time.time()
@@ -430,22 +438,22 @@ class JobManager:
         self._hinted.pop(pick)
         return proc
 
-    def _ensure_standbys(self) -> None:
-        """One live standby per worker slot; each hinted with a config no other standby prepares."""
+    def _ensure_standbys(self, queued_next: tuple = ()) -> None:
+        """One live standby per worker slot; each hinted with a config no other standby prepares: the
+        configs of ``queued_next`` (the queued runs next in line) first, then the UI's hints."""
+        targets = tuple(dict.fromkeys(h for h in (*queued_next, *self._hints) if h))[: self._pool_size()]
         for i in reversed(range(len(self._standbys))):  # drop the dead
             if self._standbys[i].poll() is not None:
                 del self._standbys[i], self._hinted[i]
         while len(self._standbys) < self._pool_size():
             with open(self.log_dir / "standby.log", "ab") as err:
-                self._standbys.append(subprocess.Popen(
+                self._standbys.append(_spawn(
                     [sys.executable, "-m", "engine.jobs", "--store", self.store_path, "standby",
-                     "--threads", str(self.threads)],
-                    cwd=_repo_root(), env=_child_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                    stderr=err, start_new_session=True))
+                     "--threads", str(self.threads)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
             self._hinted.append(None)
-        wanted = [h for h in self._hints if h not in self._hinted]
+        wanted = [h for h in targets if h not in self._hinted]
         for i, proc in enumerate(list(self._standbys)):
-            if self._hinted[i] in self._hints or not wanted:
+            if self._hinted[i] in targets or not wanted:
                 continue
             text = wanted.pop(0)
             try:

@@ -247,17 +247,30 @@ def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
 # --- figures ----------------------------------------------------------------------------------------------
 
 def live_figures(group: str, names, **options):
-    """The Train page's :class:`engine.figures.live.LiveFigures` of ``group`` with these figure options, kept
-    in the session: a refresh that only brings new evaluations patches its figures instead of rebuilding
-    them. A new group or option starts a new one (only the current one is kept)."""
+    """The Train page's :class:`engine.figures.live.LiveFigures` of ``group`` for these figures and options,
+    kept in the session: a refresh that only brings new evaluations patches its figures instead of
+    rebuilding them. A new group or option starts a new one (one is kept per set of figure names)."""
     from engine.figures.live import LiveFigures
 
-    key = (group, tuple(names), tuple(sorted(options.items())))
-    kept = st.session_state.get("live-figures")
+    key = (group, tuple(sorted(options.items())))
+    slots = st.session_state.setdefault("live-figures", {})
+    kept = slots.get(tuple(names))
     if kept is None or kept[0] != key:
-        kept = (key, LiveFigures(names, **options))
-        st.session_state["live-figures"] = kept
+        kept = slots[tuple(names)] = (key, LiveFigures(names, **options))
     return kept[1]
+
+
+def at_most_every(seconds: float, name: str, compute: Callable[[], object], *, unless_changed) -> object:
+    """``compute()``, or its last result (kept in the session under ``name``) while less than ``seconds``
+    have passed since it was computed and ``unless_changed`` (any comparable value, e.g. the runs' states)
+    equals what it was then."""
+    now = time.monotonic()
+    kept = st.session_state.get(name)
+    if kept is not None and kept[1] == unless_changed and now - kept[0] < seconds:
+        return kept[2]
+    value = compute()
+    st.session_state[name] = (now, unless_changed, value)
+    return value
 
 
 def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> dict:

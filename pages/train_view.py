@@ -180,6 +180,8 @@ if launch:
     st.session_state.pop("live-figures", None)
 
 # --- live view ----------------------------------------------------------------------------------------------------
+HEADLINE_FIGURES = ("mid_curves", "tier_recall")  # redrawn on every refresh that brings new evaluations
+DETAIL_FIGURES = tuple(n for n in LIVE_FIGURES if n not in HEADLINE_FIGURES)  # at most every DETAIL_INTERVAL
 st.divider()
 store = mgr.store
 runs_all = store.list_runs(kind="train")
@@ -214,9 +216,14 @@ def live(group: str) -> None:
         for run in runs:
             status.status_row(run, status.progress_text(run, queue, eta), mgr)
     records = widgets.live_records(store, runs)
-    figures = widgets.live_figures(group, LIVE_FIGURES, theme=ui.plot_theme(), mid_layout=mid_layout or "facet",
-                                   x_axis=x_axis or "step", smoothing=float(smoothing or 0.0))
-    specs = figures.update(records)
+    options = dict(theme=ui.plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
+                   smoothing=float(smoothing or 0.0))
+    headline = widgets.live_figures(group, HEADLINE_FIGURES, **options)
+    detail = widgets.live_figures(group, DETAIL_FIGURES, **options)
+    specs = headline.update(records)  # every refresh
+    # (at once when the options change or the last run ends; a run that starts or ends meanwhile waits its turn)
+    specs.update(widgets.at_most_every(ui.DETAIL_INTERVAL, f"live-detail-{group}", lambda: detail.update(records),
+                                       unless_changed=(tuple(options.items()), any(ui.is_active(r) for r in runs))))
     ui.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
     ui.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
     c1, c2 = st.columns(2)
@@ -226,7 +233,8 @@ def live(group: str) -> None:
         ui.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
     ui.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
-        st.caption(f"figures built {figures.builds}× · patched {figures.patches}×")
+        st.caption(f"figures built {headline.builds + detail.builds}× · patched {headline.patches + detail.patches}× "
+                   f"(accuracy, ε spent and per-class recall redraw every {ui.DETAIL_INTERVAL:g} s)")
     if any_active and not any(ui.is_active(r) for r in runs):
         st.rerun()  # all done: one full rerun stops the polling
 

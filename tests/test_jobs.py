@@ -146,6 +146,23 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     assert mgr.log_path(warm).exists()
 
 
+def test_a_standby_prepares_the_queued_run_next_in_line(managers):
+    """While a comparison's first runs train, a standby prepares the queued run next in line (not only what
+    the UI hints), so that run starts warm, on the standby that prepared it."""
+    mgr = managers(max_workers=1, prewarm=True)
+    store = mgr.store
+    nxt = TINY.replace(seed=3)
+    mgr.hint([TINY])  # the form shows another config
+    first, queued = mgr.submit([LONG, nxt], group_id="g-next")
+    wait_for(lambda: status(store, first) == "running", 60, "the first run")
+    want = RunConfig.from_dict(store.get_run(queued)["config"]).to_json()
+    pid = wait_for(lambda: next((p.pid for p, h in zip(mgr._standbys, mgr._hinted) if h == want and p.poll() is None),
+                                None), 90, "a standby hinted with the queued run's config")
+    assert mgr.cancel(first) == "cancelled"
+    run = wait_for(lambda: (r := store.get_run(queued))["status"] == "finished" and r, 120, "the queued run")
+    assert run["pid"] == pid
+
+
 def test_submit_refuses_an_unknown_kind_before_queueing(tmp_path):
     from engine.config import ConfigError
 

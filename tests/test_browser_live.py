@@ -118,7 +118,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
 
     builds, patches = wait_until(grown, RUN, f"twenty figure patches that add points (from {(builds0, patches0, n0)})")
     # the refreshes that added points patched the kept figures (counters are per figure: a rebuild of all
-    # five live figures on every refresh would add 5 builds and no patch); rebuilds only when a run changes
+    # live figures on every refresh would add a build per figure and no patch); rebuilds only when a run changes
     # state (or for a figure that is not a curve)
     assert 2 * (builds - builds0) <= patches - patches0, (builds0, patches0, builds, patches, seen[-5:])
     assert store.list_runs()  # (the comparison really runs in the store)

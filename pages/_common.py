@@ -87,10 +87,18 @@ def plot_theme() -> str:
     return "dark" if kind == "dark" else "light"
 
 
+INTRO_COOKIE = "privacy_lab_intro"  # "dismissed": this browser has dismissed the intro box (kept a year)
+
+
 def intro(page: str = "") -> None:
-    """A short first-visit explanation (dismissible; remembered for the session)."""
+    """A short first-visit explanation. "Got it" dismisses it for the session and, through a cookie, for
+    this browser's later visits (a reload, a new tab, the next day)."""
     slot = st.container()  # always emitted: dismissing the box does not shift (and remount) the widgets below
-    if st.session_state.get("intro_dismissed"):
+    if st.session_state.pop("intro_remember", False):
+        with slot:  # set by the click just before: this run writes the cookie (no Streamlit API sets one)
+            st.html(f"<script>document.cookie = '{INTRO_COOKIE}=dismissed; path=/; max-age=31536000; "
+                    f"SameSite=Lax';</script>", unsafe_allow_javascript=True)
+    if st.session_state.get("intro_dismissed") or st.context.cookies.get(INTRO_COOKIE) == "dismissed":
         return
     with slot, st.container(border=True, key="intro-box"):
         st.markdown(
@@ -102,7 +110,8 @@ def intro(page: str = "") -> None:
             "minority, items dominate the update at the same privacy cost.\n"
             "- **GPR** (group privacy risk): the mean membership-inference advantage over a group's samples "
             "(the Audit page measures it).")
-        st.button("Got it", key="dismiss-intro", on_click=lambda: st.session_state.update(intro_dismissed=True))
+        st.button("Got it", key="dismiss-intro",
+                  on_click=lambda: st.session_state.update(intro_dismissed=True, intro_remember=True))
 
 
 def status_badge(status: str, words: str | None = None) -> None:

@@ -2,7 +2,7 @@
 server and Chromium).
 
 - an out-of-range setting disables Launch and says why next to its field; an invalid URL parameter is
-  warned about by name; the intro box, once dismissed, stays dismissed across pages;
+  warned about by name; the intro box, once dismissed, stays dismissed across pages, reloads and tabs;
 - live append: while a short digits comparison runs, the live MID chart gains points through patches of
   the kept figures (the page's "figures built N× · patched M×" counters), not rebuilds.
 
@@ -91,8 +91,24 @@ def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     page.get_by_role("heading", name="Train / compare").wait_for()
     launch.wait_for()
     assert page.locator(".st-key-intro-box").count() == 0
-    assert store.list_runs() == []  # nothing was launched
+    # … and across reloads and new tabs of this browser (a cookie), but not in another browser profile
+    page.reload()
+    launch.wait_for()
+    assert page.locator(".st-key-intro-box").count() == 0
+    cookies = page.context.cookies()
     page.close()
+    profile = browser.new_context()  # this browser, later (its cookies): a new tab on another page
+    profile.add_cookies(cookies)
+    tab = profile.new_page()
+    tab.goto(url + "tif")
+    tab.get_by_role("heading", name="TIF explorer").wait_for()
+    assert tab.locator(".st-key-intro-box").count() == 0
+    profile.close()
+    other = browser.new_page()  # another browser profile (no cookie): the intro again
+    other.goto(url + "train")
+    other.locator(".st-key-intro-box").wait_for()
+    other.close()
+    assert store.list_runs() == []  # nothing was launched
 
 
 def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 - pytest fixtures

@@ -14,7 +14,7 @@ import streamlit as st
 
 from engine import export
 from engine.figures.scaffold import FigureSpec, apply_theme
-from engine.runs import dataset_name, run_label
+from engine.runs import algorithm_label, dataset_name, run_label
 from engine.config import ALGORITHM_LABELS, ConfigError, RunConfig, TierConfig, TiersConfig
 from engine.jobs import JobManager
 from engine.store import ACTIVE, RunStore, default_store_path
@@ -146,6 +146,36 @@ def show_error(e: Exception) -> None:
 
 
 # --- charts and export -------------------------------------------------------------------------------
+
+def example_runs() -> list[dict] | None:
+    """The lab's shipped example comparison (run records), each named "example …"; None if not shipped."""
+    try:
+        from engine.demo import example_runs as load
+
+        records = load()
+    except (ImportError, OSError, ValueError, KeyError):  # not in this build, or its JSON is missing / unreadable
+        return None
+    out = []
+    for r in records:
+        r = dict(r)
+        name = r.get("name") or algorithm_label(r.get("algorithm", ""))
+        r["name"] = name if name.lower().startswith("example") else f"example · {name}"
+        out.append(r)
+    return out
+
+
+@st.cache_resource(show_spinner=False)
+def example_preview(theme: str) -> FigureSpec | None:
+    """The example runs' MID overlay (the most private tier, IDP-SGD vs INO-SGD, mean ± s.e. over seeds): what
+    the default comparison shows, for the Train page before any run (it also loads the chart code in the
+    server and the browser, so a first launch draws its live charts sooner). None if not shipped."""
+    runs = example_runs()
+    if not runs:
+        return None
+    from engine.figures.training import build_figures
+
+    return build_figures(runs, names=["mid_curves"], theme=theme, mid_layout="overlay")[0]
+
 
 def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
           uirevision: str | None = None) -> None:

@@ -260,17 +260,23 @@ def live_figures(group: str, names, **options):
     return kept[1]
 
 
-def at_most_every(seconds: float, name: str, compute: Callable[[], object], *, unless_changed) -> object:
-    """``compute()``, or its last result (kept in the session under ``name``) while less than ``seconds``
-    have passed since it was computed and ``unless_changed`` (any comparable value, e.g. the runs' states)
-    equals what it was then."""
+def staggered(seconds: float, name: str, computes: dict[str, Callable[[], object]], *, unless_changed) -> dict:
+    """{key: compute()} kept in the session under ``name``: each value is computed again at most every
+    ``seconds`` and at most one per call (the oldest due one), so the redraws they cause are spread over
+    refreshes instead of landing on one; all at once on the first call, for a new set of keys, or when
+    ``unless_changed`` (any comparable value, e.g. the figure options) differs from the last call's."""
     now = time.monotonic()
     kept = st.session_state.get(name)
-    if kept is not None and kept[1] == unless_changed and now - kept[0] < seconds:
-        return kept[2]
-    value = compute()
-    st.session_state[name] = (now, unless_changed, value)
-    return value
+    if kept is None or kept["changed"] != unless_changed or set(kept["values"]) != set(computes):
+        kept = {"changed": unless_changed, "at": {k: now for k in computes},
+                "values": {k: f() for k, f in computes.items()}}
+    else:
+        due = [k for k in computes if now - kept["at"][k] >= seconds]
+        if due:
+            k = min(due, key=kept["at"].get)
+            kept["values"][k], kept["at"][k] = computes[k](), now
+    st.session_state[name] = kept
+    return dict(kept["values"])
 
 
 def cached_figures(name: str, signature: tuple, build: Callable[[], list]) -> dict:

@@ -15,7 +15,7 @@ from engine.figures import frames
 from engine.figures import talk_frames as tf
 from engine.figures.talk import build_talk_figures
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
-from engine.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
+from engine.runs import dataset_name, dp_note, run_label, run_record
 from engine.sweep import is_sweep_group
 from pages import _common as ui
 from pages import _widgets as widgets
@@ -26,30 +26,13 @@ url = widgets.UrlParams()
 store = ui.store()
 
 
-def example_runs() -> list[dict] | None:
-    """The lab's shipped example comparison (run records), each named "example …"; None if not shipped."""
-    try:
-        from engine.demo import example_runs as load
-
-        records = load()
-    except (ImportError, OSError, ValueError, KeyError):  # not in this build, or its JSON is missing / unreadable
-        return None
-    out = []
-    for r in records:
-        r = dict(r)
-        name = r.get("name") or algorithm_label(r.get("algorithm", ""))
-        r["name"] = name if name.lower().startswith("example") else f"example · {name}"
-        out.append(r)
-    return out
-
-
 c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
 include_all = c2.toggle("Include unfinished", value=False, key="all", bind="query-params",
                         help="Also cancelled / interrupted / running runs (their last evaluation counts)")
 candidates = [r for r in store.list_runs(kind="train") if include_all or r["status"] == "finished"]
 examples = not candidates
 if examples:
-    runs = example_runs()
+    runs = ui.example_runs()
     url.check()
     if not runs:
         st.info("No finished runs yet — launch a comparison on the Train / compare page. (The example runs are "

@@ -189,6 +189,12 @@ groups = list(dict.fromkeys(r["group_id"] for r in runs_all if r["group_id"]))
 if not groups:
     url.check()
     st.info("No runs yet: launch a comparison above. Runs keep going in the background when you close the tab.")
+    preview = ui.example_preview(ui.plot_theme())
+    if preview is not None:
+        st.caption("What the default comparison shows — the lab's shipped example runs (3 seeds, 12 epochs of "
+                   "MNIST): the most private tier's test loss under IDP-SGD and INO-SGD, mean ± s.e.; the shaded "
+                   "span is its minority initial drop.")
+        ui.chart(preview, key="example-mid", export_key="x-example")
     st.stop()
 active = [r["group_id"] for r in runs_all if r["group_id"] and ui.is_active(r)]
 h1, h2 = st.columns([3, 1])
@@ -219,11 +225,14 @@ def live(group: str) -> None:
     options = dict(theme=ui.plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
                    smoothing=float(smoothing or 0.0))
     headline = widgets.live_figures(group, HEADLINE_FIGURES, **options)
-    detail = widgets.live_figures(group, DETAIL_FIGURES, **options)
+    details = [widgets.live_figures(group, (name,), **options) for name in DETAIL_FIGURES]
     specs = headline.update(records)  # every refresh
-    # (at once when the options change or the last run ends; a run that starts or ends meanwhile waits its turn)
-    specs.update(widgets.at_most_every(ui.DETAIL_INTERVAL, f"live-detail-{group}", lambda: detail.update(records),
-                                       unless_changed=(tuple(options.items()), any(ui.is_active(r) for r in runs))))
+    # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
+    # or the last run ends)
+    redraw = {name: (lambda f=f: f.update(records)) for name, f in zip(DETAIL_FIGURES, details)}
+    for name, got in widgets.staggered(ui.DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
+            tuple(options.items()), any(ui.is_active(r) for r in runs))).items():
+        specs[name] = got[name]
     ui.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
     ui.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
     c1, c2 = st.columns(2)
@@ -233,7 +242,8 @@ def live(group: str) -> None:
         ui.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
     ui.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
-        st.caption(f"figures built {headline.builds + detail.builds}× · patched {headline.patches + detail.patches}× "
+        figures = [headline, *details]
+        st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "
                    f"(accuracy, ε spent and per-class recall redraw every {ui.DETAIL_INTERVAL:g} s)")
     if any_active and not any(ui.is_active(r) for r in runs):
         st.rerun()  # all done: one full rerun stops the polling

@@ -55,6 +55,9 @@ def test_every_page_renders_on_an_empty_store(lab):
     no_exception(at)
     assert at.title[0].value == "Train / compare"
     assert at.button(key="launch") is not None and not at.button(key="launch").disabled
+    # before any run: what the default comparison shows (the shipped example runs' MID overlay)
+    charts = at.get("plotly_chart")
+    assert len(charts) == 1 and "example" in charts[0].proto.spec and "INO-SGD" in charts[0].proto.spec
     for page, title in zip(PAGES[1:4], ["Results", "Runs", "TIF explorer"]):
         at.switch_page(page).run()
         no_exception(at)
@@ -268,3 +271,27 @@ def test_run_time_estimate_uses_this_machines_finished_runs():
     configs = [cfg.replace(**{"algorithm.name": a}) for a in previews]
     assert run_time_estimate(configs, previews, [done], workers=1)[0] == pytest.approx(4.0)  # 2 × 20 × 10 × 0.01
     assert run_time_estimate(configs, previews, [done], workers=2)[0] == pytest.approx(2.0)
+
+
+def test_staggered_redraws_each_at_most_every_interval_and_one_per_refresh(monkeypatch):
+    from pages import _widgets as widgets
+
+    clock, calls = [100.0], []
+    monkeypatch.setattr(widgets.st, "session_state", {})
+    monkeypatch.setattr(widgets.time, "monotonic", lambda: clock[0])
+
+    def refresh(t, changed="a"):
+        clock[0] = t
+        return widgets.staggered(3.0, "k", {n: (lambda n=n: calls.append((t, n)) or (n, t)) for n in "xyz"},
+                                 unless_changed=changed)
+
+    assert refresh(100.0) == {"x": ("x", 100.0), "y": ("y", 100.0), "z": ("z", 100.0)}  # the first: all
+    refresh(101.0), refresh(102.9)
+    assert len(calls) == 3  # none due yet
+    for t in (103.0, 103.5, 104.0, 104.5):  # due together: one per refresh, oldest first
+        refresh(t)
+    assert calls[3:] == [(103.0, "x"), (103.5, "y"), (104.0, "z")]
+    refresh(106.0)
+    assert calls[-1] == (106.0, "x")  # x again 3 s after its last redraw: the redraws stay spread
+    got = refresh(106.1, changed="b")  # a change: all at once
+    assert calls[-3:] == [(106.1, "x"), (106.1, "y"), (106.1, "z")] and got["z"] == ("z", 106.1)

@@ -241,9 +241,9 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
 
     # the app keeps working: a short comparison runs to the end
     page.goto(url + "train?dataset=digits&batch=64&epochs=4")
-    page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
+    assert page.locator(".st-key-intro-box").count() == 0  # dismissed at the start: it stays dismissed
     launch.click()
     wait_until(lambda: len(store.list_runs()) == 4 and all(r["status"] == "finished" for r in store.list_runs()[:2]),
                RUN, "the new comparison to finish")

@@ -123,19 +123,25 @@ _renderer = _Renderer()
 atexit.register(_renderer.stop)
 
 
-def render_static(jobs: list[tuple[object, str]], *, width: int = 1000, height: int = 600,
-                  scale: float = 2.0) -> list[bytes]:
-    """png/svg/pdf bytes of each (figure, format) job, rendered concurrently (Kaleido + Chromium)."""
+def _static_batch(jobs: list[tuple[object, str]], width: int, height: int, scale: float) -> list[tuple[dict, dict]]:
+    """The renderer's (figure dict, Kaleido opts) jobs of (figure, format) jobs; refuses an unknown format
+    and a machine without Chromium (:class:`ExportUnavailable`, with what to install)."""
     for _, fmt in jobs:
         if fmt not in STATIC_FORMATS:
             raise ValueError(f"unknown image format {fmt!r}; allowed: {', '.join(STATIC_FORMATS + ('html',))}")
     ok, reason = static_export_available()
     if not ok:
         raise ExportUnavailable(reason)
+    return [(fig.to_dict() if hasattr(fig, "to_dict") else dict(fig),
+             {"format": fmt, "width": int(width), "height": int(height), "scale": float(scale)}) for fig, fmt in jobs]
+
+
+def render_static(jobs: list[tuple[object, str]], *, width: int = 1000, height: int = 600,
+                  scale: float = 2.0) -> list[bytes]:
+    """png/svg/pdf bytes of each (figure, format) job, rendered one after another (Kaleido + Chromium)."""
+    batch = _static_batch(jobs, width, height, scale)
     from kaleido.errors import ChromeNotFoundError
 
-    batch = [(fig.to_dict() if hasattr(fig, "to_dict") else dict(fig),
-              {"format": fmt, "width": int(width), "height": int(height), "scale": float(scale)}) for fig, fmt in jobs]
     with _lock:
         try:
             return _renderer.render(batch)
@@ -153,11 +159,7 @@ def render_static_later(jobs: list[tuple[object, str]], *, width: int = 1000, he
                         scale: float = 2.0):
     """Start :func:`render_static` of ``jobs`` and return at once: a function that waits for its bytes
     (the caller works meanwhile, e.g. on the previous figure of a pack). Hold ``_lock`` until it returns."""
-    ok, reason = static_export_available()
-    if not ok:
-        raise ExportUnavailable(reason)
-    batch = [(fig.to_dict() if hasattr(fig, "to_dict") else dict(fig),
-              {"format": fmt, "width": int(width), "height": int(height), "scale": float(scale)}) for fig, fmt in jobs]
+    batch = _static_batch(jobs, width, height, scale)
     try:
         future = _renderer.submit(batch)
     except Exception:  # noqa: BLE001 - no browser yet or a dead one: render_static starts (or restarts) it

@@ -20,9 +20,10 @@ from engine.jobs import JobManager
 from engine.store import ACTIVE, RunStore, default_store_path
 
 LIVE_INTERVAL = 0.5  # seconds between live refreshes while runs are active (≥ 1 update/s)
-# The live view's secondary charts (accuracy, ε spent, per-class recall) redraw at most this often (and at
-# once when a run changes state): each redraw of a Plotly chart costs the browser ~0.2 s of CPU, and on 2
-# cores five charts twice a second kept the headline MID and tier charts ~2 s behind.
+# The live view's secondary charts (accuracy, ε spent, per-class recall) redraw at most this often, one per
+# refresh (and all at once when the options change or the last run ends): each redraw of a Plotly chart costs
+# the browser ~0.2 s of CPU, and on 2 cores five charts twice a second kept the headline MID and tier charts
+# ~2 s behind.
 DETAIL_INTERVAL = 3.0
 STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "failed": "red",
                  "cancelled": "orange", "interrupted": "violet"}

@@ -115,11 +115,9 @@ def cmd_worker(args) -> int:
     passes ``args.prepared`` (config → its ready preparation, or None)."""
     import torch
 
-    from engine.jobs import lower_priority
     from engine.lifecycle import run_queued
     from engine.train import Cancelled
 
-    lower_priority()  # a background job: the app and the browser come first
     store = _store(args)
     torch.set_num_threads(args.threads)
     try:

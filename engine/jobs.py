@@ -87,9 +87,9 @@ def worker_command(store_path: str | os.PathLike, run_id: int, threads: int = 1)
 WORKER_NICENESS = 10
 
 
-def lower_priority(niceness: int = WORKER_NICENESS, pid: int = 0) -> None:
-    """Set the niceness of process ``pid`` (0: this one) to at least ``niceness`` (idempotent; best effort
-    where not supported). The manager sets it on each worker it spawns, and the worker on itself."""
+def lower_priority(pid: int, niceness: int = WORKER_NICENESS) -> None:
+    """Set the niceness of process ``pid`` to at least ``niceness`` (idempotent; best effort where not
+    supported). :func:`_spawn` does it for every worker and standby the manager starts."""
     try:
         if os.getpriority(os.PRIO_PROCESS, pid) < niceness:
             os.setpriority(os.PRIO_PROCESS, pid, niceness)
@@ -100,8 +100,18 @@ def lower_priority(niceness: int = WORKER_NICENESS, pid: int = 0) -> None:
 def _spawn(cmd: list[str], **popen) -> subprocess.Popen:
     """A worker or standby process, started at WORKER_NICENESS."""
     proc = subprocess.Popen(cmd, cwd=_repo_root(), env=_child_env(), start_new_session=True, **popen)
-    lower_priority(pid=proc.pid)
+    lower_priority(proc.pid)
     return proc
+
+
+def _config_json(run: dict) -> str | None:
+    """A run row's config as the canonical JSON the standby hints use (None if it cannot be read)."""
+    try:
+        from engine.config import RunConfig
+
+        return RunConfig.from_dict(run["config"]).to_json() if run["kind"] == "train" else None
+    except Exception:  # noqa: BLE001 - only picks the best standby; the worker reports real errors
+        return None
 
 
 def _repo_root() -> str:
@@ -347,11 +357,11 @@ class JobManager:
             queued = [r for r in reversed(self.store.list_runs(status="queued"))
                       if r["group_id"] and not r["pid"] and _is_leader(r)]
             while queued and running < self.max_workers and not self._stop.is_set():
-                self._launch(queued.pop(0)["id"])
+                self._launch(queued.pop(0))
                 running += 1
             if self.prewarm and not self._stop.is_set() and time.time() - self._last_launch > STANDBY_DELAY_SECONDS:
                 # the queued runs next in line are prepared first (then what the UI hints)
-                self._ensure_standbys(tuple(self._config_json(r["id"]) for r in queued[: self._pool_size()]))
+                self._ensure_standbys(tuple(_config_json(r) for r in queued[: self._pool_size()]))
 
     class _Lock:
         def __init__(self, path: Path):
@@ -391,10 +401,12 @@ class JobManager:
                 status, error = _exit_reason(proc.pid, rc, _tail(self.log_path(run_id)))
                 self.store.set_status(run_id, status, error=error)
 
-    def _launch(self, run_id: int) -> None:
-        # The run is claimed (pid first, then status, so mark_dead_runs never sees 'running' without a
-        # pid) before the worker can touch it: a worker that fails at once then has the last word.
-        proc = self._take_standby(self._config_json(run_id))
+    def _launch(self, run: dict) -> None:
+        # The run (its row, as the tick read it) is claimed (pid first, then status, so mark_dead_runs never
+        # sees 'running' without a pid) before the worker can touch it: a worker that fails at once then
+        # has the last word.
+        run_id = run["id"]
+        proc = self._take_standby(_config_json(run))
         if proc is not None:
             self._claim(run_id, proc.pid)
             try:
@@ -417,16 +429,6 @@ class JobManager:
         self.store.set_status(run_id, "running")
 
     # --- standbys (pre-imported workers) ---------------------------------------------------------
-    def _config_json(self, run_id: int) -> str | None:
-        """A run's config as the canonical JSON the hints use (None if it cannot be read)."""
-        try:
-            from engine.config import RunConfig
-
-            run = self.store.get_run(run_id)
-            return RunConfig.from_dict(run["config"]).to_json() if run is not None and run["kind"] == "train" else None
-        except Exception:  # noqa: BLE001 - only picks the best standby; the worker reports real errors
-            return None
-
     def _take_standby(self, config_json: str | None = None):
         """A ready standby, preferably the one that prepared ``config_json``; None if none is alive."""
         alive = [i for i, p in enumerate(self._standbys) if p.poll() is None]
@@ -611,7 +613,6 @@ def _standby_main(argv=None) -> int:
     s = sub.add_parser("standby", help="(internal) pre-import the engine, then run the worker for a run id read from stdin")
     s.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    lower_priority()
     _warm_up()
     from engine.config import RunConfig
     from engine.train import prepare

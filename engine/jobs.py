@@ -229,10 +229,7 @@ class JobManager:
         job_kind(kind)
         group_id = group_id or new_group_id("audit" if kind == "audit" else "cmp")
         jobs = [seed_rows(cfg) if kind == "train" else [cfg] for cfg in configs]
-        ids = []
-        for k, rows in enumerate(jobs):
-            ids += self.store.create_job(rows, kind=kind, group_id=group_id, status="queued",
-                                         name=names[k] if names else None)
+        ids = self.store.create_jobs(jobs, kind=kind, group_id=group_id, status="queued", names=names)
         self.kick()
         return ids
 

@@ -255,27 +255,43 @@ class RunStore:
         """Register one job as one row per config (a k-seed train job: ``RunConfig.seed_configs()``), in one
         transaction; returns the row ids, the leader (the row a worker runs) first. One config: a single run
         (``job_id`` NULL), exactly :meth:`create_run`."""
-        rows = []
-        for config in configs:
-            if hasattr(config, "to_json"):
-                config_json, cfg = config.to_json(), config.to_dict()
-            else:
-                cfg = dict(config)
-                config_json = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
-            algorithm = (cfg.get("algorithm") or {}).get("name", "") if isinstance(cfg.get("algorithm"), dict) else ""
-            label = name if name is not None else (cfg.get("name") or "")
-            rows.append((kind, label, algorithm, group_id, config_json, status, cfg.get("seed")))
-        if not rows:
+        return self.create_jobs([configs], kind=kind, group_id=group_id, status=status, names=[name])
+
+    def create_jobs(self, jobs, *, kind: str = "train", group_id: str | None = None,
+                    status: str = "queued", names=None) -> list[int]:
+        """Register several jobs (each a list of configs, as for :meth:`create_job`; ``names[k]`` names job
+        k's rows) in one transaction, so a reader never sees part of a group (a comparison or a sweep);
+        returns every row id, job by job, each leader first."""
+        jobs = [[self._row(config, kind, group_id, status, names[k] if names else None) for config in configs]
+                for k, configs in enumerate(jobs)]
+        if not all(jobs):
             raise ValueError("a job needs at least one config")
         versions, now = json.dumps(package_versions()), time.time()
         sql = ("INSERT INTO runs (kind, name, algorithm, group_id, config_json, status, seed, created_at, updated_at,"
                " versions_json, job_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)")
+        ids = []
+        if not jobs:
+            return ids
         with self._transaction() as db:
-            ids = [int(db.execute(sql, rows[0] + (now, now, versions, None)).lastrowid)]
-            if len(rows) > 1:
-                db.execute("UPDATE runs SET job_id=? WHERE id=?", (ids[0], ids[0]))
-                ids += [int(db.execute(sql, r + (now, now, versions, ids[0])).lastrowid) for r in rows[1:]]
+            for rows in jobs:
+                leader = int(db.execute(sql, rows[0] + (now, now, versions, None)).lastrowid)
+                ids.append(leader)
+                if len(rows) > 1:
+                    db.execute("UPDATE runs SET job_id=? WHERE id=?", (leader, leader))
+                    ids += [int(db.execute(sql, r + (now, now, versions, leader)).lastrowid) for r in rows[1:]]
         return ids
+
+    @staticmethod
+    def _row(config, kind, group_id, status, name):
+        """The ``runs`` columns one config fills (its canonical JSON and the fields listed beside it)."""
+        if hasattr(config, "to_json"):
+            config_json, cfg = config.to_json(), config.to_dict()
+        else:
+            cfg = dict(config)
+            config_json = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+        algorithm = (cfg.get("algorithm") or {}).get("name", "") if isinstance(cfg.get("algorithm"), dict) else ""
+        label = name if name is not None else (cfg.get("name") or "")
+        return (kind, label, algorithm, group_id, config_json, status, cfg.get("seed"))
 
     _JOB = "(id=? OR (job_id IS NOT NULL AND job_id=(SELECT job_id FROM runs WHERE id=?)))"  # every row of run ?'s job
 

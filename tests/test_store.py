@@ -109,6 +109,27 @@ def test_failed_run_records_error(tmp_path):
 SEEDS = RunConfig().replace(**{"model.name": "lr", "seeds": 3, "seed": 10})
 
 
+def test_a_group_of_jobs_is_written_whole_or_not_at_all(tmp_path):
+    """A comparison or sweep (several jobs) lands in one transaction: a reader sees all of its rows or none."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    ids = store.create_jobs([[RunConfig()], SEEDS.seed_configs(), [RunConfig().replace(seed=5)]],
+                            group_id="g", names=["a", "b", "c"])
+    runs = [store.get_run(i) for i in ids]
+    assert [(r["name"], r["job_id"] == ids[1]) for r in runs] == \
+        [("a", False), ("b", True), ("b", True), ("b", True), ("c", False)]
+    # a write that fails at the group's fourth row (a real SQLite trigger) leaves none of the group behind
+    with sqlite3.connect(store.path) as db:
+        db.execute("CREATE TRIGGER fourth BEFORE INSERT ON runs WHEN (SELECT COUNT(*) FROM runs WHERE group_id='h') = 3 "
+                   "BEGIN SELECT RAISE(ABORT, 'disk gone'); END")
+    try:
+        store.create_jobs([[RunConfig()], SEEDS.seed_configs()], group_id="h")
+    except Exception as err:  # noqa: BLE001 - the store's own error type wraps sqlite's
+        assert "disk gone" in str(err)
+    else:
+        raise AssertionError("the trigger should have failed the write")
+    assert store.list_runs(group_id="h") == [] and len(store.list_runs(group_id="g")) == 5
+
+
 def test_create_job_rows_and_job_wide_status(tmp_path):
     store = RunStore(tmp_path / "runs.sqlite")
     single = store.create_run(RunConfig(), group_id="g")

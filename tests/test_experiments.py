@@ -158,7 +158,15 @@ def test_pareto_smoke(tmp_path, capsys, one_thread):
 def test_group_risk_smoke(tmp_path, capsys, one_thread):
     from experiments import group_risk
 
-    d = _main(group_risk, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "g.sqlite")], capsys)
+    figures = tmp_path / "figures"
+    d = _main(group_risk, ["--smoke", "--json", "--figures", str(figures), "--store", str(tmp_path / "g.sqlite")], capsys)
+    # the figures come through the project's own builders and export (real PNGs, Kaleido + Chromium); the tiered
+    # one is the talk figure of the tiered audit's report (GPR per tier vs its ε, and the ε lower bound)
+    names = sorted(Path(p).name for p in d["figures"])
+    assert names == sorted(["group_risk_smoke_fairness.png", "group_risk_smoke_tiered_gpr_vs_epsilon.png",
+                            "group_risk_smoke_gpr_tiered.png"] + [f"group_risk_smoke_gpr_{ds}_eps{e}.png"
+                                                                   for ds in ("adult", "mnist10k") for e in (1, 10)])
+    assert all((figures / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
     adult = d["audits"]["adult"]
     assert set(adult) == {"eps1", "eps10"}
     assert set(adult["eps10"]["algorithms"]) == {"nonprivate", "dpsgd", "dpsgd_s"}

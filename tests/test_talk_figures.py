@@ -257,6 +257,15 @@ def test_audit_gpr_per_tier_against_its_epsilon():
     assert all(b >= a for a, b in zip(ceiling.y, ceiling.y[1:]))  # grows with ε
     gpr = next(t for t in spec.figure.data if t.name == "INO-SGD: GPR")
     assert list(gpr.y) == pytest.approx([0.1, 0.04]) and list(gpr.error_y.array) == pytest.approx([0.01, 0.01])
+    floors = next(t for t in spec.figure.data if t.name == "INO-SGD: null floor")
+    assert list(floors.y) == pytest.approx([0.005, 0.005])  # GPR's zero, beside its CI
+    # GPRs far below the (ε, δ)-DP ceiling: the GPR panel zooms to them (every CI and floor inside) and says so
+    low, high = spec.figure.layout.yaxis.range
+    assert low < 0 <= 0.005 and 0.11 < high < tf.advantage_ceiling(1.0, 1e-5)
+    assert any("ceiling" in (a.text or "") and "0.46" in a.text for a in spec.figure.layout.annotations)
+    near = talk.build_talk_figures([make_run(1, "idp_sample")], names=["audit_tiers"],
+                                   audit=audit_results(gprs=(0.3, 0.2)))[0].figure
+    assert near.layout.yaxis.range is None and not any("ceiling" in (a.text or "") for a in near.layout.annotations)
     table = tf.results_table([make_run(1, "idp_sample"), make_run(2, "ino", gain=0.2)], results).set_index("algorithm")
     assert table.at["INO-SGD #2", "audit Δ (pp)"] == f"{100 * (0.1 - 0.04):.2f}"  # matched by algorithm
     none = talk.build_talk_figures([make_run(1, "idp_sample")], names=["audit_tiers"])[0]

@@ -4,7 +4,8 @@ pure functions, a tidy frame in, a plotly figure out (themed by ``engine.figures
     gain_frame(gains, labels, tiers, epochs)   the per-tier gains of experiments.tiered.tier_gains as a frame
     fig_gain_by_tier(frame)                    recall gain per tier vs epoch, mean ± s.e. over seeds (+ seeds)
     fig_pareto(frame)                          imbalance vs overall accuracy, ± s.e. both ways, one point per setting
-    fig_gpr_vs_epsilon(frame)                  audited group privacy risk per tier vs its ε, one line per algorithm
+
+The tiered audit's GPR per tier vs its ε is the talk figure ``engine.figures.talk.fig_audit_tiers`` (one owner).
 """
 from __future__ import annotations
 
@@ -82,26 +83,5 @@ def fig_pareto(frame: pd.DataFrame, *, theme: str = "light",
                                  error_y=dict(type="data", array=ref[se].fillna(0)),
                                  marker=dict(size=12, color="black", symbol="x")), row=1, col=c)
         fig.update_xaxes(title_text="overall test accuracy (%)", row=1, col=c)
-    fig.update_layout(title=title)
-    return apply_theme(fig, theme)
-
-
-GPR_TIER_COLUMNS = ["algorithm", "tier", "epsilon", "gpr", "low", "high", "null_floor"]
-
-
-def fig_gpr_vs_epsilon(frame: pd.DataFrame, *, theme: str = "light",
-                       title: str = "Audited group privacy risk per tier vs its ε (bootstrap CI)") -> go.Figure:
-    fig = go.Figure()
-    for i, (algo, g) in enumerate(frame.groupby("algorithm", sort=False)):
-        g = g.sort_values("epsilon")
-        fig.add_trace(go.Scatter(x=g["epsilon"], y=g["gpr"], mode="lines+markers", name=algo,
-                                 error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).fillna(0),
-                                              arrayminus=(g["gpr"] - g["low"]).fillna(0)),
-                                 marker=dict(size=9, color=EXTRA_COLORS[i % len(EXTRA_COLORS)])))
-    if frame["null_floor"].notna().any():
-        fig.add_hline(y=float(frame["null_floor"].max()), line=dict(color="gray", dash="dot"),
-                      annotation_text="null floor (largest)")
-    fig.update_xaxes(title_text="tier ε")
-    fig.update_yaxes(title_text="GPR (mean per-sample advantage)")
     fig.update_layout(title=title)
     return apply_theme(fig, theme)

@@ -186,6 +186,12 @@ def fig_audit_tiers(frame: pd.DataFrame, *, theme: str = "light",
                                                   arrayminus=(g["gpr"] - g["low"]).clip(lower=0).fillna(0)),
                                      hovertemplate="%{text} (ε=%{x}): GPR %{y:.4f}<extra>" + label + "</extra>"),
                           row=1, col=1)
+        if g["null_floor"].notna().any():  # what the same scores give with membership shuffled: GPR's zero
+            fig.add_trace(go.Scatter(x=g["epsilon"], y=g["null_floor"], mode="markers", name=f"{label}: null floor",
+                                     legendgroup=label, text=g["tier"],
+                                     marker=dict(size=16, color=color, symbol="line-ew-open", line=dict(width=2)),
+                                     hovertemplate="%{text}: null floor %{y:.4f}<extra>" + label + "</extra>"),
+                          row=1, col=1)
         fig.add_trace(go.Scatter(x=g["epsilon"], y=g["epsilon_lower_bound"], mode="markers",
                                  name=f"{label}: ε lower bound (Clopper–Pearson)", legendgroup=label, text=g["tier"],
                                  marker=dict(size=11, color=color, symbol="triangle-up"),
@@ -207,10 +213,28 @@ def fig_audit_tiers(frame: pd.DataFrame, *, theme: str = "light",
         fig.add_trace(go.Scatter(x=[0, float(eps.max()) * 1.1], y=[0, float(eps.max()) * 1.1], mode="lines",
                                  name="claimed ε (bound must lie below)", hoverinfo="skip",
                                  line=dict(color="#888", dash="dot")), row=1, col=2)
+        _zoom_below_ceiling(fig, df, delta, float(eps.min()))
     fig.update_xaxes(title_text="tier ε (claimed)")
     fig.update_yaxes(title_text="GPR (mean per-sample advantage)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="ε", rangemode="tozero", row=1, col=2)
     return fig
+
+
+def _zoom_below_ceiling(fig: go.Figure, df: pd.DataFrame, delta: float, smallest_epsilon: float) -> None:
+    """Audited GPRs are often a few hundredths while the (ε, δ)-DP ceiling is ~0.5–0.9: scaled to the ceiling,
+    the tiers' GPRs and CIs would sit on one flat line. Then the GPR panel zooms to the data and says where the
+    ceiling is."""
+    values = pd.concat([df[c] for c in ("gpr", "low", "high", "null_floor")]).dropna()
+    values = values[np.isfinite(values)]
+    lowest = tf.advantage_ceiling(smallest_epsilon, delta)
+    if values.empty or not np.isfinite(lowest) or lowest <= 3 * max(float(values.max()), 0.0):
+        return
+    top, bottom = float(values.max()), min(float(values.min()), 0.0)
+    pad = 0.15 * max(top - bottom, 1e-6)
+    fig.update_yaxes(range=[bottom - pad, top + 2 * pad], row=1, col=1)
+    fig.add_annotation(text=f"(ε, δ)-DP ceiling at the tiers' ε: ≥ {lowest:.2f}, above this panel", showarrow=False,
+                       xref="x domain", yref="y domain", x=0.98, y=0.98, xanchor="right", yanchor="top",
+                       font=dict(size=11, color="#666"))
 
 
 def fig_results_table(table: pd.DataFrame, *, theme: str = "light", title: str = "Results") -> go.Figure:

@@ -15,7 +15,7 @@ A worker is ``python -m engine --store STORE worker RUN_ID --threads 1`` (``engi
 with :class:`subprocess.Popen` — never a multiprocessing child, which would re-import the
 Streamlit script. To keep the click → first live point latency low (a cold worker spends ~3 s
 importing torch and ~1 s planning), the manager keeps one *standby* process per worker slot (at
-most ``MAX_STANDBYS``; ``python -m engine.jobs standby``, ``PRIVACY_LAB_PREWARM=0`` turns them off) that has already
+most ``MAX_STANDBYS``; ``python -m engine.standby``, ``PRIVACY_LAB_PREWARM=0`` turns them off) that has already
 imported the engine and waits on its stdin, so that every run of a comparison that starts at the
 click starts warm. :meth:`JobManager.hint` lets the UI tell them the configs the user is looking at;
 standby i prepares config i ahead of time (data, tiers, privacy plan, model — what
@@ -54,6 +54,7 @@ import uuid
 import weakref
 from pathlib import Path
 
+from engine.standby import standby_command
 from engine.store import ACTIVE, RunStore, pid_alive
 
 DEAD_CHECK_SECONDS = 3.0
@@ -446,9 +447,8 @@ class JobManager:
                 del self._standbys[i], self._hinted[i]
         while len(self._standbys) < self._pool_size():
             with open(self.log_dir / "standby.log", "ab") as err:
-                self._standbys.append(_spawn(
-                    [sys.executable, "-m", "engine.jobs", "--store", self.store_path, "standby",
-                     "--threads", str(self.threads)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err))
+                self._standbys.append(_spawn(standby_command(self.store_path, self.threads), stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL, stderr=err))
             self._hinted.append(None)
         wanted = [h for h in targets if h not in self._hinted]
         for i, proc in enumerate(list(self._standbys)):
@@ -573,79 +573,3 @@ def eta_seconds(run: dict, now: float | None = None) -> float | None:
         return None
     elapsed = (now or time.time()) - run["started_at"]
     return max(0.0, elapsed / step * (run["total_steps"] - step))
-
-
-# --- the standby process ----------------------------------------------------------------------------
-
-def _warm_up() -> None:
-    """Pay the one-off costs of a worker before a run is assigned: imports, torch.optim's lazy
-    torch._dynamo import, the first vmap(grad) trace. Touches no run and no store."""
-    import engine.cli  # noqa: F401
-    import engine.data  # noqa: F401
-    import engine.train  # noqa: F401
-
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
-        torch.optim.SGD(model.parameters(), lr=0.1)
-        from engine.grad_sample import ModuleGrads
-
-        ModuleGrads(model).per_sample(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long), torch.arange(3)[None],
-                                      torch.ones(1, 3, dtype=torch.bool))
-        from engine.metrics import predict
-
-        predict(model, torch.zeros(2, 4))
-    except Exception:  # noqa: BLE001 - warming is best effort; the real run reports real errors
-        pass
-
-
-def _standby_main(argv=None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m engine.jobs")
-    p.add_argument("--store", required=True)
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("standby", help="(internal) pre-import the engine, then run the worker for a run id read from stdin")
-    s.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    _warm_up()
-    from engine.config import RunConfig
-    from engine.train import prepare
-
-    prepared: dict[str, object] = {}  # config JSON -> Prepared, from "hint" lines; each used at most once
-
-    def ready(config):
-        return prepared.pop(config.to_json(), None)
-
-    run_line = None
-    for line in sys.stdin:
-        if line.startswith("hint "):
-            try:
-                cfg = RunConfig.from_json(line[5:]).validate()
-                prepared.clear()
-                prepared[cfg.to_json()] = prepare(cfg)
-            except Exception:  # noqa: BLE001 - a bad hint only costs the speed-up; the worker reports errors
-                prepared.clear()
-        elif line.startswith("run "):
-            run_line = line[4:]
-            break
-    if run_line is None:
-        return 0  # stdin closed: the manager went away
-    parts = run_line.split(maxsplit=1)
-    run_id = int(parts[0])
-    if len(parts) > 1:  # from now on, write to this run's log
-        fd = os.open(parts[1].strip(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    from engine.cli import main
-
-    return main(["--store", args.store, "worker", str(run_id), "--threads", str(args.threads)], prepared=ready)
-
-
-if __name__ == "__main__":
-    sys.exit(_standby_main())

@@ -12,6 +12,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from engine import accounting as acc
+from engine import fast_rdp
 from engine.accounting import Plan, PlanError, TierAccountant
 
 ORDERS = RDPAccountant.DEFAULT_ALPHAS
@@ -36,12 +37,12 @@ GRID_DELTA = (1e-5, 1e-3)
 
 def test_fast_rdp_matches_opacus_per_order():
     qs, sigmas = zip(*itertools.product(GRID_Q, GRID_SIGMA))
-    fast = acc._rdp_fast(np.array(qs), np.array(sigmas))  # all (q, σ) at once
+    fast = fast_rdp.rdp(np.array(qs), np.array(sigmas))  # all (q, σ) at once
     for k, (q, s) in enumerate(zip(qs, sigmas)):
         exact = np.asarray(compute_rdp(q=q, noise_multiplier=s, steps=1, orders=ORDERS))
         # below ~1e-13 both are floating-point noise of Opacus' own alternating series
         np.testing.assert_allclose(fast[k], exact, rtol=1e-6, atol=1e-13, err_msg=f"q={q} sigma={s}")
-        np.testing.assert_allclose(acc._rdp_fast(q, s)[0], fast[k], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(fast_rdp.rdp(q, s)[0], fast[k], rtol=1e-12, atol=0)
 
 
 def test_fast_epsilon_matches_opacus_and_never_smaller():
@@ -49,7 +50,7 @@ def test_fast_epsilon_matches_opacus_and_never_smaller():
         rdp1 = np.asarray(compute_rdp(q=q, noise_multiplier=s, steps=1, orders=ORDERS))
         for T, d in itertools.product(GRID_T, GRID_DELTA):
             exact = opacus_eps(q, s, T, d)
-            fast = float(acc._eps_fast(q, s, T, d)[0])
+            fast = float(fast_rdp.epsilon(q, s, T, d)[0])
             assert fast >= exact, (q, s, T, d, fast, exact)
             assert abs(fast - exact) <= 1e-6 * exact, (q, s, T, d, fast, exact)
             assert exact == pytest.approx(acc._opacus_eps_from_rdp(rdp1 * T, d), rel=1e-15)
@@ -57,9 +58,9 @@ def test_fast_epsilon_matches_opacus_and_never_smaller():
 
 def test_fast_epsilon_full_batch_and_vectorized_rates():
     for s in (0.7, 2.0, 10.0):
-        assert acc._eps_fast(1.0, s, 50, 1e-5)[0] == pytest.approx(opacus_eps(1.0, s, 50, 1e-5), rel=1e-8)
+        assert fast_rdp.epsilon(1.0, s, 50, 1e-5)[0] == pytest.approx(opacus_eps(1.0, s, 50, 1e-5), rel=1e-8)
     qs = np.array([1e-4, 0.02, 0.5, 1.0])
-    many = acc._eps_fast(qs, 1.3, 200, 1e-5)
+    many = fast_rdp.epsilon(qs, 1.3, 200, 1e-5)
     for q, e in zip(qs, many):
         assert e >= opacus_eps(float(q), 1.3, 200, 1e-5)
         assert e == pytest.approx(opacus_eps(float(q), 1.3, 200, 1e-5), rel=1e-6)

@@ -232,8 +232,8 @@ def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:
     for key, rep in reports.items():
         paths.append(common.export_png(fig_gpr_bars(rep.to_dict()), out / f"{prefix}_gpr_{key.replace('/', '_')}.png",
                                        width=900, height=500))
-    # the Train/Results talk figure, from the tiered audit's own report: GPR per tier vs its ε (CI, the advantage
-    # (ε, δ)-DP allows) and the audit's empirical ε lower bound
+    # the Results page's talk figure, from the tiered audit's own report: GPR per tier vs its ε (CI, null floor,
+    # the advantage (ε, δ)-DP allows) and the audit's empirical ε lower bound
     paths.append(common.export_png(fig_audit_tiers(audit_tier_frame(reports["tiered"])),
                                    out / f"{prefix}_tiered_gpr_vs_epsilon.png", width=1200, height=500))
     fair_rows, i = [], 0

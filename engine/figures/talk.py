@@ -8,8 +8,8 @@
 * ``group_clip`` — DP-SGD-S over training: each group's clip norm C_k and the noise std;
 * ``tif_sweep`` — a sweep group (:mod:`engine.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
-* ``audit_tiers`` — an audit (grouped by tier): GPR per tier against the tier's ε with the largest
-  advantage that ε allows, and the empirical ε lower bounds against the claimed ε;
+* ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
+  largest advantage that ε allows, and the empirical ε lower bounds against the claimed ε;
 * ``results_table`` — the one-slide table per algorithm.
 
 User text (run, series, tier, group names) is escaped where it enters a figure.

@@ -1,9 +1,9 @@
-"""Privacy Imbalance Lab — the dashboard. Navigation only; each view is a thin page in pages/.
+"""Privacy Imbalance Lab — the dashboard. Navigation only; each view is a thin page in app_pages/.
 
     streamlit run app.py          # http://127.0.0.1:8501 (local only, see .streamlit/config.toml)
 
 All computing lives in ``engine/`` (importable without Streamlit); runs execute in background worker
-processes started by ``engine.jobs.JobManager`` and stream their metrics into the run store
+processes started by ``engine.jobs.manager.JobManager`` and stream their metrics into the run store
 (``$PRIVACY_LAB_STORE``, default ``~/.privacy-imbalance-lab/runs.sqlite``).
 """
 from pathlib import Path
@@ -11,20 +11,18 @@ from pathlib import Path
 import streamlit as st
 
 HERE = Path(__file__).resolve().parent
-PAGES = HERE / "pages"
+# Not pages/: Streamlit runs an app with a pages/ folder beside its main script as a legacy multipage app
+# until st.navigation has been called once in the server process, and that mode knows a page only by its file
+# name, so a first visit to /train on a fresh server found no page.
+PAGES = HERE / "app_pages"
 
 st.set_page_config(page_title="Privacy Imbalance Lab", page_icon=":material/shield_person:", layout="wide")
 
 
-# Deep links (/train, /results, /runs, /tif, /audit) must open their page on a fresh and on a running server
-# (tests/test_browser.py::test_deep_links). Two Streamlit 1.67 behaviours stand in the way:
-# - the page marked default=True is served at "/" only: its url_path is always "" (st.Page.url_path), so
-#   "/train" matched no page ("Page not found", redirect to "/"). So "/" is a hidden default page that runs the
-#   same file, and Train is an ordinary page at /train.
-# - until app.py has called st.navigation once in this server process, a folder named pages/ makes
-#   Streamlit treat the app as a legacy multipage app, which knows a page only by its file name. The page
-#   files are named *_view.py, never after their URL paths, and pages/<url path>.py are tiny entries that
-#   hand over to this navigation (pages/_common.legacy_entry), so a first visit to /tif finds a page.
+# Deep links (/train, /results, /runs, /tif, /audit) open their page, as the first visit of a fresh server
+# and on a running one (tests/test_browser.py). The page marked default=True is served at "/" only (its
+# url_path is always "", st.Page.url_path), so with Train as the default "/train" matched no page ("Page not
+# found", redirect to "/"): "/" is a hidden default page that runs the same file, Train an ordinary page at /train.
 TRAIN = dict(title="Train / compare", icon=":material/model_training:")
 home = st.Page(PAGES / "train_view.py", url_path="home", default=True, visibility="hidden", **TRAIN)
 train = st.Page(PAGES / "train_view.py", url_path="train", **TRAIN)
@@ -37,14 +35,17 @@ lab = [
 audit = st.Page(PAGES / "audit_view.py", title="Audit", icon=":material/policy:", url_path="audit")
 
 page = st.navigation({"Lab": lab, "Privacy audit": [audit]})
+if (HERE / "pages").is_dir():  # e.g. pages/__pycache__/, which git leaves behind from a checkout before the move
+    st.warning("A folder named pages/ beside app.py makes Streamlit treat the lab as a legacy multipage app, so a "
+               "first visit to a page's link finds no page: delete it (the pages are in app_pages/).")
 
-from pages import _common as ui  # noqa: E402 - after set_page_config
-
+from app_pages._handles import manager  # noqa: E402 - after set_page_config
+from app_pages._look import md  # noqa: E402
 
 
 @st.fragment(run_every=2.0)
 def workers() -> None:
-    mgr = ui.manager()
+    mgr = manager()
     running = len(mgr.store.list_runs(status="running"))
     queued = len(mgr.store.list_runs(status="queued"))
     st.caption(f"Workers: {running} running · {queued} queued · at most {mgr.max_workers} at once")
@@ -52,7 +53,7 @@ def workers() -> None:
 
 with st.sidebar:
     workers()
-    st.caption(f"Store: {ui.md(ui.manager().store_path)}")
+    st.caption(f"Store: {md(manager().store_path)}")
     st.caption("Theme: ⋮ menu → Settings (light / dark / system).")
 
 page.run()

@@ -1,5 +1,5 @@
 """Package layout (metadata is in pyproject.toml): ``engine*`` as is, and the dashboard installed as
-``privacy_lab_app`` (the repository's app.py, pages/, .streamlit/ and assets/), which
+``privacy_lab_app`` (the repository's app.py, app_pages/, .streamlit/ and assets/), which
 ``privacy-lab app`` runs with ``streamlit run``."""
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -14,8 +14,8 @@ class BuildPy(build_py):
 
 
 setup(
-    packages=find_packages(include=["engine", "engine.*"]) + ["privacy_lab_app", "privacy_lab_app.pages"],
-    package_dir={"privacy_lab_app": ".", "privacy_lab_app.pages": "pages"},
+    packages=find_packages(include=["engine", "engine.*"]) + ["privacy_lab_app", "privacy_lab_app.app_pages"],
+    package_dir={"privacy_lab_app": ".", "privacy_lab_app.app_pages": "app_pages"},
     package_data={"privacy_lab_app": [".streamlit/*.toml", "assets/**/*"]},
     cmdclass={"build_py": BuildPy},
 )

@@ -30,11 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
+
 from engine.audit import stats  # noqa: E402
 from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
 from engine.audit.report import summary_table  # noqa: E402
 from engine.audit.runner import prepare_audit, run_audit  # noqa: E402
-from engine.config import AlgorithmConfig, ModelConfig  # noqa: E402
+from engine.config.run import AlgorithmConfig, ModelConfig  # noqa: E402
 
 
 def peak_rss_gib() -> float:
@@ -46,7 +47,7 @@ def opacus_one_model(setup, row: int, seed: int) -> float:
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
-    from engine.models import build_model
+    from engine.models.nets import build_model
 
     cfg, ds = setup.config.run, setup.dataset
     algo = setup.algos[0]

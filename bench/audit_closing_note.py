@@ -20,7 +20,8 @@ import torch
 
 from engine.audit.config import DEFAULT_RUN
 from engine.audit.presets import PRESETS
-from engine.config import AlgorithmConfig, ConfigError
+from engine.config.run import AlgorithmConfig
+from engine.config.schema import ConfigError
 
 
 def _cfg(dataset: str, training: str, epsilon: float, algo: AlgorithmConfig):

@@ -18,8 +18,8 @@ import time
 import numpy as np
 import torch
 
-from engine.config import RunConfig, TierConfig, TiersConfig
-from engine.train import train
+from engine.config.run import RunConfig, TierConfig, TiersConfig
+from engine.train.loop import train
 
 SETTINGS = {  # name: (data, max_train, model, epochs, group_by)
     "digits CNN": ("digits", None, "cnn", 10.0, "class"),
@@ -57,10 +57,10 @@ def main():
                     t0 = time.time()
                     cfg = config(setting, algo, eps, seed)
                     r = train(cfg.replace(eval_every=max(1, cfg.planned_steps(_n_train(cfg)) // 10)))
-                    clips = [np.asarray(e["group_clip_norms"]) / cfg.clip_norm for e in r.evals
-                             if e.get("group_clip_norms")]
+                    clips = [np.asarray(e.group_clip.clip_norms) / cfg.clip_norm for e in r.eval_records
+                             if e.group_clip is not None and e.group_clip.clip_norms]
                     row = {"setting": setting, "epsilon": eps, "algorithm": algo, "seed": seed,
-                           "accuracy": r.summary["accuracy"], "seconds": time.time() - t0,
+                           "accuracy": r.run_summary.accuracy, "seconds": time.time() - t0,
                            "final_group_clips": clips[-1].tolist() if clips else None}
                     if clips:
                         a = cfg.algorithm
@@ -77,7 +77,7 @@ def main():
 
 
 def _n_train(cfg) -> int:
-    from engine.prepare import prepare_data
+    from engine.dp.prepare import prepare_data
 
     return prepare_data(cfg).n_train
 

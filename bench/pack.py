@@ -33,11 +33,11 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from engine import export
-    from engine.config import RunConfig
-    from engine.runs import run_record
-    from engine.store import RunStore
-    from engine.train import train
+    from engine.config.run import RunConfig
+    from engine.figures import export
+    from engine.jobs.kinds import execute
+    from engine.jobs.runs import run_record
+    from engine.store.db import RunStore
 
     torch.set_num_threads(1)
     store = RunStore(Path(tempfile.mkdtemp()) / "runs.sqlite")
@@ -46,7 +46,7 @@ def main() -> None:
         cfg = RunConfig().replace(**{"algorithm.name": alg, "epochs": args.epochs, "model.name": "lr",
                                      "data.max_train": args.max_train}).validate()
         rid = store.create_run(cfg, group_id="bench-pack")
-        train(cfg, store=store, run_id=rid)
+        execute(store, rid, cfg, kind="train")
         ids.append(rid)
     runs = [run_record(store, i) for i in ids]
     static, _ = export.static_export_available()

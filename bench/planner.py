@@ -1,4 +1,4 @@
-"""Benchmark the individualized-DP planner (engine.accounting.plan).
+"""Benchmark the individualized-DP planner (engine.dp.accounting.plan).
 
 Times SAMPLE and SCALE planning for 3 and 10 privacy tiers at T=3000 steps,
 N=60000, B=600, δ=1e-5 — median of several cold runs (all accounting caches
@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import accounting as acc  # noqa: E402
+from engine.dp import accounting as acc  # noqa: E402
 
 N, B, T, DELTA = 60000, 600, 3000, 1e-5
 SETUPS = {

@@ -20,10 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
-from engine.config import RunConfig  # noqa: E402
-from engine.grad_sample import ModuleGrads  # noqa: E402
-from engine.step import PoissonSampler, dp_step  # noqa: E402
-from engine.train import prepare  # noqa: E402
+
+from engine.config.run import RunConfig  # noqa: E402
+from engine.dp.grad_sample import ModuleGrads  # noqa: E402
+from engine.dp.step import PoissonSampler, dp_step  # noqa: E402
+from engine.train.loop import prepare  # noqa: E402
 
 ENGINE = {"dpsgd": "DP-SGD", "idp_sample": "IDP-SGD", "ino": "INO-SGD", "dpsgd_s": "DP-SGD-S"}
 
@@ -70,7 +71,7 @@ def main():
 
 
 def engine_step(prep, batch_idx):
-    """One full optimizer step of the engine's loop (``engine.step.dp_step``) on a fixed batch:
+    """One full optimizer step of the engine's loop (``engine.dp.step.dp_step``) on a fixed batch:
     the sampler's members are the batch, each with rate 1."""
     model, mech = prep.model, prep.mechanism
     x, y = prep.dataset.x_train, prep.dataset.y_train
@@ -93,7 +94,8 @@ def engine_step(prep, batch_idx):
 
 def opacus_step(prep, batch_idx, batch):
     from opacus import PrivacyEngine
-    from engine.models import build_model
+
+    from engine.models.nets import build_model
 
     torch.manual_seed(0)
     model = build_model(prep.config.model, prep.dataset.input_shape, prep.dataset.num_classes)

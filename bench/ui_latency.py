@@ -10,7 +10,7 @@ Starts ``streamlit run app.py`` on a free local port with a temporary run store,
     python bench/ui_latency.py --loaded --json  # one JSON line: quiet keys, and the same under "loaded"
 
 Targets: first point < 3 s quiet / < 6 s loaded; refresh interval ≤ 1.5 s quiet / ≤ 3 s loaded (the page
-polls the store every ``pages/_common.LIVE_INTERVAL`` seconds). Each try waits for its comparison to end,
+polls the store every ``app_pages/_status.LIVE_INTERVAL`` seconds). Each try waits for its comparison to end,
 so every try starts from an idle lab (warm standby worker, as a user would find it). The runs are long
 enough (10–20 s each, evaluations every ~0.5 s) for a few dozen refreshes per phase, so the interval
 measures the page, not how often the runs evaluate.
@@ -102,7 +102,7 @@ def wait_http(port: int, timeout: float = 120) -> None:
 
 def _store(path: str):
     sys.path.insert(0, str(ROOT))
-    from engine.store import RunStore
+    from engine.store.db import RunStore
 
     return RunStore(path)
 
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             from urllib.parse import quote
 
-            from engine.config import ALGORITHM_LABELS  # the multiselect's URL holds its labels
+            from engine.config.run import ALGORITHM_LABELS  # the multiselect's URL holds its labels
 
             query = "&".join([f"epochs={args.epochs}", "dataset=digits", "max_train=600", "batch=64"]
                              + [f"algos={quote(ALGORITHM_LABELS[a])}" for a in ALGOS])
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
         stop(burner)
         stop(app)
     sys.path.insert(0, str(ROOT))
-    from pages._common import LIVE_INTERVAL  # noqa: E402 - the page's polling period
+    from app_pages._status import LIVE_INTERVAL  # noqa: E402 - the page's polling period
 
     result.update(algorithms=list(ALGOS), live_interval_seconds=LIVE_INTERVAL, targets=TARGETS, cores=os.cpu_count(),
                   load_average=[round(x, 2) for x in os.getloadavg()])

@@ -21,12 +21,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 import traceback
 
-from engine.config import ConfigError, RunConfig, load_config
-from engine.store import RunStore, StoreError, resolve_store_path
+from engine.audit.config import load_audit_config
+from engine.audit.presets import preset
+from engine.audit.report import compact_summary, summary_table
+from engine.config.run import RunConfig, load_config
+from engine.config.schema import ConfigError, replace_dotted
+from engine.data import load_dataset
+from engine.dp import accounting
+from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
+from engine.figures.export import export_runs
+from engine.jobs.kinds import JOB_KINDS, execute, job_kind
+from engine.jobs.worker import run_worker
+from engine.store.db import RunStore, resolve_store_path
+from engine.store.errors import StoreError
+from engine.store.lifecycle import Cancelled, error_line
+from engine.train.records import tier_table
 
 EXIT_CONFIG = 2
 
@@ -35,32 +47,7 @@ def _store(args, *, readonly: bool = False) -> RunStore:
     return RunStore(args.store, readonly=readonly)
 
 
-def _fmt(x, spec=".4f"):
-    return "—" if x is None else format(x, spec)
-
-
-def tier_table(summary: dict) -> str:
-    lines = [f"{'tier':<28} {'ε target':>8} {'ε spent':>8} {'recall':>7} {'acc':>7} {'MID onset':>9} {'MID end':>8}"]
-    for t in summary["tiers"]:
-        mid = t.get("mid") or {}
-        lines.append(f"{t['name'][:28]:<28} {t['epsilon']:>8.3g} {_fmt(t['epsilon_spent'], '.3f'):>8} "
-                     f"{t['recall']:>7.4f} {t['accuracy']:>7.4f} {str(mid.get('onset_step') or '—'):>9} "
-                     f"{str(mid.get('end_step') or '—'):>8}")
-    lines.append(f"overall accuracy {summary['accuracy']:.4f}, balanced accuracy {summary['balanced_accuracy']:.4f}, "
-                 f"{summary['steps']} steps in {summary['seconds']:.1f} s"
-                 + no_dp_note(summary))
-    return "\n".join(lines)
-
-
-def no_dp_note(summary: dict) -> str:
-    """'' for a run with a formal DP guarantee, else "  [no formal DP guarantee: <why>]" (ε spent is null)."""
-    if summary.get("formal_dp", True):
-        return ""
-    return f"  [no formal DP guarantee: {summary.get('formal_dp_reason') or 'see the run plan'}]"
-
-
 def cmd_run(args) -> int:
-
     config = load_config(args.config)
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
@@ -69,7 +56,6 @@ def cmd_run(args) -> int:
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
     ids = store.create_job(config.seed_configs(), status="queued")
-    from engine.lifecycle import execute
 
     execute(store, ids[0], config.job_config(), kind="train", progress=not args.json)
     _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)}: {config.label} on "
@@ -102,8 +88,6 @@ def _seed_note(run: dict) -> str:
 
 def _print_data_report(config: RunConfig) -> None:
     """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any."""
-    from engine.data import load_dataset
-
     ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
                       max_train=config.data.max_train)
     if ds.report.skipped:
@@ -111,28 +95,12 @@ def _print_data_report(config: RunConfig) -> None:
 
 
 def cmd_worker(args) -> int:
-    """Run a queued run from the store (started by the dashboard's job manager); the standby worker
-    passes ``args.prepared`` (config → its ready preparation, or None)."""
-    import torch
-
-    from engine.lifecycle import run_queued
-    from engine.train import Cancelled
-
-    store = _store(args)
-    torch.set_num_threads(args.threads)
-    try:
-        run_queued(store, args.run_id, prepared=getattr(args, "prepared", None))
-    except Cancelled:
-        return 0
-    return 0
+    """Run a queued run from the store (started by the dashboard's job manager): :func:`engine.jobs.worker.run_worker`."""
+    return run_worker(args.store, args.run_id, threads=args.threads, prepared=args.prepared)
 
 
 def cmd_plan(args) -> int:
-    from engine import accounting
-
     if args.config:
-        from engine.prepare import make_plan, prepare_data, total_steps
-
         config = load_config(args.config)
         data = prepare_data(config)
         if data.dataset.report.skipped:
@@ -146,7 +114,6 @@ def cmd_plan(args) -> int:
         missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
         if missing:
             raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
-        from engine.prepare import plan_errors
 
         with plan_errors("plan"):
             plan = accounting.plan(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
@@ -179,7 +146,6 @@ def cmd_show(args) -> int:
     if run["error"]:
         print(f"error: {run['error']}")
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
-    from engine.lifecycle import JOB_KINDS
 
     kind = JOB_KINDS.get(run["kind"])
     if run["summary"] and kind is not None:
@@ -206,9 +172,28 @@ def cmd_list(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from engine.audit.runner import cli_audit
-
-    return cli_audit(args, _store(args))
+    """``python -m engine audit CONFIG.json | --preset NAME [--json]``: run an audit in this process, into the
+    store."""
+    store = _store(args)
+    preset_name = getattr(args, "preset", None)
+    if (args.config is None) == (preset_name is None):
+        raise ConfigError("config", "give either a config file or --preset NAME (not both)")
+    if preset_name is not None:
+        config = preset(preset_name).validate()
+    else:
+        config = load_audit_config(args.config)
+    run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
+    try:
+        report = execute(store, run_id, config, kind="audit", progress=not args.json)
+    except Cancelled:
+        print(f"audit {run_id} cancelled", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
+    else:
+        print(f"audit run {run_id} — finished")
+        print(summary_table(report))
+    return 0
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -225,54 +210,27 @@ def parse_override(text: str) -> tuple[str, object]:
 
 
 def apply_overrides(config, overrides: list[str]):
-    """``config`` with each ``dotted.key=JSON_VALUE`` applied through ``replace`` (train configs) or
-    its dataclass path, every value type-checked against the field's annotation, then validated.
-    Unknown keys and wrong values raise one ConfigError naming the dotted key."""
-    import dataclasses
-
-    from engine.config_schema import _field_types, parse_value
-
+    """``config`` with each ``dotted.key=JSON_VALUE`` applied (``engine.config.schema.replace_dotted``: every value
+    type-checked against the field's annotation), then validated. Unknown keys and wrong values raise one
+    ConfigError naming the dotted key."""
     for text in overrides or ():
         key, value = parse_override(text)
-        obj = config
-        parts = key.split(".")
-        for depth, part in enumerate(parts):
-            if not dataclasses.is_dataclass(obj):
-                raise ConfigError(key, f"{'.'.join(parts[:depth])} is not a section")
-            names = [f.name for f in dataclasses.fields(obj)]
-            if part not in names:
-                raise ConfigError(".".join(parts[:depth + 1]), f"unknown field; allowed: {', '.join(sorted(names))}")
-            hint = _field_types(type(obj)).get(part)
-            obj = getattr(obj, part)
-        parsed = parse_value(hint, value, key)
-        if hasattr(config, "replace"):
-            config = config.replace(**{key: parsed})
-        else:
-            from engine.config import _replace_path
-
-            config = _replace_path(config, parts, parsed)
+        config = replace_dotted(config, key, value, checked=True)
     return config.validate() or config
 
 
 def cmd_rerun(args) -> int:
     """A stored run's config, with ``--set`` overrides, as a new run of the same kind; a row of a k-seed
     job re-runs the whole job (the overrides apply to the job's config: base seed, seed_index 0)."""
-    from engine.lifecycle import execute, job_kind
-
     store = _store(args)
     old = store.get_run(args.run_id)
     if old is None:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
     job = job_kind(old["kind"])
-    config = job.parse(old["config"])
-    if job.name == "train":
-        config = config.job_config()
-    config = apply_overrides(config, args.overrides)
+    config = apply_overrides(job.job_config(job.parse(old["config"])), args.overrides)
     store.mark_dead_runs()
-    rows = [config]
-    if job.name == "train":
-        _print_data_report(config)
-        rows = config.seed_configs()
+    _print_data_report(job.run_config(config))
+    rows = job.rows(config)
     ids = store.create_job(rows, kind=job.name, status="queued", group_id=old.get("group_id"))
     execute(store, ids[0], rows[0], kind=job.name, progress=not args.json)
     _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}) — "
@@ -332,8 +290,6 @@ def cmd_app(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from engine.export import export_runs
-
     paths = export_runs(_store(args, readonly=True), args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
                         width=args.width, height=args.height, scale=args.scale, theme=args.theme)
     for path in paths:
@@ -417,10 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
 def main(argv=None, *, prepared=None) -> int:
     """``prepared``: for ``worker``, config → its ready preparation or None (the standby's head start)."""
     parser = build_parser()
@@ -433,22 +385,12 @@ def main(argv=None, *, prepared=None) -> int:
         os.environ["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.data_dir))
     try:
         return args.func(args)
-    except (ConfigError, StoreError) as e:
-        err, message = e, _one_line(e)
-    except Exception as e:  # noqa: BLE001 - data errors, then the last resort: one clear line, no traceback
-        from engine.data import DataError
-
-        err = e
-        if isinstance(e, DataError):
-            message = _one_line(e)
-        elif isinstance(e, sqlite3.Error):
-            message = f"run store {resolve_store_path(args.store)}: {type(e).__name__}: {_one_line(e)}"
-        elif isinstance(e, OSError):
-            where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) not in str(e) else ""
-            message = f"{type(e).__name__}: {_one_line(e)}{where}"
-        else:
+    except Exception as e:  # noqa: BLE001 - one clear line, no traceback (unknown kinds of error propagate)
+        err, message = e, error_line(e, store_path=args.store)
+        if message is None:
             raise
-        message += " (run again with --debug for the traceback)" if not args.debug else ""
+        if not isinstance(e, (ConfigError, StoreError)) and not args.debug:
+            message += " (run again with --debug for the traceback)"
     if args.debug:
         traceback.print_exception(err)
     print(f"error: {message}", file=sys.stderr)

@@ -3,7 +3,7 @@
 An experiment spec (``experiments/<name>.json``) holds a ``base`` run config (engine JSON), named
 ``algorithms`` and ``modes`` (``quick``, ``full``, ``smoke``), each mode a dict of dotted overrides of the
 base (``"epochs": 2``, ``"data.max_train": 300``) plus its ``seeds``. The scripts only build engine configs
-from it and call the engine (``engine.train.train``, ``engine.audit.runner.run_audit``); nothing here trains.
+from it and run them through the engine (``engine.jobs.kinds.execute``, kind "train" or "audit"); nothing here trains.
 
 Bad input (arguments, a spec, a config) ends the script with one line on stderr and exit status 2.
 """
@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # scripts run as `python experiments/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from engine.config import ConfigError, RunConfig  # noqa: E402
-from engine.config_schema import check_int, check_list, parse_config_json, read_config_text  # noqa: E402
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError  # noqa: E402
+from engine.config.schema import check_int, check_list, parse_config_json, read_config_text  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"  # git-ignored
@@ -148,28 +149,30 @@ def figures_dir(args, name: str) -> Path | None:
 
 
 def open_store(path: Path):
-    from engine.store import RunStore
+    from engine.store.db import RunStore
 
     return RunStore(path)
 
 
 def train_run(store, config: RunConfig, *, group_id: str, reuse: bool = False):
-    """Train ``config`` through the engine, its metrics streaming into ``store``; (run id, summary dict).
-    ``reuse``: a finished run of the store with the identical config (canonical JSON) is taken instead."""
-    from engine.train import train
+    """Train ``config`` through the engine, its metrics streaming into ``store``; (run id, its
+    ``engine.train.records.RunSummary``). ``reuse``: a finished run of the store with the identical config
+    (canonical JSON) is taken instead."""
+    from engine.jobs.kinds import execute
+    from engine.train.records import RunSummary
 
     if reuse:
         want = config.to_json()
         for run in store.list_runs(kind="train", status="finished"):
             if json.dumps(run.get("config"), sort_keys=True, separators=(",", ":")) == want and run.get("summary"):
-                return int(run["id"]), run["summary"]
+                return int(run["id"]), RunSummary.from_dict(run["summary"])
     run_id = store.create_run(config, group_id=group_id)
-    return run_id, train(config, store=store, run_id=run_id).summary
+    return run_id, execute(store, run_id, config, kind="train").run_summary
 
 
 def export_png(fig, path: Path, *, width: int = 900, height: int = 500) -> Path | None:
     """One small PNG through the project's export (Kaleido + Chromium); None (and a note) if unavailable."""
-    from engine.export import ExportUnavailable, figure_bytes
+    from engine.figures.export import ExportUnavailable, figure_bytes
 
     try:
         path.write_bytes(figure_bytes(fig, "png", width=width, height=height, scale=1.0))
@@ -207,15 +210,12 @@ def finite(x):
 
 
 def mean_se(values) -> tuple[float | None, float | None, int]:
-    """(mean, standard error of the mean, n) of the finite values; s.e. None for n < 2."""
-    import numpy as np
+    """(mean, standard error of the mean, n) of the finite values (``engine.figures.bands.mean_se``); None for
+    a mean of none and an s.e. of fewer than two, as the tables print them."""
+    from engine.figures.bands import mean_se as bands_mean_se
 
-    v = np.asarray([float(x) for x in values if x is not None], dtype=float)
-    v = v[np.isfinite(v)]
-    if len(v) == 0:
-        return None, None, 0
-    se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None
-    return float(v.mean()), se, int(len(v))
+    mean, se, n = bands_mean_se(values)
+    return (float(mean) if n else None), (float(se) if n > 1 else None), n
 
 
 def pm(mean, se, digits: int = 2) -> str:

@@ -7,7 +7,7 @@ Each audit is an engine ``AuditConfig`` run by ``engine.audit.runner.run_audit``
 dataset and ε ∈ {1, 10}, DP-SGD and DP-SGD-S (the non-private reference once); reported per group GPR with
 its bootstrap CI, Δ (pp) with CI, the null floor and test accuracy. The tiered setting audits IDP-SGD and
 INO-SGD on MNIST class tiers (GPR per tier vs its ε). Outcome fairness: Adult runs trained by
-``engine.train.train`` (one tier at ε), demographic parity and equalized odds differences from the engine's
+``engine.train.loop.train`` (one tier at ε), demographic parity and equalized odds differences from the engine's
 evaluation, mean ± s.e. over seeds.
 """
 from __future__ import annotations
@@ -50,10 +50,10 @@ def audit_config(section: dict, overrides: dict, *, algorithms: dict, epsilon: f
 
 
 def run_audit_into(store, config, name: str):
-    from engine.audit.runner import run_audit
+    from engine.jobs.kinds import execute
 
     rid = store.create_run(config.to_dict(), kind="audit", status="queued", name=name)
-    return rid, run_audit(config, store=store, run_id=rid)
+    return rid, execute(store, rid, config, kind="audit")
 
 
 def algo_rows(report, keys: list[str]) -> dict:
@@ -135,7 +135,7 @@ def run_experiment(args) -> tuple[dict, str]:
 
 def fairness(section: dict, over: dict, store, args, log) -> dict:
     """Adult runs per (algorithm, ε, seed); DP / EO differences and accuracy, mean ± s.e. over seeds."""
-    from engine.config import TierConfig  # noqa: F401 - documents what a tier entry is
+    from engine.config.run import TierConfig  # noqa: F401 - documents what a tier entry is
 
     over = dict(over)
     seeds = over.pop("seeds", section.get("seeds", [0]))
@@ -155,10 +155,10 @@ def fairness(section: dict, over: dict, store, args, log) -> dict:
                 rid, summary = common.train_run(store, cfg, group_id=f"{NAME}-fairness-eps{eps:g}-seed{s}",
                                                 reuse=args.reuse)
                 ids.append(rid)
-                fair = summary.get("fairness") or {}
+                fair = summary.fairness
                 for m in ("demographic_parity_difference", "equalized_odds_difference"):
-                    vals[m].append(fair.get(m))
-                vals["accuracy"].append(100.0 * summary["accuracy"])
+                    vals[m].append(None if fair is None else getattr(fair, m))
+                vals["accuracy"].append(100.0 * summary.accuracy)
             per[key] = {"run_ids": ids}
             for m, v in vals.items():
                 mean, se, n = mean_se(v)
@@ -224,9 +224,9 @@ def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:
     import pandas as pd
 
     from engine.figures.audit import fig_gpr_bars
-    from engine.figures.training import fig_fairness_bars
     from engine.figures.talk import fig_audit_tiers
     from engine.figures.talk_frames import audit_tier_frame
+    from engine.figures.training import fig_fairness_bars
 
     paths = []
     for key, rep in reports.items():

@@ -5,7 +5,7 @@
     python experiments/ino_vs_idp.py --config experiments/ino_vs_idp_cifar10.json   CIFAR-10 (full mode only)
 
 Every run is an engine RunConfig (the spec's ``base`` + the algorithm + the mode's overrides + the seed)
-trained by ``engine.train.train`` into the run store. For each seed, IDP-SGD and each INO-SGD variant share
+trained by ``engine.train.loop.train`` into the run store. For each seed, IDP-SGD and each INO-SGD variant share
 the seed, hence the initial weights, the Poisson batches and the noise draws (checked on the first steps
 before training: ``experiments.pairing``). Reported per evaluation epoch: per-tier and per-class recall and
 loss; per tier the recall gain INO − IDP (pp; mean ± s.e. over seeds and per seed) at each epoch, at the end
@@ -53,7 +53,7 @@ def run_experiment(args) -> tuple[dict, str]:
             rid, _ = common.train_run(store, configs[(k, s)], group_id=f"{tag}-seed{s}", reuse=args.reuse)
             refs.append(RunRef(rid, k, s))
             sys.stderr.write(f"[{time.time() - started:7.1f}s] {labels[k]} seed {s}: run {rid} done\n")
-    from engine.export import load_runs
+    from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
     result, tables = analyse(runs, refs, labels, ref, variants, seeds, configs[(ref, seeds[0])])
@@ -73,6 +73,7 @@ def check_pairs(configs, ref, variant, seed) -> dict:
 
 
 def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict, str]:
+    from engine.figures.frames import last_eval
     from experiments import tiered
 
     th, ch = tiered.frames(runs, refs)
@@ -90,7 +91,7 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
     acc = {}
     for k in keys:
         finals = [r for r in runs if any(x.run_id == r["id"] and x.key == k for x in refs)]
-        acc[k] = mean_se([100.0 * r["evals"][-1]["overall"]["accuracy"] for r in finals])
+        acc[k] = mean_se([100.0 * last_eval(r).overall.accuracy for r in finals])
     per_epoch = {}
     for k in keys:
         rec, loss = tiered.tier_values(th, k, seeds, "recall"), tiered.tier_values(th, k, seeds, "loss")

@@ -1,8 +1,8 @@
 """Paired seeds: do two runs of one seed start from the same weights and draw the same batches and noise?
 
-``check_pairing(a, b, steps)`` prepares both configs with the engine (``engine.train.prepare``), compares
-the initial weights, then runs ``steps`` real training steps of each (``engine.step.dp_step`` with the
-run's own generator ``engine.train.step_generator`` and optimizer) and compares, at every step, the Poisson
+``check_pairing(a, b, steps)`` prepares both configs with the engine (``engine.train.loop.prepare``), compares
+the initial weights, then runs ``steps`` real training steps of each (``engine.dp.step.dp_step`` with the
+run's own generator ``engine.train.loop.step_generator`` and optimizer) and compares, at every step, the Poisson
 batch (indices and mask) and the generator's state afterwards: equal states mean both runs consumed the same
 random numbers, so the Gaussian noise vectors were the same draws too (scaled by each run's own σ·C).
 IDP-SGD and INO-SGD on the same SAMPLE plan have the same per-sample rates and parameter shapes, and
@@ -15,8 +15,9 @@ import torch
 
 
 def check_pairing(config_a, config_b, *, steps: int = 3) -> dict:
-    from engine.grad_sample import ModuleGrads
-    from engine.train import PoissonSampler, _optimizer, dp_step, prepare, step_generator
+    from engine.dp.grad_sample import ModuleGrads
+    from engine.dp.step import PoissonSampler, dp_step
+    from engine.train.loop import _optimizer, prepare, step_generator
 
     preps = [prepare(c) for c in (config_a, config_b)]
     state = [{k: v.detach().clone() for k, v in p.model.state_dict().items()} for p in preps]

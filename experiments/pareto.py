@@ -64,7 +64,7 @@ def run_experiment(args) -> tuple[dict, str]:
             rid, _ = common.train_run(store, cfg, group_id=f"{NAME}-{args.mode}-{int(started)}-seed{s}", reuse=args.reuse)
             refs.append(RunRef(rid, key, s))
             sys.stderr.write(f"[{time.time() - started:7.1f}s] {key} seed {s}: run {rid}\n")
-    from engine.export import load_runs
+    from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
     result = analyse(runs, refs, grid, seeds, configs["reference"].train_epochs or configs["reference"].epochs)
@@ -86,6 +86,7 @@ def run_experiment(args) -> tuple[dict, str]:
 def analyse(runs, refs, grid, seeds, epochs) -> dict:
     import numpy as np
 
+    from engine.figures.frames import last_eval
     from experiments import tiered
 
     th, _ = tiered.frames(runs, refs)
@@ -94,7 +95,7 @@ def analyse(runs, refs, grid, seeds, epochs) -> dict:
     acc = {}
     for run in runs:
         ref = next(r for r in refs if r.run_id == run["id"])
-        acc.setdefault(ref.key, []).append(100.0 * run["evals"][-1]["overall"]["accuracy"])
+        acc.setdefault(ref.key, []).append(100.0 * last_eval(run).overall.accuracy)
     def per_seed(key):
         gap = {p: [] for p in ("final", "epoch1")}
         for s in seeds:

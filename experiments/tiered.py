@@ -1,6 +1,6 @@
 """Paired-seed statistics of tiered runs (INO-SGD variants against the IDP-SGD run of the same seed).
 
-Input: the run records of the store (``engine.export.load_runs``) and, per run, its (algorithm key, seed).
+Input: the run records of the store (``engine.figures.export.load_runs``) and, per run, its (algorithm key, seed).
 The per-evaluation numbers come from the engine's tidy frames (``engine.figures.frames.tier_history`` /
 ``class_history``); this module only aligns them by seed and evaluation step and averages over seeds.
 Recall, gains and accuracy are in percent. Tiers are ordered from the smallest ε.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engine.models.metrics import recall_auc
 from experiments.common import finite, mean_se
 
 
@@ -61,7 +62,8 @@ def tier_auc(th: pd.DataFrame, key: str, seed: int, tiers: list[str]) -> np.ndar
     for t in tiers:
         g = th[(th.key == key) & (th.seed == seed) & (th.tier == t)].sort_values("step")
         x, y = g["step"].to_numpy(float), g["recall"].to_numpy(float)
-        out.append(float(np.trapezoid(y, x / x[-1])) if len(x) > 1 and x[-1] > 0 else np.nan)
+        # the run summary's recall AUC; a curve of one point (or none) has no area here
+        out.append(recall_auc(x, y) if len(x) > 1 and x[-1] > 0 else np.nan)
     return np.array(out)
 
 
@@ -117,15 +119,15 @@ def class_gain_pearson(ch: pd.DataFrame, variant: str, reference: str, step: int
 def mid_table(runs: list[dict], refs: list[RunRef], tiers: list[str]) -> dict:
     """MID per algorithm key and tier (``engine.figures.frames.mid_spans``): fraction of seeds with a MID, mean onset
     and mean duration in epochs (a MID still open at the last evaluation lasts until it)."""
-    from engine.figures.frames import mid_spans
+    from engine.figures.frames import mid_spans, run_evals
 
     spans = mid_spans(runs)
     key = {r.run_id: r.key for r in refs}
     spans["key"] = spans["run_id"].map(key)
     epoch_of = {}
     for run in runs:
-        for e in run.get("evals") or []:
-            epoch_of[(run["id"], e["step"])] = float(e.get("epoch") or 0.0)
+        for e in run_evals(run):
+            epoch_of[(run["id"], e.step)] = float(e.epoch or 0.0)
     out = {}
     for k, g in spans.groupby("key", sort=False):
         rows = []

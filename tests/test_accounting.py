@@ -1,4 +1,4 @@
-"""Tests for engine.accounting: Opacus agreement, planner invariants, live accountant."""
+"""Tests for engine.dp.accounting: Opacus agreement, planner invariants, live accountant."""
 
 import itertools
 import json
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
-from engine import accounting as acc
-from engine import fast_rdp
-from engine.accounting import Plan, PlanError, TierAccountant
+from engine.dp import accounting as acc
+from engine.dp import fast_rdp
+from engine.dp.accounting import Plan, PlanError, TierAccountant
 
 ORDERS = RDPAccountant.DEFAULT_ALPHAS
 

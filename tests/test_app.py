@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.store import RunStore
+from engine.store.db import RunStore
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-PAGES = ["pages/train_view.py", "pages/results_view.py", "pages/runs_view.py", "pages/tif_explorer.py",
-         "pages/audit_view.py"]
+PAGES = ["app_pages/train_view.py", "app_pages/results_view.py", "app_pages/runs_view.py",
+         "app_pages/tif_explorer.py", "app_pages/audit_view.py"]
 TINY = {"dataset": "digits", "max_train": "200", "epochs": "1.0", "batch": "32", "eval_every": "1"}
 
 
@@ -25,9 +25,9 @@ def lab(tmp_path, monkeypatch):
     monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
     at = AppTest.from_file(APP, default_timeout=120)
     yield at, RunStore(store)
-    from pages import _common
+    from app_pages import _handles
 
-    _common._manager.clear()  # on_release: the manager stops its scheduler and workers
+    _handles._manager.clear()  # on_release: the manager stops its scheduler and workers
 
 
 def errors(at: AppTest) -> list[str]:
@@ -71,7 +71,7 @@ def test_every_page_renders_on_an_empty_store(lab):
 def test_tif_explorer_redraws_from_its_controls(lab):
     at, _ = lab
     at.switch_page(APP).run()
-    at.switch_page("pages/tif_explorer.py").run()
+    at.switch_page("app_pages/tif_explorer.py").run()
     no_exception(at)
     assert len(at.get("plotly_chart")) == 3
     at.segmented_control(key="x_shape").set_value("step").run()
@@ -102,10 +102,10 @@ def test_launch_a_tiny_comparison_through_the_ui(lab):
     badges = " ".join(m.value for m in at.markdown)
     assert badges.count("finished") >= 2
     # the comparison is persistent: Results and Runs show it
-    at.switch_page("pages/results_view.py").run()
+    at.switch_page("app_pages/results_view.py").run()
     no_exception(at)
     assert len(at.multiselect(key="runs").value) == 2 and len(at.get("plotly_chart")) >= 5
-    at.switch_page("pages/runs_view.py").run()
+    at.switch_page("app_pages/runs_view.py").run()
     no_exception(at)
     assert len(at.dataframe[0].value) == 2
 
@@ -155,15 +155,15 @@ def test_invalid_url_values_are_warned_about_by_name(lab):
     assert "URL parameter **epoch**: is not a setting of this page; ignored" in text, text  # a typo of epochs
     assert not at.button(key="launch").disabled  # the defaults are used
     at.query_params.clear()
-    from pages._common import train_defaults
+    from engine.tools.demo import DEFAULT_TRAIN  # the Train page's defaults
 
-    d = train_defaults()
-    at.query_params.update({"epochs": str(d["epochs"]), "dataset": d["dataset"], "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
+    at.query_params.update({"epochs": str(DEFAULT_TRAIN.epochs), "dataset": DEFAULT_TRAIN.dataset,
+                            "algos": ["IDP-SGD (SAMPLE)", "INO-SGD"]})
     at.run()  # defaults, which Streamlit drops from the URL: nothing to warn about
     no_exception(at)
     assert not [w for w in warnings(at) if "URL parameter" in w], warnings(at)
-    for page, params, name in (("pages/runs_view.py", {"kind": "banana"}, "kind"),
-                               ("pages/tif_explorer.py", {"x_batch": "2", "x_shape": "zigzag"}, "x_batch")):
+    for page, params, name in (("app_pages/runs_view.py", {"kind": "banana"}, "kind"),
+                               ("app_pages/tif_explorer.py", {"x_batch": "2", "x_shape": "zigzag"}, "x_batch")):
         at.switch_page(page)
         at.query_params.clear()
         at.query_params.update(params)
@@ -204,20 +204,20 @@ def test_no_formal_dp_is_flagged_before_launch(lab):
 
 
 def test_rows_to_tiers_rejects_two_budgets_in_one_tier():
-    from engine.config import ConfigError, PAPER_TIERS, TiersConfig
+    from engine.config.run import PAPER_TIERS, TiersConfig
+    from engine.config.schema import ConfigError
     from engine.data import load_dataset
-    from pages import _common as ui
+    from app_pages import _tiers as tiers
+    from engine.config.run import parse_tiers_param
 
     ds = load_dataset("digits")
     base = TiersConfig(tiers=PAPER_TIERS)
-    rows = ui.tiers_to_rows(base, ds)
-    assert ui.rows_to_tiers(rows, base) == base  # the table round-trips the paper tiers
+    rows = tiers.tiers_to_rows(base, ds)
+    assert tiers.rows_to_tiers(rows, base) == base  # the table round-trips the paper tiers
     rows.loc[0, "ε"] = 5.0  # class 0 is in tier 3 (ε = 3)
     with pytest.raises(ConfigError, match="two different ε"):
-        ui.rows_to_tiers(rows, base)
-    from engine.config import parse_tiers_param
-
-    assert parse_tiers_param(ui.tiers_to_param(base)) == base  # the URL form round-trips
+        tiers.rows_to_tiers(rows, base)
+    assert parse_tiers_param(tiers.tiers_to_param(base)) == base  # the URL form round-trips
 
 
 def _row(**kw) -> dict:
@@ -228,7 +228,7 @@ def _row(**kw) -> dict:
 
 
 def test_progress_and_status_words_come_from_the_one_row():
-    from pages import _status as status
+    from app_pages import _status as status
 
     assert status.state_words(_row(status="cancelled", error="cancelled by the user at step 40")) == "cancelled by you"
     assert status.state_words(_row(status="cancelled", error="cancelled before it started")) == "cancelled by you"
@@ -238,51 +238,24 @@ def test_progress_and_status_words_come_from_the_one_row():
     # an ended run never shows an ETA, whatever step its row last recorded
     done = _row(status="finished", step=40, finished_at=1030.0)
     text = status.progress_text(done, {})
-    assert "step 100/100" in text and "took 30s" in text and "left" not in text
+    assert "step 100/100" in text and "took 30 s" in text and "left" not in text
+    running = _row(step=25)  # the ETA is the caller's (the live view: its session's engine SmoothEta)
+    assert "step 25/100 · about 60 s left" in status.progress_text(running, {}, eta=lambda r: 60.0)
     queued = _row(id=5, status="queued")
-    assert "#2 in the queue" in status.progress_text(queued, status.queue_positions([_row(id=3, status="queued"),
-                                                                                        queued]))
-
-
-def test_the_eta_is_smoothed_over_refreshes():
-    from pages._status import SmoothEta
-
-    eta = SmoothEta(alpha=0.3)
-    assert eta(_row(step=10), now=1010.0) == pytest.approx(90.0)  # 1 step/s so far
-    # one slow refresh (1 step in 5 s): the raw rate would say 0.2 step/s, the smoothed one moves only part way
-    smoothed = eta(_row(step=11), now=1015.0)
-    assert 89 / 1.0 < smoothed < 89 / 0.2 and smoothed == pytest.approx(89 / (0.3 * 0.2 + 0.7 * 1.0))
-    assert eta(_row(step=11, status="finished"), now=1016.0) is None
-
-
-def test_run_time_estimate_uses_this_machines_finished_runs():
-    from engine.config import DataConfig, RunConfig
-    from pages._plans import run_time_estimate, seconds_per_sample
-
-    cfg = RunConfig(data=DataConfig(name="digits"), batch_size=10)
-    first, how = seconds_per_sample(cfg, [])
-    assert first > 0 and "rough" in how
-    done = _row(status="finished", total_steps=50, started_at=1.0, finished_at=6.0,
-                config={"data": {"name": "digits"}, "model": {"name": "auto"}, "batch_size": 10})
-    rate, how = seconds_per_sample(cfg, [done])
-    assert rate == pytest.approx(5.0 / 500) and "measured" in how
-    previews = {"ino": {"steps": 20, "plan": {"expected_batch_size": 10.0}},
-                "idp_sample": {"steps": 20, "plan": {"expected_batch_size": 10.0}}}
-    configs = [cfg.replace(**{"algorithm.name": a}) for a in previews]
-    assert run_time_estimate(configs, previews, [done], workers=1)[0] == pytest.approx(4.0)  # 2 × 20 × 10 × 0.01
-    assert run_time_estimate(configs, previews, [done], workers=2)[0] == pytest.approx(2.0)
+    assert "#2 in the queue" in status.progress_text(queued, {3: 1, 5: 2})  # places: engine.jobs.manager
+    assert "in the queue" not in status.progress_text(queued, {})
 
 
 def test_staggered_redraws_each_at_most_every_interval_and_one_per_refresh(monkeypatch):
-    from pages import _widgets as widgets
+    from app_pages import _charts as charts
 
     clock, calls = [100.0], []
-    monkeypatch.setattr(widgets.st, "session_state", {})
-    monkeypatch.setattr(widgets.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(charts.st, "session_state", {})
+    monkeypatch.setattr(charts.time, "monotonic", lambda: clock[0])
 
     def refresh(t, changed="a"):
         clock[0] = t
-        return widgets.staggered(3.0, "k", {n: (lambda n=n: calls.append((t, n)) or (n, t)) for n in "xyz"},
+        return charts.staggered(3.0, "k", {n: (lambda n=n: calls.append((t, n)) or (n, t)) for n in "xyz"},
                                  unless_changed=changed)
 
     assert refresh(100.0) == {"x": ("x", 100.0), "y": ("y", 100.0), "z": ("z", 100.0)}  # the first: all

@@ -16,11 +16,13 @@ import torch
 
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AuditReport, compact_summary, summary_table
-from engine.audit.runner import load_array, prepare_audit, run_audit
-from engine.config import AlgorithmConfig, ConfigError, DataConfig, RunConfig, TierConfig, TiersConfig
-from engine.lifecycle import run_queued
-from engine.store import RunStore
-from engine.train import Cancelled
+from engine.audit.runner import prepare_audit, run_audit
+from engine.config.run import AlgorithmConfig, DataConfig, RunConfig, TierConfig, TiersConfig
+from engine.config.schema import ConfigError
+from engine.jobs.kinds import execute, run_queued
+from engine.store.artifacts import load_array
+from engine.store.db import RunStore
+from engine.store.lifecycle import Cancelled
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -305,12 +307,12 @@ def test_checkpoint_resume_gives_the_uninterrupted_results(tmp_path):
     run_id = store.create_run(cfg.to_dict(), kind="audit", group_id="g")
     stop = lambda: any(k.startswith("chunk/") for k in store.artifact_keys(run_id))  # noqa: E731
     with pytest.raises(Cancelled):
-        run_audit(cfg, store=store, run_id=run_id, should_stop=stop)
+        execute(store, run_id, cfg, kind="audit", should_stop=stop)
     run = store.get_run(run_id)
     assert run["status"] == "cancelled"
     first = store.get_artifact(run_id, "chunk/dpsgd/aloo/0")
     assert first is not None and store.get_artifact(run_id, "chunk/dpsgd/aloo/1") is None
-    resumed = run_audit(cfg, store=store, run_id=run_id)
+    resumed = execute(store, run_id, cfg, kind="audit")
     assert store.get_run(run_id)["status"] == "finished"
     assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == first  # not retrained
     fresh = run_audit(cfg)
@@ -319,7 +321,7 @@ def test_checkpoint_resume_gives_the_uninterrupted_results(tmp_path):
     assert store.get_run(run_id)["summary"] == resumed.to_dict()
     # a different configuration must not pick up these checkpoints
     with pytest.raises(ConfigError):
-        run_audit(cfg.replace(**{"run.seed": 1}), store=store, run_id=run_id)
+        execute(store, run_id, cfg.replace(**{"run.seed": 1}), kind="audit")
 
 
 def test_an_old_flat_audit_in_a_store_resumes_from_its_checkpoints(tmp_path):
@@ -329,8 +331,8 @@ def test_an_old_flat_audit_in_a_store_resumes_from_its_checkpoints(tmp_path):
     store = RunStore(tmp_path / "old.sqlite")
     run_id = store.create_run(flat, kind="audit", group_id="g")
     with pytest.raises(Cancelled):
-        run_audit(cfg, store=store, run_id=run_id,
-                  should_stop=lambda: any(k.startswith("chunk/") for k in store.artifact_keys(run_id)))
+        execute(store, run_id, cfg, kind="audit",
+                should_stop=lambda: any(k.startswith("chunk/") for k in store.artifact_keys(run_id)))
     meta = json.loads(store.get_artifact(run_id, "audit/meta"))
     meta["config"] = flat  # what an audit written before the nested config left in its store
     store.put_artifact(run_id, "audit/meta", json.dumps(meta).encode())

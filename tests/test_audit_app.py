@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.store import RunStore
+from engine.store.db import RunStore
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "audit_view.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "app_pages" / "audit_view.py")
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover_workers(monkeypatch):
     monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
     yield
-    from engine.jobs import shutdown_all
+    from engine.jobs.manager import shutdown_all
 
     shutdown_all(cancel_running=True)
 

@@ -17,12 +17,14 @@ from engine.audit.config import AuditConfig
 from engine.audit.presets import PRESETS, preset
 from engine.audit.report import AuditReport, compact_summary, summary_table
 from engine.audit.runner import _npz, _unnpz, preview_audit, run_audit
-from engine.config import AlgorithmConfig, ConfigError, ModelConfig
+from engine.config.run import AlgorithmConfig, ModelConfig
+from engine.config.schema import ConfigError
 from engine.data import load_dataset
-from engine.mechanisms import NonPrivate
-from engine.stacked import StackedModels, sgd_train
-from engine.step import PoissonSampler
-from engine.store import RunStore
+from engine.dp.mechanisms import NonPrivate
+from engine.dp.stacked import StackedModels, sgd_train
+from engine.dp.step import PoissonSampler
+from engine.jobs.kinds import execute
+from engine.store.db import RunStore
 
 CPU = torch.device("cpu")
 
@@ -137,7 +139,7 @@ def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_pat
                                                AlgorithmConfig(name="dpsgd")))
     store = RunStore(tmp_path / "s.sqlite")
     run_id = store.create_run(cfg.to_dict(), kind="audit", group_id="g")
-    rep = run_audit(cfg, store=store, run_id=run_id)
+    rep = execute(store, run_id, cfg, kind="audit")
     nonpriv, dps, dp = rep.algorithms
     assert not nonpriv.formal_dp and not dps.formal_dp and dp.formal_dp
     assert "no formal DP" in dps.label
@@ -162,7 +164,7 @@ def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_pat
     stored = AuditReport.from_dict(store.get_run(run_id)["summary"])
     assert [t.claimed for t in stored.algorithm("dpsgd_s").epsilon] == [None]
     from engine.figures.audit import build_audit_figures
-    from engine.export import csv_bytes
+    from engine.figures.export import csv_bytes
 
     specs = {sp.name: sp for sp in build_audit_figures(store.get_run(run_id)["summary"])}  # what the page exports
     rows = list(csv.DictReader(io.StringIO(csv_bytes(specs["epsilon_bounds"].data).decode())))
@@ -171,7 +173,7 @@ def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_pat
     rows = list(csv.DictReader(io.StringIO(csv_bytes(specs["delta_table"].data).decode())))
     assert [r["claimed ε"] for r in rows] == ["", "", "10"]
     # the Runs page's DP column: not "formal DP" for an audit holding algorithms without a guarantee
-    from engine.runs import dp_note, formal_dp
+    from engine.jobs.runs import dp_note, formal_dp
 
     rec = store.get_run(run_id)
     assert formal_dp(rec) is False and dp_note(rec) == f"includes algorithms without formal DP: {nonpriv.label}, " \
@@ -212,7 +214,7 @@ def test_version_1_float32_checkpoints_resume(tmp_path):
                                    algorithms=(AlgorithmConfig(name="dpsgd"),), **{"run.epochs": 2.0})
     store = RunStore(tmp_path / "c.sqlite")
     run_id = store.create_run(cfg.to_dict(), kind="audit", group_id="g")
-    fresh = run_audit(cfg, store=store, run_id=run_id)
+    fresh = execute(store, run_id, cfg, kind="audit")
     # rewrite the checkpoints as version 1 left them: float32, PA-LOOA chunks with losses only
     meta = json.loads(store.get_artifact(run_id, "audit/meta"))
     store.put_artifact(run_id, "audit/meta", json.dumps({**meta, "version": 1}).encode())
@@ -224,7 +226,7 @@ def test_version_1_float32_checkpoints_resume(tmp_path):
                 arrays.update(confs=got["confs"].astype(np.float32), preds=got["preds"])
             store.put_artifact(run_id, key, _npz(**arrays))
     old = store.get_artifact(run_id, "chunk/dpsgd/aloo/0")
-    resumed = run_audit(cfg, store=store, run_id=run_id)
+    resumed = execute(store, run_id, cfg, kind="audit")
     assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == old  # loaded, not retrained
     assert "confs" in _unnpz(store.get_artifact(run_id, "chunk/dpsgd/looa/0"))  # retrained: it had no confidences
     a, b = resumed.algorithms[0], fresh.algorithms[0]
@@ -233,7 +235,7 @@ def test_version_1_float32_checkpoints_resume(tmp_path):
     newer = json.dumps({**meta, "version": 99}).encode()
     store.put_artifact(run_id, "audit/meta", newer)
     with pytest.raises(ConfigError, match="newer"):
-        run_audit(cfg, store=store, run_id=run_id)
+        execute(store, run_id, cfg, kind="audit")
 
 
 def test_presets_are_valid_audits_and_the_estimate_is_measured():

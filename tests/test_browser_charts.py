@@ -3,7 +3,7 @@ a fresh temporary store): in one comparison, a run that diverges (a learning rat
 MID facet clipped and badged "diverged" while every other facet keeps its own, readable y scale, and a
 k-seed series (two seeds trained together on the model axis) is drawn as its mean with a ± s.e. band.
 
-The runs are real: trained in this process into the app's store (the same ``engine.train.train`` a worker
+The runs are real: trained in this process into the app's store (the same ``engine.train.loop.train`` a worker
 runs) before the page opens. The test reads the chart's plotted traces, annotations and axis ranges out of
 the page (Plotly's ``_fullData`` / ``_fullLayout`` on the chart's div). Waits poll; none sleeps a fixed time.
 """
@@ -14,12 +14,11 @@ import os
 
 import pytest
 import torch
-
-from engine.config import RunConfig
-from engine.train import train
-
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
 from test_browser import CHROMIUM, UI_MS, browser, server, wait_until  # noqa: F401
+
+from engine.config.run import RunConfig
+from engine.jobs.kinds import execute
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -57,10 +56,10 @@ def comparison(server):
     torch.set_num_threads(1)
     series = BASE.replace(**{"algorithm.name": "ino", "seeds": 2})
     ids = store.create_job(series.seed_configs(), group_id=GROUP)
-    train(series, store=store, run_id=ids[0])
+    execute(store, ids[0], series, kind="train")
     hot = BASE.replace(**{"algorithm.name": "dpsgd", "optimizer.lr": 1e4})
     hot_id = store.create_run(hot, group_id=GROUP, name="lr 1e4")
-    train(hot, store=store, run_id=hot_id)
+    execute(store, hot_id, hot, kind="train")
     runs = {r["id"]: r for r in store.list_runs(group_id=GROUP)}
     assert all(r["status"] == "finished" for r in runs.values()), [(r["id"], r["status"]) for r in runs.values()]
     hot_losses = [t["loss"] for e in store.eval_metrics(hot_id) for t in e["tiers"]]

@@ -1,6 +1,6 @@
 """The default demo in a real browser, on a fresh machine: an empty data folder (so MNIST comes from the
 shipped copy in assets/mnist), no network, a fresh run store. Open the Train page, click Launch with the
-defaults (engine.demo.DEFAULT_TRAIN: IDP-SGD vs INO-SGD on MNIST, paper tiers), and read the live charts'
+defaults (engine.tools.demo.DEFAULT_TRAIN: IDP-SGD vs INO-SGD on MNIST, paper tiers), and read the live charts'
 plotted data from the DOM (Plotly's ``gd.data`` / ``gd.layout`` on each chart's div) until the ε = 1 tier
 shows its MID (its test loss above the initial one) and INO-SGD's recall above IDP-SGD's at an early
 evaluation. Every wait polls; the limits are minutes, for a loaded 2-core machine.
@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from engine.demo import DEFAULT_TRAIN
-from engine.store import RunStore
+from engine.store.db import RunStore
+from engine.tools.demo import DEFAULT_TRAIN
 
 try:  # tests/ as a package or as a plain folder on sys.path
-    from .test_browser import CHROMIUM, SHOTS, UI, UI_MS, browser, start_lab, stop_lab  # noqa: F401 - browser: fixture
+    from .test_browser import CHROMIUM  # noqa: F401 - browser: fixture
+    from .test_browser import SHOTS, UI, UI_MS, browser, start_lab, stop_lab
 except ImportError:  # pragma: no cover
     from test_browser import CHROMIUM, SHOTS, UI, UI_MS, browser, start_lab, stop_lab  # noqa: F401 - browser: fixture
 
@@ -51,7 +52,7 @@ def fresh_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab-demo")
     data_dir = tmp / "empty-data"
     data_dir.mkdir()
-    # the default worker count (engine.jobs.default_max_workers: at least two) trains the comparison's
+    # the default worker count (engine.jobs.manager.default_max_workers: at least two) trains the comparison's
     # two runs side by side, one thread each, also on a 2-core machine
     saved = os.environ.pop("PRIVACY_LAB_WORKERS", None)
     try:

@@ -17,11 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from engine.store import RunStore
-
 from test_browser import CHROMIUM, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
 from test_export import train_comparison
+
+from engine.store.db import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

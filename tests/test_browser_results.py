@@ -1,7 +1,7 @@
 """Results and the TIF sweep in a real browser (Playwright drives Debian's Chromium against ``streamlit run
 app.py`` on a fresh temporary run store).
 
-* On a fresh store Results shows the lab's example runs (``engine.demo.example_runs``), labelled
+* On a fresh store Results shows the lab's example runs (``engine.tools.demo.example_runs``), labelled
   "example", and its first chart, the recall gain INO − IDP over training, plots the example's positive
   gain for the most private tier: the test reads the plotted data out of the page and checks it against
   the engine's frames.
@@ -17,9 +17,9 @@ import math
 import os
 
 import pytest
-
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, RUN, SHOTS, UI_MS, browser, server, wait_until as poll  # noqa: F401
+from test_browser import CHROMIUM, RUN, SHOTS, UI_MS, browser, server
+from test_browser import wait_until as poll  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -48,7 +48,7 @@ def traces(page, key: str) -> list[dict]:
 
 
 def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
-    demo = pytest.importorskip("engine.demo", reason="engine.demo (the shipped example runs) is not in this build")
+    demo = pytest.importorskip("engine.tools.demo", reason="engine.tools.demo (the shipped example runs) is not in this build")
     from engine.figures import frames
     from engine.figures import talk_frames as tf
 
@@ -86,8 +86,8 @@ def _fill(page, key: str, value: str) -> None:
 
 
 def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
-    from engine import sweep
-    from engine.runs import run_record
+    from engine.jobs.runs import run_record
+    from engine.tools import sweep
 
     url, store, _ = server
     page = open_page(browser, url, "TIF explorer")

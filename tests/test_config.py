@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from engine.config import ConfigError, RunConfig, TierConfig, TiersConfig
-from engine.train import prepare
+from engine.config.run import RunConfig, TierConfig, TiersConfig
+from engine.config.schema import ConfigError
+from engine.train.loop import prepare
 
 
 def test_json_round_trip_is_canonical():

@@ -1,5 +1,5 @@
 """The embedded default demo: MNIST shipped in assets/mnist (checksum-verified, used when the data folder
-has no MNIST), the default comparison (engine.demo.DEFAULT_TRAIN) as valid run configs within budget,
+has no MNIST), the default comparison (engine.tools.demo.DEFAULT_TRAIN) as valid run configs within budget,
 and the example runs of the first Results view (matching the default comparison, INO's early gain)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import engine.data as data
 from engine.data import DataError, files, images, load_dataset
-from engine.demo import DEFAULT_TRAIN, EXAMPLE_PATH, EXAMPLE_SEEDS, config_key, example_runs, tier_gains
+from engine.tools.demo import DEFAULT_TRAIN, EXAMPLE_PATH, EXAMPLE_SEEDS, config_key, example_runs, tier_gains
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 MNIST_NAMES = list(images.MNIST_FILES)
@@ -104,8 +104,8 @@ def test_default_train_is_the_paper_comparison():
 def test_default_train_plans_within_budget_offline(empty_data_dir, one_thread):
     """Both runs prepare from the shipped MNIST; every tier's planned ε is within its budget; the plan is
     the full 12-epoch run's and an evaluation comes every ``eval_every`` steps from the start."""
-    from engine.models import resolve_model_name
-    from engine.train import prepare
+    from engine.models.nets import resolve_model_name
+    from engine.train.loop import prepare
 
     for cfg in DEFAULT_TRAIN.run_configs():
         prep = prepare(cfg)

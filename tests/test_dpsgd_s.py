@@ -13,14 +13,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import accounting
-from engine.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig, TierConfig, TiersConfig
-from engine.grad_sample import PerSampleGrads
-from engine.mechanisms import COUNT_NOISE_COST, COUNT_NOISE_PER_Z, GroupAdaptive, build_mechanism, default_count_noise_std
-from engine.prepare import prepare_data, prepare_privacy
-from engine.stacked import StackedModels, sgd_train
-from engine.step import PoissonSampler, dp_step
-from engine.train import prepare, train
+from engine.config.run import AlgorithmConfig, ModelConfig, RunConfig, TierConfig, TiersConfig
+from engine.config.schema import ConfigError
+from engine.dp import accounting
+from engine.dp.grad_sample import PerSampleGrads
+from engine.dp.mechanisms import (COUNT_NOISE_COST, COUNT_NOISE_PER_Z, GroupAdaptive, build_mechanism,
+                                  default_count_noise_std)
+from engine.dp.prepare import prepare_data, prepare_privacy
+from engine.dp.stacked import StackedModels, sgd_train
+from engine.dp.step import PoissonSampler, dp_step
+from engine.jobs.kinds import execute
+from engine.train.loop import prepare, train
 
 CPU = torch.device("cpu")
 LR = RunConfig().replace(**{"model.name": "lr", "epochs": 2.0, "device": "cpu", "algorithm.name": "dpsgd_s"})
@@ -342,14 +345,14 @@ def test_with_every_clip_at_c_dpsgd_s_trains_as_dpsgd(one_thread, shared_data):
 ])
 def test_null_epsilon_everywhere(changes, why, tmp_path, capsys):
     from engine import cli
-    from engine.export import configs_json, load_runs, metrics_csv
-    from engine.store import RunStore
+    from engine.figures.export import configs_json, load_runs, metrics_csv
+    from engine.store.db import RunStore
 
     cfg = LR.replace(epochs=0.5, **changes)
     path = tmp_path / "runs.sqlite"
     store = RunStore(path)
     rid = store.create_run(cfg)
-    out = train(cfg, store=store, run_id=rid)
+    out = execute(store, rid, cfg, kind="train")
     assert out.plan["formal_dp"] is False and why in out.plan["formal_dp_reason"]
     assert out.plan.get("epsilons") is None
     assert out.summary["formal_dp"] is False and why in out.summary["formal_dp_reason"]
@@ -373,7 +376,7 @@ def test_null_epsilon_everywhere(changes, why, tmp_path, capsys):
     assert rows and all(r["value"] == "" for r in rows)
     # the labels say why, and the ε-spent figure names the run instead of drawing a curve
     from engine.figures import frames, training
-    from engine.runs import dp_note, run_label
+    from engine.jobs.runs import dp_note, run_label
 
     note = dp_note(rec[0])
     assert note.startswith("non-private") if changes.get("algorithm.name") == "nonprivate" else \
@@ -384,15 +387,17 @@ def test_null_epsilon_everywhere(changes, why, tmp_path, capsys):
 
 
 def test_plan_preview_shows_what_dpsgd_s_uses():
-    from engine.jobs import preview
-    from pages._plans import _plan_caption, plan_frame
+    from app_pages._plans import _plan_caption, plan_frame
+    from engine.train.loop import preview
 
     p = preview(LR)
-    assert p["plan"]["noise_std"] is None and p["formal_dp"] is True and p["formal_dp_reason"] is None
+    assert p.noise_std is None and p.clip_norms is None and p.formal_dp is True and p.formal_dp_reason is None
+    assert p.noise_multipliers == (p.group_clip.gradient_noise_multiplier,) * 3  # σ per tier: z_Δ
+    assert [t.noise_multiplier for t in p.tiers] == list(p.noise_multipliers) and p.tiers[0].clip_norm is None
     caption = _plan_caption(p)
     assert "z_Δ" in caption and "[0.5, 4] × C = 1" in caption and "released with noise" in caption
     frame = plan_frame(p)
-    assert list(frame["σ (noise mult.)"]) == [round(p["plan"]["gradient_noise_multiplier"], 4)] * 3
+    assert list(frame["σ (noise mult.)"]) == [round(p.group_clip.gradient_noise_multiplier, 4)] * 3
     loose = preview(LR.replace(**{"algorithm.clip_rule": "reference"}))
-    assert loose["formal_dp"] is False and "reference clip rule" in loose["formal_dp_reason"]
+    assert loose.formal_dp is False and "reference clip rule" in loose.formal_dp_reason and loose.epsilons is None
     assert plan_frame(loose)["ε planned"].isna().all()

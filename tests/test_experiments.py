@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import ConfigError, ModelConfig, RunConfig, total_steps
-from engine.models import build_model
+from engine.config.run import ModelConfig, RunConfig, total_steps
+from engine.config.schema import ConfigError
+from engine.models.nets import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ("ino_vs_idp.py", "pareto.py", "group_risk.py")
@@ -51,7 +52,7 @@ def test_cnn_padding_is_configurable_and_defaults_to_3():
 
 
 def test_train_epochs_trains_the_first_epochs_of_the_planned_run(one_thread):
-    from engine.train import prepare, train
+    from engine.train.loop import prepare, train
 
     full = RunConfig.from_dict({"data": {"name": "digits", "max_train": 400}, "model": {"name": "lr"}, "epochs": 4,
                                 "batch_size": 50, "eval_every": 2, "device": "cpu",
@@ -138,7 +139,7 @@ def test_ino_vs_idp_smoke(tmp_path, capsys, one_thread):
     mean = [sum(row[j] for row in per_seed) / 2 for j in range(3)]
     assert mean == pytest.approx(g["final"])
     # the runs are in the store, one per (algorithm, seed), and --reuse takes them instead of training again
-    from engine.store import RunStore
+    from engine.store.db import RunStore
 
     assert len(RunStore(store).list_runs(kind="train", status="finished")) == 6
     again = _main(ino_vs_idp, ["--smoke", "--json", "--no-figures", "--reuse", "--store", str(store)], capsys)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from PIL import Image
-
-from engine import export
-from engine.figures.training import build_figures
-from engine.store import RunStore
 from test_plots import make_run
+
+from engine.figures import export
+from engine.figures.training import build_figures
+from engine.store.db import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_chromium = pytest.mark.skipif(not export.static_export_available()[0],
@@ -100,11 +100,11 @@ def test_without_chromium_static_export_explains_and_html_still_works(monkeypatc
 
 def train_comparison(store: RunStore, group_id: str = "g-pack") -> list[int]:
     """A real small comparison in ``store``: IDP-SGD and INO-SGD trained on 300 digits for 2 epochs
-    through engine.train; returns the run ids."""
+    through engine.train.loop; returns the run ids."""
     import torch
 
-    from engine.config import RunConfig
-    from engine.train import train
+    from engine.config.run import RunConfig
+    from engine.jobs.kinds import execute
 
     torch.set_num_threads(1)
     ids = []
@@ -112,7 +112,7 @@ def train_comparison(store: RunStore, group_id: str = "g-pack") -> list[int]:
         cfg = RunConfig().replace(**{"algorithm.name": alg, "epochs": 2.0, "model.name": "lr",
                                      "data.max_train": 300, "batch_size": 64}).validate()
         rid = store.create_run(cfg, group_id=group_id)
-        train(cfg, store=store, run_id=rid)
+        execute(store, rid, cfg, kind="train")
         ids.append(rid)
     return ids
 
@@ -120,7 +120,7 @@ def train_comparison(store: RunStore, group_id: str = "g-pack") -> list[int]:
 @pytest.fixture(scope="module")
 def trained_runs(tmp_path_factory):
     """:func:`train_comparison`, read back as run records."""
-    from engine.runs import run_record
+    from engine.jobs.runs import run_record
 
     store = RunStore(tmp_path_factory.mktemp("pack") / "runs.sqlite")
     runs = [run_record(store, i) for i in train_comparison(store)]
@@ -246,7 +246,7 @@ def test_markup_in_a_run_name_is_drawn_as_text():
 def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
     from engine.figures.talk import TALK_FIGURES
     from engine.figures.talk_frames import RHO_KEY
-    from engine.runs import run_label
+    from engine.jobs.runs import run_label
 
     assert set(TALK_FIGURES) <= set(export.figure_titles())
     names = [s.name for s in export.pack_figures(trained_runs)]

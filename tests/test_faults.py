@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.data import DataError, load_dataset
-from engine.data import files
-from engine.store import RunStore, StoreError
+from engine.data import DataError, files, load_dataset
+from engine.store.db import RunStore
+from engine.store.errors import StoreError
 
 try:  # tests/ as a package or as a plain folder on sys.path
     from . import fixtures_data as fx

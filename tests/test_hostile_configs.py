@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, RunConfig
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,7 +185,7 @@ def test_case_ids_unique_and_enough():
 
 def test_python_built_configs_are_checked_too():
     """validate() on a config built in Python (not from JSON) applies the same type checks."""
-    from engine.config import TierConfig, TiersConfig
+    from engine.config.run import TierConfig, TiersConfig
 
     cases = [
         (RunConfig().replace(**{"tiers.tiers": (TierConfig(1.0, classes=(0, 1, 2, 3.7)),)}), "tiers.tiers[0].classes[3]"),
@@ -204,7 +205,7 @@ def test_the_class_a_tier_lists_is_the_class_it_trains():
     """The issue's privacy mix-up: [0,1,2,3.7,4] at ε=1 beside [3,…] at ε=2 trained class 3 at ε=2.
     A valid split trains each listed class at its tier's ε, and the tier name shows the same ids."""
     from engine.data import load_dataset
-    from engine.tiers import assign_tiers
+    from engine.dp.tiers import assign_tiers
 
     cfg = RunConfig.from_dict(tiers([0, 1, 2, 4], [3, 5, 6, 7, 8, 9])).validate()
     ds = load_dataset("digits")
@@ -243,8 +244,8 @@ def test_any_json_value_gives_config_error_or_a_config():
 # --- bounds on work that need the training-set size ----------------------------------------------------
 
 def test_planned_steps_over_the_cap_name_epochs_before_planning():
-    from engine.config import MAX_TOTAL_STEPS, total_steps
-    from engine.train import prepare
+    from engine.config.run import MAX_TOTAL_STEPS, total_steps
+    from engine.train.loop import prepare
 
     n = 1437  # digits' training split
     epochs = 100_000  # under the data-free bound (epochs <= cap), over it once n / batch is known
@@ -263,8 +264,8 @@ def test_allow_large_lifts_the_data_free_cap_only_when_asked():
 
 
 def test_mlp_too_big_for_the_data_is_refused_before_allocating():
-    from engine.config import ModelConfig
-    from engine.models import build_model
+    from engine.config.run import ModelConfig
+    from engine.models.nets import build_model
 
     with pytest.raises(ConfigError) as e:  # 3·32·32 inputs × 65536 = 201 M weights
         build_model(RunConfig.from_dict({"model": {"name": "mlp", "hidden": [65536]}}).validate().model,
@@ -279,7 +280,8 @@ def test_audit_sections_reuse_the_run_parser():
     errors raised by the run's own validate()."""
     from dataclasses import dataclass, field
 
-    from engine.config import check_work, parse_section
+    from engine.config.run import check_work
+    from engine.config.schema import parse_section
 
     @dataclass(frozen=True)
     class Outer:
@@ -305,7 +307,7 @@ def test_audit_sections_reuse_the_run_parser():
 # --- reading config files ------------------------------------------------------------------------------
 
 def _read(path):
-    from engine.config import load_config
+    from engine.config.run import load_config
 
     return load_config(str(path))
 
@@ -381,7 +383,7 @@ URL_CASES = [
 
 @pytest.mark.parametrize("text,field", [c[1:] for c in URL_CASES], ids=[c[0] for c in URL_CASES])
 def test_hostile_tiers_url_param(text, field):
-    from engine.config import parse_tiers_param
+    from engine.config.run import parse_tiers_param
 
     with pytest.raises(ConfigError) as e:
         parse_tiers_param(text)
@@ -389,7 +391,7 @@ def test_hostile_tiers_url_param(text, field):
 
 
 def test_tiers_url_param_round_trip():
-    from engine.config import PAPER_TIERS, TiersConfig, parse_tiers_param
+    from engine.config.run import PAPER_TIERS, TiersConfig, parse_tiers_param
 
     text = json.dumps(RunConfig().to_dict()["tiers"])
     assert parse_tiers_param(text) == TiersConfig(tiers=PAPER_TIERS)

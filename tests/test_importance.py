@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import integrate
 
-from engine.importance import (BetaTIF, PiecewiseLinearTIF, bif, bif_antiderivative, expected_dropped_mass,
-                               importance_weights, ino_weights, make_tif, weights_from_order)
-from engine.mechanisms import Clipped, GroupAdaptive, Importance
+from engine.dp.importance import (BetaTIF, PiecewiseLinearTIF, bif, bif_antiderivative, expected_dropped_mass,
+                                  importance_weights, ino_weights, make_tif, weights_from_order)
+from engine.dp.mechanisms import Clipped, GroupAdaptive, Importance
 
 
 def test_check_vectors():

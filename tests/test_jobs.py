@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from engine.config import RunConfig
-from engine.jobs import WORKER_NICENESS, JobManager, default_max_workers, eta_seconds, worker_command
-from engine.store import RunStore
+from engine.config.run import RunConfig
+from engine.jobs.estimates import eta_seconds
+from engine.jobs.manager import WORKER_NICENESS, JobManager, default_max_workers, worker_command
+from engine.store.db import RunStore
 
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
 LONG = RunConfig().replace(**{"epochs": 200.0, "eval_every": 5})  # minutes of work: always cancelled or killed
@@ -83,7 +84,7 @@ def test_queue_cancel_kill_and_reattach(managers):
 
 
 def _alive(pid: int) -> bool:
-    from engine.store import pid_alive
+    from engine.store.liveness import pid_alive
 
     return pid_alive(pid)
 
@@ -164,7 +165,7 @@ def test_a_standby_prepares_the_queued_run_next_in_line(managers):
 
 
 def test_submit_refuses_an_unknown_kind_before_queueing(tmp_path):
-    from engine.config import ConfigError
+    from engine.config.schema import ConfigError
 
     mgr = JobManager(tmp_path / "runs.sqlite", autostart=False, prewarm=False)
     with pytest.raises(ConfigError) as e:
@@ -274,9 +275,10 @@ def test_submit_expands_a_dict_config_with_seeds(tmp_path):
     ids = mgr.submit([TINY.to_dict() | {"seeds": 2}, TINY.to_dict()], group_id="g-dict")
     runs = _rows(mgr.store, ids)
     assert [(r["seed_index"], r["seeds"], r["job_id"]) for r in runs] == [(0, 2, ids[0]), (1, 2, ids[0]), (0, 1, None)]
-    from engine.config import ConfigError
+    from engine.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         mgr.submit([TINY, TINY.to_dict() | {"seeds": 99}], group_id="g-bad")
     assert e.value.field == "seeds" and mgr.store.list_runs(group_id="g-bad") == []  # nothing queued
     mgr.shutdown()
+

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, RunConfig
-from engine.lifecycle import JOB_KINDS, execute, job_kind, run_queued, store_lifecycle
-from engine.store import RunStore
-from engine.train import Cancelled
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError
+from engine.jobs.kinds import JOB_KINDS, execute, job_kind, run_queued
+from engine.store.db import RunStore
+from engine.store.lifecycle import Cancelled, store_lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
@@ -99,7 +100,7 @@ def test_execute_and_run_queued_train_through_the_lifecycle(store):
     result = execute(store, rid, TINY, kind="train")
     assert store.get_run(rid)["status"] == "finished" and result.summary == store.get_run(rid)["summary"]
     # the worker entry: kind and config from the store; a prepared run is used when offered
-    from engine.train import prepare
+    from engine.train.loop import prepare
 
     ready = prepare(TINY)
     asked = []

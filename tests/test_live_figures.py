@@ -174,3 +174,31 @@ def test_long_curves_are_drawn_thinned_and_patched_alike(monkeypatch):
             for edge in ("lo|", "hi|"):
                 if edge + unit in lines:
                     assert list(lines[edge + unit].x) == list(t.x)
+
+
+def test_a_refresh_converts_only_the_new_evaluations(monkeypatch):
+    """Each stored evaluation becomes its record once: the first refresh converts what is there, every later
+    one only what arrived; a run whose status changes (it may have been run again) is read afresh."""
+    from engine.train.records import EvalRecord
+
+    converted = []
+    real = EvalRecord.from_dict.__func__
+    monkeypatch.setattr(EvalRecord, "from_dict", classmethod(lambda cls, d: converted.append(d["step"]) or real(cls, d)))
+    runs = full_runs()
+    live = LiveFigures(NAMES + ["mid_summary", "recall_auc"])  # tables and bars read the same records
+    live.update(snapshot(runs, [4] * 5))
+    assert len(converted) == 4 * 5
+    for n in range(5, 8):
+        converted.clear()
+        live.update(snapshot(runs, [n] * 5))
+        assert converted == [runs[0]["evals"][n - 1]["step"]] * 5  # one new evaluation per run
+    converted.clear()
+    live.update(snapshot(runs, [7] * 5))
+    assert converted == []  # nothing new: nothing converted
+    finished = snapshot(runs, [8] * 5)
+    finished[0]["status"] = "finished"
+    converted.clear()
+    live.update(finished)
+    # the other four runs: their new evaluation; the finished one: its new one (read for the signature that
+    # shows the status change), then all 8 afresh
+    assert len(converted) == 4 + 1 + 8 and converted.count(0) == 1

@@ -57,14 +57,18 @@ def test_console_command_lists_its_subcommands(venv, tmp_path):
     assert out.stdout.startswith("usage: privacy-lab")
     for sub in SUBCOMMANDS:
         assert sub in out.stdout
-    # the installed code is the package's, not the checkout's
-    where = subprocess.run([str(venv / "python"), "-c", "import engine, privacy_lab_app, os;"
-                            "print(engine.__file__); print(os.path.isfile(os.path.join("
-                            "privacy_lab_app.__path__[0], 'app.py')))"],
+    # the installed code is the package's, not the checkout's: app.py with its app_pages/ (never a pages/
+    # folder, which would put Streamlit in its legacy multipage mode)
+    where = subprocess.run([str(venv / "python"), "-c", "import engine, json, os, privacy_lab_app;"
+                            "app = privacy_lab_app.__path__[0];"
+                            "print(json.dumps([engine.__file__, os.path.isfile(os.path.join(app, 'app.py')),"
+                            "os.listdir(os.path.join(app, 'app_pages')), os.path.exists(os.path.join(app, 'pages'))]))"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    engine_file, has_app = where.stdout.split()
-    assert not Path(engine_file).is_relative_to(REPO) and has_app == "True", where.stderr
+    engine_file, has_app, app_pages, has_pages = json.loads(where.stdout)
+    assert not Path(engine_file).is_relative_to(REPO) and has_app, where.stderr
+    pages = {p.name for p in (REPO / "app_pages").glob("*.py")}
+    assert "train_view.py" in pages and pages <= set(app_pages) and not has_pages, where.stdout
 
 
 def test_rerun_with_an_override_from_another_directory(venv, tmp_path):
@@ -102,8 +106,8 @@ def test_rerun_with_an_override_from_another_directory(venv, tmp_path):
                                             ("epochs.x=1", "epochs.x")])
 def test_bad_override_is_one_line_exit_2(venv, tmp_path, override, field):
     store = tmp_path / "runs.sqlite"
-    from engine.config import RunConfig
-    from engine.store import RunStore
+    from engine.config.run import RunConfig
+    from engine.store.db import RunStore
 
     RunStore(store).create_run(RunConfig().validate(), status="finished")
     out = lab(venv, "--store", str(store), "rerun", "1", "--set", override, cwd=tmp_path, timeout=120)
@@ -119,7 +123,7 @@ def test_the_installed_package_carries_the_demo_offline(venv, tmp_path):
     empty = tmp_path / "no-data"
     empty.mkdir()
     code = ("import json; from engine.data import load_dataset; from engine.data.files import ASSETS_DIR;"
-            "from engine.demo import DEFAULT_TRAIN, example_runs;"
+            "from engine.tools.demo import DEFAULT_TRAIN, example_runs;"
             "ds = load_dataset(DEFAULT_TRAIN.dataset);"
             "print(json.dumps([str(ASSETS_DIR), len(ds.y_train), len(example_runs())]))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

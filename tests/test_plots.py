@@ -1,4 +1,4 @@
-"""Pure figure builders (engine/figures/, engine/tif_explorer.py): data functions give the right numbers, figures the right traces.
+"""Pure figure builders (engine/figures/, engine/tools/tif_explorer.py): data functions give the right numbers, figures the right traces.
 
 Runs here are synthetic (no training): ``make_run`` fabricates a run record exactly in the store's
 shape, with a known MID (the ε=1 tier's loss rises above its start, then recovers).
@@ -15,11 +15,11 @@ import plotly.graph_objects as go
 import pytest
 from scipy.stats import pearsonr
 
-from engine import tif_explorer
+from engine.config.run import RunConfig
+from engine.dp.importance import importance_weights, make_tif
 from engine.figures import explorer, frames, scaffold, training
-from engine.config import RunConfig
-from engine.importance import importance_weights, make_tif
-from engine.runs import dp_note, run_label
+from engine.jobs.runs import dp_note, run_label
+from engine.tools import tif_explorer
 
 PAPER = {0: 2, 1: 2, 2: 0, 3: 1, 4: 2, 5: 0, 6: 2, 7: 1, 8: 1, 9: 0}  # class -> tier index (ε = 1, 2, 3)
 
@@ -64,7 +64,7 @@ def pair():
 
 def test_engine_modules_import_without_streamlit():
     code = ("import sys, engine.figures.training, engine.figures.audit, engine.figures.explorer, "
-            "engine.tif_explorer, engine.export, engine.jobs; "
+            "engine.tools.tif_explorer, engine.figures.export, engine.jobs.manager; "
             "assert 'streamlit' not in sys.modules, 'engine must not import streamlit'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -250,7 +250,7 @@ def test_explorer_batch_weights_match_the_engine():
 
 def test_explorer_sample_on_digits():
     from engine.data import load_dataset
-    from engine.tiers import preset
+    from engine.dp.tiers import preset
 
     ds = load_dataset("digits")
     sample = tif_explorer.explorer_sample(ds, preset("paper", ds), batch_size=64, seed=1)
@@ -373,7 +373,7 @@ def test_user_text_is_escaped_in_every_audit_figure():
 
 def test_dataset_name_of_runs_and_audits_old_and_new():
     from engine.audit.config import AuditConfig
-    from engine.runs import dataset_name
+    from engine.jobs.runs import dataset_name
 
     assert dataset_name(make_run(1, "ino")) == "digits"
     audit = {"id": 2, "kind": "audit", "config": AuditConfig().replace(**{"run.data.name": "digits"}).to_dict()}
@@ -583,3 +583,19 @@ def test_lone_runs_that_differ_only_in_their_seed_form_one_series_paired_by_seed
     assert {labels[i] for i in (1, 3, 5)} == {"IDP-SGD (SAMPLE) #1, #3, #5"}
     assert {labels[i] for i in (2, 4, 6)} == {"INO-SGD #2, #4, #6"}
     assert sorted((ino["id"], idp["id"]) for ino, idp in frames.pair_runs(runs)) == [(2, 1), (4, 3), (6, 5)]
+
+
+def test_mean_se_is_the_seed_bands_rule_for_one_group():
+    """One owner of the standard error: the seed bands' (sample sd / √n), for the talk figures and the experiments."""
+    import pandas as pd
+
+    from engine.figures.bands import mean_se, seed_mean
+
+    values = [0.1, 0.4, None, float("nan"), 0.7]
+    mean, se, n = mean_se(values)
+    assert n == 3 and mean == pytest.approx(0.4) and se == pytest.approx(np.std([0.1, 0.4, 0.7], ddof=1) / np.sqrt(3))
+    band = seed_mean(pd.DataFrame({"k": [0, 0, 0], "v": [0.1, 0.4, 0.7]}), ["k"], "v")
+    assert band["se"].iloc[0] == pytest.approx(se)
+    one = mean_se([2.0])
+    assert one[0] == 2.0 and math.isnan(one[1]) and one[2] == 1
+    assert math.isnan(mean_se([])[0]) and mean_se([])[2] == 0

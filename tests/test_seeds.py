@@ -1,4 +1,4 @@
-"""Repeat over k seeds: k models trained together on the model axis of one job (engine.train, M = k).
+"""Repeat over k seeds: k models trained together on the model axis of one job (engine.train.loop, M = k).
 
 Model j starts exactly like a single run with seed base + j; the stacked optimizer is k optimizers; an
 INO-SGD and an IDP-SGD job with the same base seed see the same batches and noise draws per model index
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import engine.train as train_mod
-from engine.config import OptimizerConfig, RunConfig
-from engine.store import RunStore
-from engine.train import _optimizer, prepare, train
+import engine.train.loop as train_mod
+from engine.config.run import OptimizerConfig, RunConfig
+from engine.jobs.kinds import execute
+from engine.store.db import RunStore
+from engine.train.loop import _optimizer, prepare, train
 
 DIGITS = RunConfig().replace(**{"data.max_train": 300, "epochs": 2.0, "batch_size": 50, "eval_every": 3,
                                 "device": "cpu"})
@@ -142,7 +143,7 @@ def test_ino_and_idp_jobs_are_paired_by_seed_index(monkeypatch, one_thread):
 
 def test_each_model_of_a_job_is_evaluated_like_a_single_model(one_thread):
     """The evaluation of model j in a k-seed run is the single-model evaluation of its parameters."""
-    from engine.metrics import group_metrics, predict
+    from engine.models.metrics import group_metrics, predict
 
     cfg = DIGITS.replace(**{"model.name": "cnn", "seeds": 2, "algorithm.name": "dpsgd", "epochs": 1.0})
     result = train(cfg)
@@ -161,7 +162,7 @@ def test_a_k_seed_run_streams_each_model_into_its_own_row(tmp_path, one_thread):
     store = RunStore(tmp_path / "runs.sqlite")
     cfg = DIGITS.replace(**{"model.name": "lr", "seeds": 3, "seed": 2, "algorithm.name": "ino"})
     ids = store.create_job(cfg.seed_configs(), group_id="g")
-    result = train(cfg, store=store, run_id=ids[0])
+    result = execute(store, ids[0], cfg, kind="train")
     for j, rid in enumerate(ids):
         run = store.get_run(rid)
         assert run["status"] == "finished" and run["job_id"] == ids[0]
@@ -178,10 +179,10 @@ def test_a_k_seed_run_streams_each_model_into_its_own_row(tmp_path, one_thread):
     assert [s["batch_size"] for s in store.step_metrics(ids[0])] != [s["batch_size"] for s in store.step_metrics(ids[1])]
     # a run id whose job has the wrong number of rows is refused, naming the field
     lone = store.create_run(cfg)
-    from engine.config import ConfigError
+    from engine.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        train(cfg, store=store, run_id=lone)
+        execute(store, lone, cfg, kind="train")
     assert e.value.field == "seeds"
 
 
@@ -204,7 +205,7 @@ def test_dpsgd_s_and_adam_train_k_seeds(one_thread):
 
 def test_an_audit_refuses_seeds():
     from engine.audit.config import AuditConfig
-    from engine.config import ConfigError
+    from engine.config.schema import ConfigError
 
     for key in ("seeds", "seed_index"):
         with pytest.raises(ConfigError) as e:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import ModelConfig, RunConfig, TierConfig, TiersConfig
-from engine.grad_sample import ModuleGrads
-from engine.importance import importance_weights, make_tif
-from engine.mechanisms import Clipped, GroupAdaptive, Importance, NonPrivate, build_mechanism
-from engine.prepare import seeded_model
-from engine.stacked import StackedModels, sgd_train
-from engine.step import PoissonSampler, dp_step
-from engine.train import prepare, train
+from engine.config.run import ModelConfig, RunConfig, TierConfig, TiersConfig
+from engine.dp.grad_sample import ModuleGrads
+from engine.dp.importance import importance_weights, make_tif
+from engine.dp.mechanisms import Clipped, GroupAdaptive, Importance, NonPrivate, build_mechanism
+from engine.dp.prepare import seeded_model
+from engine.dp.stacked import StackedModels, sgd_train
+from engine.dp.step import PoissonSampler, dp_step
+from engine.train.loop import prepare, train
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -292,7 +292,7 @@ def _quiet(privacy):
 
 @pytest.mark.parametrize("algo", ["nonprivate", "dpsgd", "ino", "dpsgd_s"])
 def test_dashboard_run_equals_the_audit_chunk_path(algo):
-    """Full batch (q = 1), noise off: engine.train (live module, its optimizer) and the audit's chunk
+    """Full batch (q = 1), noise off: engine.train.loop (live module, its optimizer) and the audit's chunk
     trainer (stacked parameters, plain SGD) take the very same steps."""
     cfg = RunConfig().replace(**{"model.name": "mlp", "model.hidden": (16,), "data.max_train": 120,
                                  "batch_size": 120, "epochs": 6.0, "algorithm.name": algo, "clip_norm": 0.05,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import RunConfig
-from engine.store import RunStore
-from engine.store_errors import StoreError
+from engine.config.run import RunConfig
+from engine.store.db import RunStore
+from engine.store.errors import StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_wal_and_round_trip(tmp_path):
 
 WRITER = """
 import sys
-from engine.store import RunStore
+from engine.store.db import RunStore
 store = RunStore(sys.argv[1])
 for step in range(300):
     store.log_eval(1, step, {"x": step})

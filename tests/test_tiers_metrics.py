@@ -1,11 +1,15 @@
-"""Tier assignment rules and presets; MID markers and group metrics on hand-made inputs."""
+"""Tier assignment rules and presets; MID markers, group metrics and recall AUC on hand-made inputs."""
+import math
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from engine.config import ConfigError, TierConfig, TiersConfig
+from engine.config.run import TierConfig, TiersConfig
+from engine.config.schema import ConfigError
 from engine.data import load_dataset
-from engine.metrics import group_metrics, mid_markers
-from engine.tiers import assign_tiers, preset, preset_names
+from engine.dp.tiers import assign_tiers, preset, preset_names
+from engine.models.metrics import group_metrics, mid_markers, recall_auc
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +104,35 @@ def test_group_metrics_hand_computed():
     assert classes[0]["accuracy"] == pytest.approx(4 / 6)  # one-vs-rest for class 0
     assert tiers[0]["recall"] == pytest.approx(0.75) and tiers[0]["accuracy"] == pytest.approx(0.75)
     assert tiers[1]["recall"] == pytest.approx(0.5) and tiers[1]["n"] == 2
+
+
+def test_recall_auc_hand_computed_and_its_edge_cases():
+    # trapezoids over progress step / T: (0.2 + 0.6)/2 · 0.25 + (0.6 + 1.0)/2 · 0.75 = 0.7
+    assert recall_auc([0, 25, 100], [0.2, 0.6, 1.0]) == pytest.approx(0.7, rel=1e-15)
+    assert recall_auc([0, 5, 10], [0.5, 0.5, 0.5]) == pytest.approx(0.5, rel=1e-15)  # a flat curve: its value
+    # what a live run or a partial selection has: no evaluation, only the initial one, one at step T > 0
+    assert math.isnan(recall_auc([], []))
+    assert recall_auc([0], [0.3]) == 0.3
+    assert recall_auc([7], [0.4]) == 0.4
+    assert recall_auc([0, 0], [0.1, 0.9]) == 0.9  # last step 0: no progress to integrate over
+    assert math.isnan(recall_auc([0, 5, 10], [0.5, float("nan"), 0.5]))  # a tier without samples
+    # the figures pass pandas Series: read by position, whatever their index
+    steps, recalls = pd.Series([0, 25, 100], index=[7, 3, 9]), pd.Series([0.2, 0.6, 1.0], index=[7, 3, 9])
+    assert recall_auc(steps, recalls) == pytest.approx(0.7, rel=1e-15)
+
+
+def test_the_figures_recall_auc_is_the_summarys():
+    """One owner: the recall-AUC table of the figures gives the run summary's value, edge cases included."""
+    from engine.figures import frames
+
+    def run(run_id, steps, recalls):
+        evals = [{"step": s, "epoch": s / 10, "elapsed": float(s), "tier_split": "test",
+                  "overall": {"loss": 1.0, "accuracy": 0.5, "balanced_accuracy": 0.5}, "classes": [],
+                  "tiers": [{"loss": 1.0, "recall": r, "accuracy": r, "n": 10, "name": "ε=1", "epsilon": 1.0,
+                             "epsilon_spent": None}]} for s, r in zip(steps, recalls)]
+        return {"id": run_id, "algorithm": "idp_sample", "status": "running", "config": {}, "evals": evals}
+
+    cases = {1: ([0, 25, 100], [0.2, 0.6, 1.0]), 2: ([0], [0.3]), 3: ([0, 10], [0.1, 0.5])}
+    table = frames.recall_auc_table([run(i, *c) for i, c in cases.items()]).set_index("run_id")["recall_auc"]
+    assert {i: table[i] for i in cases} == {i: recall_auc(*c) for i, c in cases.items()}
+    assert table[2] == 0.3  # only the initial evaluation so far: that recall, not nan

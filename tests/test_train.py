@@ -3,13 +3,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import RunConfig, TierConfig, TiersConfig
-from engine.grad_sample import ModuleGrads
-from engine.mechanisms import Importance
-from engine.step import PoissonSampler, dp_step
-from engine.store import RunStore
-from engine.train import Cancelled, prepare, train
-from engine.importance import make_tif
+from engine.config.run import RunConfig, TierConfig, TiersConfig
+from engine.dp.grad_sample import ModuleGrads
+from engine.dp.importance import make_tif
+from engine.dp.mechanisms import Importance
+from engine.dp.step import PoissonSampler, dp_step
+from engine.jobs.kinds import execute
+from engine.store.db import RunStore
+from engine.store.lifecycle import Cancelled
+from engine.train.loop import prepare, train
 
 FAST = RunConfig().replace(**{"model.name": "lr", "epochs": 3.0})
 SINGLE = TiersConfig(assign="class", tiers=(TierConfig(epsilon=2.0, classes=tuple(range(10))),))
@@ -103,8 +105,8 @@ def _sample_grads(grads_of, x, y, i):
 ])
 @pytest.mark.parametrize("method", ["layerwise", "vmap"])
 def test_per_sample_gradients_match_one_by_one_backward(model, channels, dtype, method):
-    from engine.config import ModelConfig
-    from engine.models import build_model
+    from engine.config.run import ModelConfig
+    from engine.models.nets import build_model
 
     torch.manual_seed(0)
     net = build_model(ModelConfig(name=model), (channels, 8, 8), 10).to(dtype)
@@ -135,7 +137,7 @@ def test_empty_batches_are_noise_only_steps():
                           "tiers": SINGLE})
     store = RunStore()
     run_id = store.create_run(cfg)
-    train(cfg, store=store, run_id=run_id)
+    execute(store, run_id, cfg, kind="train")
     sizes = [s["batch_size"] for s in store.step_metrics(run_id)]
     assert len(sizes) == 120 and 0 in sizes
     assert store.get_run(run_id)["status"] == "finished"
@@ -145,7 +147,7 @@ def test_store_streaming_and_summary():
     cfg = FAST.replace(**{"algorithm.name": "ino", "eval_every": 5})
     store = RunStore()
     run_id = store.create_run(cfg)
-    result = train(cfg, store=store, run_id=run_id)
+    result = execute(store, run_id, cfg, kind="train")
     run = store.get_run(run_id)
     evals = store.eval_metrics(run_id)
     assert run["status"] == "finished" and run["total_steps"] == result.summary["steps"]
@@ -169,7 +171,7 @@ def test_cancel_keeps_metrics():
         return calls["n"] > 10
 
     with pytest.raises(Cancelled):
-        train(cfg, store=store, run_id=run_id, should_stop=stop)
+        execute(store, run_id, cfg, kind="train", should_stop=stop)
     assert len(store.eval_metrics(run_id)) >= 5
 
 
@@ -184,8 +186,8 @@ def test_dpsgd_s_private_and_nonprivate_quantile():
 
 
 def test_random_tiers_measured_on_train_subsample():
-    from engine.tiers import preset
     from engine.data import load_dataset
+    from engine.dp.tiers import preset
 
     cfg = FAST.replace(tiers=preset("random_54_37_9", load_dataset("digits")))
     result = train(cfg)
@@ -194,8 +196,8 @@ def test_random_tiers_measured_on_train_subsample():
 
 
 def test_tabular_fairness_metrics(shared_data):
-    from engine.tiers import preset
     from engine.data import load_dataset
+    from engine.dp.tiers import preset
 
     ds = load_dataset("adult")
     cfg = RunConfig().replace(**{"data.name": "adult", "model.name": "lr", "epochs": 0.5, "batch_size": 512,

@@ -9,29 +9,15 @@
     stats.py     the statistics themselves (advantage, GPR, bootstrap, null floor / null Δ, LiRA, ε lower bounds)
     presets.py   named audits (quick, quick-eps1, adult-paper, mnist-paper)
     estimate.py  the runtime estimate before launch (model-steps × a measured per-model-step cost)
+
+Layer 7 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli:
+may import engine.dp and everything below it (not engine.train).
 """
 
-from .stats import (
-    auc,
-    bootstrap_gpr,
-    complementary_membership,
-    epsilon_lower_bound,
-    gpr_delta,
-    group_privacy_risk,
-    lira_by_group,
-    lira_scores,
-    logit_confidence,
-    delta_resolved,
-    null_distribution,
-    null_floor,
-    pa_ga,
-    pa_gba,
-    pa_looa,
-    per_group_epsilon_lower_bound,
-    roc_curve_points,
-    sample_advantage,
-    tpr_at_fpr,
-)
+from .stats import (auc, bootstrap_gpr, complementary_membership, delta_resolved, epsilon_lower_bound, gpr_delta,
+                    group_privacy_risk, lira_by_group, lira_scores, logit_confidence, null_distribution, null_floor,
+                    pa_ga, pa_gba, pa_looa, per_group_epsilon_lower_bound, roc_curve_points, sample_advantage,
+                    tpr_at_fpr)
 
 __all__ = [
     "auc",

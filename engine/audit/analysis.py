@@ -14,18 +14,22 @@ import numpy as np
 from engine.audit import stats
 from engine.audit.design import group_sizes
 from engine.audit.report import AlgorithmReport, AuditReport, json_clean
+from engine.train.records import PlanRecord
 
 _HIST_BINS = 40
 _ROC_POINTS = 160
 
 
 def plan_table(setup, a):
-    """Per tier: the plan's sample rate, clip, noise and ε (ε None when the algorithm has no formal guarantee)."""
+    """Per tier: the plan's sample rate, clip, noise multiplier σ_k, noise std and ε (ε None when the algorithm has
+    no formal guarantee). σ_k is the run records' (``PlanRecord.noise_multipliers``): SCALE's σ*·C/C_k per tier,
+    DP-SGD-S's z_Δ, the shared σ* otherwise — what the Train page shows for the same plan."""
     if a.plan is None:
         return None
     p = a.plan
+    sigma = PlanRecord.from_privacy(a.privacy, setup.tiers, steps=setup.steps).noise_multipliers
     return [{"tier": setup.tiers.names[k], "sample_rate": float(p.sample_rates[k]), "clip_norm": float(p.clip_norms[k]),
-             "noise_multiplier": float(p.noise_multiplier), "noise_std": float(p.noise_std),
+             "noise_multiplier": float(sigma[k]), "noise_std": float(p.noise_std),
              "epsilon": float(p.epsilons[k]) if a.formal_dp else None, "target_epsilon": float(p.target_epsilons[k])}
             for k in range(len(p.sample_rates))]
 

@@ -1,4 +1,4 @@
-"""How many models one audit chunk trains at once: memory planning for ``engine.stacked``.
+"""How many models one audit chunk trains at once: memory planning for ``engine.dp.stacked``.
 
 Memory stays bounded by chunking: :func:`models_per_chunk` sizes a chunk from the per-model
 working set (:func:`per_model_step_bytes`) so that one step's tensors fit ``budget_bytes``
@@ -11,8 +11,8 @@ import math
 import torch
 from torch import nn
 
-from engine.grad_sample import linear_stack_layers
-from engine.models import build_model
+from engine.dp.grad_sample import linear_stack_layers
+from engine.models.nets import build_model
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # per-chunk working set of one training step
 
@@ -64,3 +64,19 @@ def models_per_chunk(model_cfg, input_shape, num_classes: int, batch: float, *,
     hard = max(1, budget_bytes // per)
     want = hard if cache_bytes is None else max(min_models, cache_bytes // per)
     return int(max(1, min(cap, hard, want)))
+
+
+_DEVICE_CACHE: dict = {}
+
+
+def on_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The dataset tensor on the audit's device (copied once per process and device, not per chunk)."""
+    if dev.type == "cpu":
+        return t
+    key = (id(t), str(dev))
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None or hit[0] is not t:
+        if len(_DEVICE_CACHE) >= 8:
+            _DEVICE_CACHE.clear()
+        hit = _DEVICE_CACHE[key] = (t, t.to(dev))
+    return hit[1]

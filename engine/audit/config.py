@@ -24,10 +24,10 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from engine.config import (MAX_CHUNK_MODELS, ALGORITHMS, GROUP_BY, AlgorithmConfig, ConfigError, DataConfig, ModelConfig,
-                           OptimizerConfig, RunConfig, TierConfig, TiersConfig, check_choice, check_int,
-                           check_number, check_positive, check_section, check_str, parse_config_json, parse_section,
-                           read_config_text)
+from engine.config.run import (ALGORITHMS, GROUP_BY, MAX_CHUNK_MODELS, AlgorithmConfig, DataConfig, ModelConfig,
+                               OptimizerConfig, RunConfig, TierConfig, TiersConfig)
+from engine.config.schema import (ConfigError, check_choice, check_int, check_number, check_positive, check_section,
+                                  check_str, parse_config_json, parse_section, read_config_text, replace_dotted)
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
 THRESHOLDS = ("in_sample", "held_out")
@@ -154,9 +154,10 @@ class AuditConfig:
 
     def replace(self, **changes) -> "AuditConfig":
         """Copy with fields changed; ``run.``-dotted keys change the run: ``replace(**{"run.epochs": 6.0})``."""
-        run_changes = {k[4:]: v for k, v in changes.items() if k.startswith("run.")}
-        out = dataclasses.replace(self, **{k: v for k, v in changes.items() if not k.startswith("run.")})
-        return dataclasses.replace(out, run=out.run.replace(**run_changes)) if run_changes else out
+        out = self
+        for key, value in changes.items():
+            out = replace_dotted(out, key, value)
+        return out
 
 
 def single_tier(epsilon: float, classes) -> TiersConfig:

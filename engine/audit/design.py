@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.audit.config import AuditConfig, single_tier
-from engine.config import TiersConfig
-from engine.prepare import sensitive_values
+from engine.config.run import TiersConfig
+from engine.dp.prepare import sample_groups
 
 
 def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
@@ -22,20 +22,11 @@ def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
 
 
 def group_labels(config, dataset, tiers, by: str, field_name: str):
-    """(label per training sample, ordered label names, label per test sample or None)."""
-    if by == "class":
-        names = [str(c) for c in dataset.class_names]
-        y, yt = dataset.y_train.numpy(), dataset.y_test.numpy()
-        return np.asarray(names, dtype=object)[y].astype(str), names, np.asarray(names, dtype=object)[yt].astype(str)
-    if by == "tier":
-        names = list(tiers.names)
-        arr = np.asarray(names + [""], dtype=object)  # test samples outside every tier (-1) → ""
-        test = None if tiers.test is None else arr[tiers.test].astype(str)
-        return arr[tiers.train].astype(str), names, test
-    values = sensitive_values(dataset, config.group_attribute, field_name)
-    attr = config.group_attribute or dataset.default_sensitive
-    test = np.asarray(dataset.sensitive_test[attr]).astype(str) if attr in dataset.sensitive_test else None
-    return values, sorted(set(values.tolist())), test
+    """(GPR group label per training sample, ordered label names, label per test sample or None; "" for a test
+    sample in no group): the labels of :func:`engine.dp.prepare.sample_groups`."""
+    train, names, test = sample_groups(by, dataset, tiers, attribute=config.group_attribute, field=field_name)
+    labels = np.asarray(names + [""], dtype=object)  # index −1 → ""
+    return labels[train].astype(str), names, None if test is None else labels[test].astype(str)
 
 
 def derived_seed(*parts) -> int:

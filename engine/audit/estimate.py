@@ -3,7 +3,7 @@
     estimate = Σ over algorithms of (2R + PA-LOOA models) × steps per model × per-model-step cost
 
 The per-model-step cost is measured, not guessed: one chunk of the audit's own size trains for a few
-steps of each distinct mechanism (the same ``engine.step.dp_step`` the audit runs, on the audit's
+steps of each distinct mechanism (the same ``engine.dp.step.dp_step`` the audit runs, on the audit's
 device), and its wall time is divided by models × steps. Statistics (bootstrap, null permutations)
 are not included; they add seconds to a minute per algorithm on 2R = 400 and 30 000 samples.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
-from engine.mechanisms import build_mechanism
-from engine.stacked import StackedModels, sgd_train
-from engine.step import PoissonSampler
+from engine.audit.chunks import on_device
+from engine.dp.mechanisms import build_mechanism
+from engine.dp.stacked import StackedModels, sgd_train
+from engine.dp.step import PoissonSampler
 
 _PROBE_STEPS = 3
 
@@ -24,11 +24,9 @@ _PROBE_STEPS = 3
 def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
     """``{"seconds", "model_steps", "per_model_step_seconds": {algorithm key: s}, "how"}`` for a
     prepared audit (:func:`engine.audit.runner.prepare_audit`)."""
-    from engine.audit.runner import _on
-
     cfg = setup.config
     ds, dev = setup.dataset, setup.device
-    x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
+    x, y = on_device(ds.x_train, dev), on_device(ds.y_train, dev)
     k = max(1, min(setup.chunk_models, setup.n_models))
     members = setup.membership[:k]
     looa = (cfg.looa_k + 1) * cfg.looa_models if cfg.looa_k else 0
@@ -55,11 +53,3 @@ def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
            f"on {dev}; training only")
     return {"seconds": float(total), "model_steps": int(model_steps),
             "per_model_step_seconds": {key: float(v) for key, v in per_step.items()}, "how": how}
-
-
-def format_seconds(s: float) -> str:
-    """``42 s``, ``3.5 min``, ``2.1 h``."""
-    s = float(s)
-    if not np.isfinite(s):
-        return "—"
-    return f"{s:.0f} s" if s < 90 else (f"{s / 60:.1f} min" if s < 5400 else f"{s / 3600:.1f} h")

@@ -3,9 +3,12 @@ tier, ROC point, histogram bin or attack): what the audit figures draw and the C
 Call them as report methods (``report.gpr_frame()``)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _nan(x):
@@ -17,6 +20,8 @@ def _r(x, nd):
 
 
 def gpr_frame(report) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         for g in report.group_names:
@@ -32,6 +37,8 @@ def gpr_frame(report) -> pd.DataFrame:
 def delta_frame(report) -> pd.DataFrame:
     """One row per algorithm: Δ (pp) with its CI, the null Δ spread and whether Δ is resolved beyond it,
     accuracy, floor, claimed ε (None without a formal guarantee) and the GPR of each group."""
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         d, nd = a.delta, a.null_delta
@@ -49,6 +56,8 @@ def delta_frame(report) -> pd.DataFrame:
 
 
 def accuracy_frame(report) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         acc = a.accuracy
@@ -61,6 +70,8 @@ def accuracy_frame(report) -> pd.DataFrame:
 
 
 def epsilon_frame(report) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         for t, claimed in zip(a.epsilon, a.claimed_epsilons()):
@@ -72,6 +83,8 @@ def epsilon_frame(report) -> pd.DataFrame:
 
 
 def roc_frame(report) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         for g, v in a.lira.items():
@@ -83,6 +96,8 @@ def roc_frame(report) -> pd.DataFrame:
 
 
 def histogram_frame(report) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for a in report.algorithms:
         edges = a.histogram.edges
@@ -98,6 +113,8 @@ def histogram_frame(report) -> pd.DataFrame:
 
 def baselines_frame(report) -> pd.DataFrame:
     """PA-ALOOA's per-group GPR next to PA-GA, PA-GBA (per group) and PA-LOOA (per audited record)."""
+    import pandas as pd
+
     rows = []
     sizes = report.group_sizes
     for a in report.algorithms:

@@ -15,7 +15,8 @@ Each is an :class:`~engine.audit.config.AuditConfig` (change it with ``.replace`
 from __future__ import annotations
 
 from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.config import AlgorithmConfig
+from engine.config.run import AlgorithmConfig
+from engine.config.schema import ConfigError
 
 _QUICK_RUN = DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 30.0, "batch_size": 64, "optimizer.lr": 0.5})
 _PAPER_RUN = DEFAULT_RUN.replace(**{"epochs": 20.0, "batch_size": 256, "optimizer.lr": 0.1, "clip_norm": 5.0})
@@ -42,8 +43,6 @@ PRESETS: dict[str, AuditConfig] = {
 
 def preset(name: str) -> AuditConfig:
     """The named preset; ConfigError ``preset`` naming the known ones otherwise."""
-    from engine.config import ConfigError
-
     if name not in PRESETS:
         raise ConfigError("preset", f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[name]

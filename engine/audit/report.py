@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.audit import frames
+from engine.audit.config import AuditConfig
+
 RESULTS_VERSION = 2  # 2: float64 scores (logit confidence by default), per-group null floors, the null Δ, resolved
 
 
@@ -233,8 +236,6 @@ class AuditReport:
     @property
     def audit_config(self):
         """The typed AuditConfig (configs stored in the earlier flat shape are migrated)."""
-        from engine.audit.config import AuditConfig
-
         return AuditConfig.from_dict(self.config)
 
     def algorithm(self, key: str) -> AlgorithmReport:
@@ -312,8 +313,6 @@ class AuditReport:
 
 
 def _frames():
-    from engine.audit import frames  # pandas only where frames are asked for (not in a worker)
-
     return frames
 
 

@@ -5,7 +5,7 @@
                             score every training sample under every model → AuditReport
     cli_audit               ``python -m engine audit CONFIG.json [--json]``
 
-The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``engine.lifecycle``'s
+The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``engine.jobs.kinds``'s
 registry (kind "audit"), which also keeps the run's status in the store.
 
 Method. For r = 1..R the training set is split into two complementary random halves; model 2r
@@ -16,13 +16,13 @@ sample's score under a model is, in float64, its logit-scaled confidence log p_y
 Δ, the permutation null floor, the PA-GA / PA-GBA / PA-LOOA baselines, LiRA and the per-tier
 empirical ε lower bound all come from ``engine.audit.stats``.
 
-Training is a dashboard run's, through the same code: ``engine.prepare.prepare_privacy`` plans
+Training is a dashboard run's, through the same code: ``engine.dp.prepare.prepare_privacy`` plans
 once for the expected half-size tiers (a tier's ε depends only on its q, σ and T, so every model
 meets its tier's claimed ε exactly; INO-SGD's γ is fixed from that plan too),
-``engine.mechanisms.build_mechanism`` builds one mechanism for the chunk's M models, and every step
-is ``engine.step.dp_step`` (Poisson batches, noise N(0, noise_std²), division by the model's
-expected batch Σ q_i over its members), applied by plain SGD (``engine.stacked.sgd_train``).
-T = ``engine.prepare.total_steps`` with n/2 samples: round(epochs · (n/2) / batch_size).
+``engine.dp.mechanisms.build_mechanism`` builds one mechanism for the chunk's M models, and every step
+is ``engine.dp.step.dp_step`` (Poisson batches, noise N(0, noise_std²), division by the model's
+expected batch Σ q_i over its members), applied by plain SGD (``engine.dp.stacked.sgd_train``).
+T = ``engine.dp.prepare.total_steps`` with n/2 samples: round(epochs · (n/2) / batch_size).
 
 Checkpoints. With a store, each finished chunk of models writes its per-sample losses and
 confidences as an artifact (``chunk/<algorithm>/<kind>/<chunk>``, ``.npz``); re-running the same
@@ -37,7 +37,6 @@ import dataclasses
 import io
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -46,19 +45,22 @@ import torch
 
 from engine.audit import stats
 from engine.audit.analysis import algorithm_report, empty_report, membership_scores, plan_table
-from engine.audit.config import AuditConfig, algorithm_keys, load_audit_config
+from engine.audit.chunks import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, on_device,
+                                 per_model_step_bytes)
+from engine.audit.config import AuditConfig, algorithm_keys
 from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
                                  resolved_tiers)
-from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, per_model_step_bytes
-from engine.audit.report import AuditReport, Baselines, LooaRecord, compact_summary, summary_table
-from engine.config import MAX_AUDIT_MODEL_STEPS, ALGORITHM_LABELS, AlgorithmConfig, ConfigError, check_work
-from engine.lifecycle import execute, store_lifecycle
-from engine.mechanisms import build_mechanism
-from engine.prepare import PreparedData, PrivacyPlan, prepare_privacy, total_steps
-from engine.stacked import StackedModels, sgd_train
-from engine.step import PoissonSampler
-from engine.train import Cancelled
-
+from engine.audit.estimate import estimate_runtime
+from engine.audit.report import AuditReport, Baselines, LooaRecord
+from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
+from engine.config.schema import ConfigError
+from engine.data import load_dataset
+from engine.dp.mechanisms import build_mechanism
+from engine.dp.prepare import PrivacyPlan, prepare_data, prepare_privacy, total_steps
+from engine.dp.stacked import StackedModels, sgd_train
+from engine.dp.step import PoissonSampler
+from engine.store.artifacts import npy_bytes
+from engine.store.lifecycle import NO_STORE, RunLifecycle
 
 # ================================================================================================
 # preparation (everything fixed before the first model trains)
@@ -69,7 +71,7 @@ class AlgoSetup:
     key: str
     algo: AlgorithmConfig
     label: str
-    privacy: PrivacyPlan  # engine.prepare's plan and what derives from it (the same as a run's)
+    privacy: PrivacyPlan  # engine.dp.prepare's plan and what derives from it (the same as a run's)
     claimed: list  # per tier: ε the plan guarantees (None when non-private)
 
     plan = property(lambda self: self.privacy.plan)
@@ -105,13 +107,8 @@ class AuditSetup:
 
 def prepare_audit(config: AuditConfig) -> AuditSetup:
     """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
-    from engine.data import load_dataset
-    from engine.tiers import assign_tiers
-    from engine.prepare import resolve_device
-
     config.validate()
     run = config.run
-    device = resolve_device(run.device)
     ds = load_dataset(run.data.name, data_dir=run.data.data_dir, seed=run.seed, max_train=run.data.max_train)
     n = len(ds.y_train)
     if n < 8:
@@ -121,18 +118,14 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
         raise ConfigError("run.batch_size", f"must be at most half the training set ({n // 2}) since each model "
                                         f"trains on one half, got {run.batch_size}")
     tiers_cfg = resolved_tiers(config, ds)
-    try:
-        tiers = assign_tiers(tiers_cfg, ds, seed=run.seed)
+    try:  # a run's preparation: device, the model fits the data, tiers (the audit's own tiers when not set)
+        data = prepare_data(run.replace(tiers=tiers_cfg), dataset=ds)
     except ConfigError as e:
-        raise (e.under("run.") if run.tiers is not None else ConfigError("epsilon", e.message)) from None
-    groups, group_names, test_groups = group_labels(config, ds, tiers, config.group_by, "group_by")
-    model_cfg = run.model
-    from engine.models import build_model
-
-    try:
-        build_model(model_cfg, ds.input_shape, ds.num_classes)  # ConfigError "model.name" if it does not fit
-    except ConfigError as e:
+        if run.tiers is None and e.field.startswith("tiers"):
+            raise ConfigError("epsilon", e.message) from None
         raise e.under("run.") from None
+    device, tiers, model_cfg = data.device, data.tiers, run.model
+    groups, group_names, test_groups = group_labels(config, ds, tiers, config.group_by, "group_by")
     try:
         steps = total_steps(run, half)
     except ConfigError as e:
@@ -142,7 +135,6 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
                allow_large=run.allow_large, what="model-steps")
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
     membership = stats.complementary_membership(n, config.R, seed=run.seed)
-    data = PreparedData(config=run, device=device, dataset=ds, tiers=tiers)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes))
@@ -158,7 +150,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
 
 
 def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> AlgoSetup:
-    """One algorithm's privacy preparation: engine.prepare's, planned once for the half-size tiers."""
+    """One algorithm's privacy preparation: engine.dp.prepare's, planned once for the half-size tiers."""
     field_prefix = f"algorithms[{k}]"
     label = ALGORITHM_LABELS.get(algo.name, algo.name)
     if algo.name == "ino":
@@ -190,8 +182,6 @@ def preview_audit(config: AuditConfig, *, estimate: bool = False) -> dict:
         out["algorithms"].append({"key": a.key, "label": a.label, "formal_dp": a.formal_dp,
                                   "plan": plan_table(s, a)})
     if estimate:
-        from engine.audit.estimate import estimate_runtime
-
         out["estimate"] = estimate_runtime(s)
     return out
 
@@ -217,9 +207,10 @@ CHECKPOINT_VERSION = 2  # 2: float64 losses and confidences (LOOA chunks too); 1
 class _Checkpoints:
     """Chunk results in the run store (or nowhere, without a store)."""
 
-    def __init__(self, store, run_id, config: AuditConfig, layout: dict):
+    def __init__(self, life: RunLifecycle, config: AuditConfig, layout: dict):
+        store, run_id = life.store, life.run_id
         self.store, self.run_id = store, run_id
-        self.active = store is not None and run_id is not None
+        self.active = life.active
         if not self.active:
             return
         meta = {"version": CHECKPOINT_VERSION, "config": config.to_dict(), "layout": layout}
@@ -254,8 +245,8 @@ def _migrated(config_dict):
 
 
 class _Progress:
-    def __init__(self, store, run_id, total: int, bar):
-        self.store, self.run_id, self.total, self.bar = store, run_id, total, bar
+    def __init__(self, life: RunLifecycle, total: int, bar):
+        self.life, self.total, self.bar = life, total, bar
         self.done = 0
         self.last = 0.0
 
@@ -264,8 +255,8 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(k)
         now = time.time()
-        if self.store is not None and self.run_id is not None and (now - self.last > 0.5 or self.done >= self.total):
-            self.store.update_progress(self.run_id, self.done)
+        if now - self.last > 0.5 or self.done >= self.total:
+            self.life.progress(self.done)
             self.last = now
 
 
@@ -273,52 +264,40 @@ class _Progress:
 # the audit
 # ================================================================================================
 
-def run_audit(config: AuditConfig, *, store=None, run_id: int | None = None, progress: bool = False,
+def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: bool = False,
               should_stop=None) -> AuditReport:
-    """Run (or resume) an audit and return its report (``report.to_dict()`` is the run's summary).
+    """Run (or resume) an audit inside its lifecycle ``life`` (:func:`engine.jobs.kinds.execute` opens it;
+    none: no store) and return its report (``report.to_dict()`` is the run's summary).
 
-    With ``store`` and ``run_id`` the run's status, progress, chunk checkpoints, per-sample
-    advantages (artifacts ``advantage/<key>``) and results go to the store; a run that was
-    stopped (``should_stop`` → :class:`engine.train.Cancelled`), killed or crashed continues
-    from its last completed chunk when run again with the same id.
+    With a store the run's progress, chunk checkpoints, per-sample advantages (artifacts
+    ``advantage/<key>``) and results go to it; a run that was stopped (``should_stop`` →
+    :class:`engine.store.lifecycle.Cancelled`), killed or crashed continues from its last completed chunk
+    when run again with the same id.
     """
     started = time.time()
     if config.run.threads is not None:
         torch.set_num_threads(config.run.threads)
-    with store_lifecycle(store, run_id, sigterm=False) as life:
-        setup = prepare_audit(config)
-        layout = chunk_layout(setup)
-        ckpt = _Checkpoints(store, run_id, config, layout)
-        total = sum(len(v) for v in layout.values()) * setup.steps
-        life.start(total_steps=total, plan=_run_plan(setup))
-        bar = _bar(total) if progress else None
-        prog = _Progress(store if life.active else None, run_id, total, bar)
-        report = empty_report(setup)
-        for a in setup.algos:
-            res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
-            report = dataclasses.replace(report, algorithms=report.algorithms + (res,),
-                                         seconds=time.time() - started)
-            if life.active:
-                store.set_summary(run_id, dataclasses.replace(report, partial=True).to_dict())
-                store.put_artifact(run_id, f"advantage/{a.key}", _npy(adv))
-        if bar is not None:
-            bar.close()
-        report = dataclasses.replace(report, seconds=time.time() - started,
-                                     train_seconds=sum(r.train_seconds for r in report.algorithms),
-                                     stats_seconds=sum(r.stats_seconds for r in report.algorithms))
-        life.finish(report.to_dict())
-        return report
-
-
-def _npy(arr) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(arr), allow_pickle=False)
-    return buf.getvalue()
-
-
-def load_array(blob: bytes) -> np.ndarray:
-    """Inverse of the artifacts' ``np.save`` encoding (never unpickles)."""
-    return np.load(io.BytesIO(blob), allow_pickle=False)
+    setup = prepare_audit(config)
+    layout = chunk_layout(setup)
+    ckpt = _Checkpoints(life, config, layout)
+    total = sum(len(v) for v in layout.values()) * setup.steps
+    life.start(total_steps=total, plan=_run_plan(setup))
+    bar = _bar(total) if progress else None
+    prog = _Progress(life, total, bar)
+    report = empty_report(setup)
+    for a in setup.algos:
+        res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+        report = dataclasses.replace(report, algorithms=report.algorithms + (res,), seconds=time.time() - started)
+        if life.active:
+            life.store.set_summary(life.run_id, dataclasses.replace(report, partial=True).to_dict())
+            life.store.put_artifact(life.run_id, f"advantage/{a.key}", npy_bytes(adv))
+    if bar is not None:
+        bar.close()
+    report = dataclasses.replace(report, seconds=time.time() - started,
+                                 train_seconds=sum(r.train_seconds for r in report.algorithms),
+                                 stats_seconds=sum(r.stats_seconds for r in report.algorithms))
+    life.finish(report.to_dict())
+    return report
 
 
 def _bar(total):
@@ -340,7 +319,7 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
                  should_stop, score_idx=None):
     """Train one chunk of models; returns (losses, confs) on ``score_idx`` (all samples) and test accuracy."""
     ds, dev = setup.dataset, setup.device
-    x, y = _on(ds.x_train, dev), _on(ds.y_train, dev)
+    x, y = on_device(ds.x_train, dev), on_device(ds.y_train, dev)
     model_cfg = setup.config.run.model
     ens = StackedModels(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
     sampler = PoissonSampler(members, a.sample_rates, dev)
@@ -354,24 +333,8 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
         losses, confs, _ = ens.score(x[ix], y[ix], chunk=chunk)
         return losses, confs, None
     losses, confs, _ = ens.score(x, y, chunk=chunk)
-    _, _, pred = ens.score(_on(ds.x_test, dev), _on(ds.y_test, dev), chunk=chunk)
+    _, _, pred = ens.score(on_device(ds.x_test, dev), on_device(ds.y_test, dev), chunk=chunk)
     return losses, confs, pred
-
-
-_DEVICE_CACHE: dict = {}
-
-
-def _on(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """The dataset tensor on the audit's device (copied once per process and device, not per chunk)."""
-    if dev.type == "cpu":
-        return t
-    key = (id(t), str(dev))
-    hit = _DEVICE_CACHE.get(key)
-    if hit is None or hit[0] is not t:
-        if len(_DEVICE_CACHE) >= 8:
-            _DEVICE_CACHE.clear()
-        hit = _DEVICE_CACHE[key] = (t, t.to(dev))
-    return hit[1]
 
 
 def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
@@ -447,29 +410,3 @@ def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, 
 def _finite(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-def cli_audit(args, store) -> int:
-    """``python -m engine audit CONFIG.json | --preset NAME [--json]``: run an audit in this process, into the
-    store."""
-    preset_name = getattr(args, "preset", None)
-    if (args.config is None) == (preset_name is None):
-        raise ConfigError("config", "give either a config file or --preset NAME (not both)")
-    if preset_name is not None:
-        from engine.audit.presets import preset
-
-        config = preset(preset_name).validate()
-    else:
-        config = load_audit_config(args.config)
-    run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
-    try:
-        report = execute(store, run_id, config, kind="audit", progress=not args.json)
-    except Cancelled:
-        print(f"audit {run_id} cancelled", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
-    else:
-        print(f"audit run {run_id} — finished")
-        print(summary_table(report))
-    return 0

@@ -10,6 +10,8 @@ Files live in ``data_dir()/<folder>/`` (``mnist/``, ``cifar10/``, ``cifar100/``,
 Every known file is sha256-checked; CIFAR pickles are only unpickled after their tarball's
 checksum matched. See the module docstrings of ``images``, ``cifar`` and ``tabular`` for the
 exact preprocessing of each dataset.
+
+Layer 1 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli: the bottom; may import nothing else of the engine.
 """
 
 from .base import Dataset, DatasetInfo, LoadReport

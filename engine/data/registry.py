@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import cifar, images
+from . import cifar, images, tabular
 from .base import DataError, Dataset, DatasetInfo, RawData
 from .files import data_dir as _resolve_data_dir
 from .files import fingerprint
@@ -17,16 +17,9 @@ _UCI_LICENSE = "CC BY 4.0 (UCI)"
 
 
 def _tabular(loader_name: str):
-    """A tabular loader imported on first use: pandas + scikit-learn cost ~190 MB resident,
-    which an image-only training worker should not pay."""
-
-    def load(root):
-        from . import tabular
-
-        return getattr(tabular, loader_name)(root)
-
-    load.__name__ = loader_name
-    return load
+    """A tabular loader (``engine.data.tabular`` imports pandas + scikit-learn, ~190 MB resident, only inside its
+    loaders: an image-only training worker does not pay for them)."""
+    return getattr(tabular, loader_name)
 
 DATASETS: dict[str, DatasetInfo] = {
     info.name: info

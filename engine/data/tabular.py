@@ -15,23 +15,27 @@ Splits: adult uses the official train/test files; the others use
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import io
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-from sklearn.compose import ColumnTransformer
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 from .base import DataError, RawData
 from .files import ASSETS_DIR, KNOWN_FILES, locate_files, read_verified
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SPLIT_SEED = 0
 
 
 def encode(train: pd.DataFrame, test: pd.DataFrame, categorical: list[str], numeric: list[str]):
     """Fit the one-hot + standard-scaler transform on ``train``; return (x_train, x_test, names)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
     train = train.copy()
     test = test.copy()
     for c in categorical:
@@ -60,6 +64,8 @@ def _read(dataset: str, root: Path, folder: str, names: list[str], fallback=()) 
 
 
 def _split_frame(df: pd.DataFrame, y: np.ndarray):
+    from sklearn.model_selection import train_test_split
+
     idx = np.arange(len(df))
     tr, te = train_test_split(idx, test_size=0.2, stratify=y, random_state=SPLIT_SEED)
     return np.sort(tr), np.sort(te)
@@ -89,6 +95,8 @@ ADULT_NUMERIC = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss
 
 
 def _adult_frame(raw: bytes, skip_first: bool, where: str) -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.read_csv(
         io.BytesIO(raw), header=None, names=ADULT_COLUMNS, skipinitialspace=True, na_values=["?"],
         skiprows=1 if skip_first else 0, skip_blank_lines=True, dtype={c: str for c in ADULT_CATEGORICAL},
@@ -102,6 +110,8 @@ def _adult_frame(raw: bytes, skip_first: bool, where: str) -> pd.DataFrame:
 
 
 def load_adult_raw(root: Path) -> RawData:
+    import pandas as pd
+
     train_raw, test_raw = _read("adult", root, "adult", ["adult.data.gz", "adult.test.gz"],
                                 fallback=[ASSETS_DIR / "adult"])
     tr = _adult_frame(train_raw, False, "adult.data")
@@ -124,6 +134,8 @@ def bank_age_group(age) -> np.ndarray:
 
 
 def load_bank_raw(root: Path) -> RawData:
+    import pandas as pd
+
     (raw,) = _read("bank", root, "bank_marketing", ["bank-full.csv.gz"])
     df = pd.read_csv(io.BytesIO(raw), sep=";")
     if not df["y"].isin(["yes", "no"]).all():
@@ -142,6 +154,8 @@ CREDIT_NUMERIC = ["LIMIT_BAL", "AGE", "PAY_0", "PAY_2", "PAY_3", "PAY_4", "PAY_5
 
 
 def load_credit_default_raw(root: Path) -> RawData:
+    import pandas as pd
+
     (raw,) = _read("credit_default", root, "credit_default", ["default_of_credit_card_clients.csv.gz"])
     df = pd.read_csv(io.BytesIO(raw)).drop(columns=["ID"])
     y = df[CREDIT_TARGET].to_numpy().astype(np.int64)
@@ -167,6 +181,8 @@ GERMAN_SEX = {"A91": "male", "A92": "female", "A93": "male", "A94": "male", "A95
 
 
 def load_german_credit_raw(root: Path) -> RawData:
+    import pandas as pd
+
     (raw,) = _read("german_credit", root, "german_credit", ["german.data.gz"])
     df = pd.read_csv(io.BytesIO(raw), sep=r"\s+", header=None, names=GERMAN_COLUMNS)
     if not df["credit"].isin([1, 2]).all():
@@ -187,6 +203,8 @@ LAW_NUMERIC = ["LSAT", "UGPA", "sander_index"]
 
 
 def load_law_school_raw(root: Path) -> RawData:
+    import pandas as pd
+
     (raw,) = _read("law_school", root, "law_school", ["law_data.csv.gz"])
     df = pd.read_csv(io.BytesIO(raw), index_col=0)
     df = df.drop(columns=["ZFYA"])  # first-year grade: an outcome, not a pre-admission feature

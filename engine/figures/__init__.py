@@ -12,9 +12,13 @@
 * :mod:`engine.figures.talk` / :mod:`engine.figures.talk_frames` — the plots a talk needs (frontier, INO
   internals, DP-SGD-S clips, TIF sweep heatmap, audit GPR vs ε, a results slide);
 * :mod:`engine.figures.audit` — a privacy audit (frames on :class:`engine.audit.report.AuditReport`);
-* :mod:`engine.figures.explorer` — the TIF explorer (its compute is :mod:`engine.tif_explorer`).
+* :mod:`engine.figures.explorer` — the TIF explorer (its compute is :mod:`engine.tools.tif_explorer`).
 
-Run records and their labels live in :mod:`engine.runs`. Figure builders never read the store, never
+Run records and their labels live in :mod:`engine.jobs.runs`. Figure builders never read the store, never
 mutate their inputs and never call Streamlit. Themes: ``"light"``, ``"dark"`` and ``"presentation"``
 (light, large fonts, thick lines: slides).
+
+Layer 9 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli:
+may import engine.jobs (run records), engine.audit (reports) and
+everything below them; nothing here reads the store or calls Streamlit.
 """

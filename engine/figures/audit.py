@@ -16,8 +16,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from engine.audit.report import AuditReport, as_report
-from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns,
-                                     facet_grid, fig_table, group_color)
+from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
+                                     fig_table, group_color)
 
 AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines")
 NO_RESULTS = "No audit results yet"

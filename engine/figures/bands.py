@@ -63,6 +63,17 @@ def seed_mean(df: pd.DataFrame, keys: list[str], value: str, *, extra: tuple[str
     return out.reset_index()
 
 
+def mean_se(values) -> tuple[float, float, int]:
+    """(mean, standard error of the mean, n) of the finite values among ``values`` — :func:`seed_mean`'s rule
+    for one group of seeds; mean nan for none, s.e. nan for fewer than two."""
+    v = np.asarray([float(x) for x in values if x is not None], dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return (float(v[0]) if len(v) else float("nan")), float("nan"), int(len(v))
+    out = seed_mean(pd.DataFrame({"k": 0, "v": v}), ["k"], "v")
+    return float(out["v"].iloc[0]), float(out["se"].iloc[0]), int(len(v))
+
+
 GAIN_SPREAD_COLUMNS = ["series", "tier", "tier_index", "epsilon", "step", "progress", "mean_gain", "se", "n", "p",
                        "beyond_spread"]
 

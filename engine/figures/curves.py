@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from engine.figures import bands as bd
-from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, Plan, Span, Trace, algo_symbol, axis_name,
-                                     escape_columns, esc, facets, rgba, tier_color)
+from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, Plan, Span, Trace, algo_symbol, axis_name, esc,
+                                     escape_columns, facets, rgba, tier_color)
+from engine.models.metrics import mid_markers
 
 CURVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent", "recall_gain_time")
 DASHES = ("solid", "dash", "dashdot", "longdash", "longdashdot", "dot")
@@ -112,8 +113,6 @@ def _clip_range(rows: pd.DataFrame) -> list:
 
 
 def _mid_span(steps, mean, x):
-    from engine.metrics import mid_markers
-
     m = mid_markers([[v] for v in mean], list(steps))[0]
     if m["onset_step"] is None:
         return None

@@ -1,4 +1,4 @@
-"""Figures of the TIF explorer (frames from :mod:`engine.tif_explorer`): the TIF, the BIF over a sampled
+"""Figures of the TIF explorer (frames from :mod:`engine.tools.tif_explorer`): the TIF, the BIF over a sampled
 batch with each item's ρ coloured by tier, and the mean ρ per tier. Tier names are escaped."""
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.dp.importance import bif
 from engine.figures.scaffold import base_figure, empty_figure, escape_columns, tier_color
-from engine.tif_explorer import bif_curve
+
+
+def bif_curve(batch: pd.DataFrame, tif, tail_length: float, points: int = 400) -> pd.DataFrame:
+    """The BIF on [0, 1.02·max(Γ, γ)] (Γ: the batch's clip mass), for drawing behind the items."""
+    total = float(batch["mass_end"].iloc[-1]) if not batch.empty else 0.0
+    xs = np.linspace(0, max(total, tail_length) * 1.02, points)
+    return pd.DataFrame({"x": xs, "bif": bif(xs, tif, tail_length)})
 
 
 def fig_tif(tif, *, theme: str = "light", title: str = "Tail importance function TIF(u)") -> go.Figure:

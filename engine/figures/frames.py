@@ -5,6 +5,10 @@ runs too; comparisons (``owner_recall``, ``pearson_by_run``, ``recall_gain_by_cl
 ``recall_gain_over_time``, ``recall_auc_table``, ``final_table``, ``fairness_table``, ``mid_summary``)
 use each run's last evaluation. Frames hold raw text (run and tier names as the user wrote them); the
 figure builders in :mod:`engine.figures.training` escape it. Nothing here reads the store or plots.
+
+A run record's ``evals`` are the store's dicts (or :class:`engine.train.records.EvalRecord`); they are read as
+records (:func:`run_evals`). ``memo`` (a dict kept by a live view between refreshes, or by one figure build):
+each evaluation is converted once, and only new evaluations are turned into rows (:func:`_run_rows`).
 """
 from __future__ import annotations
 
@@ -13,14 +17,16 @@ import math
 import numpy as np
 import pandas as pd
 
-from engine.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
-                         series_label)
+from engine.jobs.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
+                              series_label)
+from engine.models.metrics import mid_markers, recall_auc
+from engine.train.records import EvalRecord
 
 ID_COLUMNS = ["run_id", "run", "algorithm", "seed", "seed_index", "series"]
 
 
 def series_labels(runs: list[dict]) -> dict[int, str]:
-    """Run id → the label of its series (:func:`engine.runs.series_label` of the series' lowest seed index):
+    """Run id → the label of its series (:func:`engine.jobs.runs.series_label` of the series' lowest seed index):
     the replicates of one series (same group and config but the seed) share it."""
     members: dict[str, list[dict]] = {}
     for run in sorted(runs, key=seed_index):
@@ -38,10 +44,49 @@ def _ident(run: dict, labels: dict) -> dict:
             "seed_index": seed_index(run), "series": labels.get(run["id"], run_label(run))}
 
 
-def _tier_order(evals_tiers: list[dict]) -> dict[str, int]:
-    """Colour index per tier name: ascending ε (ties keep the configured order)."""
-    order = sorted(range(len(evals_tiers)), key=lambda k: (evals_tiers[k].get("epsilon") or math.inf, k))
-    return {evals_tiers[k]["name"]: rank for rank, k in enumerate(order)}
+def run_evals(run: dict, memo: dict | None = None) -> list[EvalRecord]:
+    """The run's evaluations as records (stored dicts converted, records kept as they are). With a ``memo``
+    the records are kept in it and only the evaluations new since the last call are converted (a run's
+    evaluations are append-only; a shorter list, or another step where the kept ones end, starts again)."""
+    evals = run.get("evals") or []
+    if memo is None:
+        return [EvalRecord.of(e) for e in evals]
+    key = ("records", run["id"])
+    done = memo.get(key)
+    if done is None or len(done) > len(evals) or (done and done[-1].step != _step(evals[len(done) - 1])):
+        done = memo[key] = []
+    if len(done) < len(evals):
+        done.extend(EvalRecord.of(e) for e in evals[len(done):])
+    return done
+
+
+def forget(memo: dict, runs=()) -> None:
+    """Empty ``memo`` but for the evaluation records of the runs not in ``runs`` (ids): every row is made
+    again (labels, series and totals may have changed); a run's records are kept unless it is named (a run
+    whose status changed may have been run again: its evaluations start over)."""
+    stale = set(runs)
+    for key in [k for k in memo if k[0] != "records" or k[1] in stale]:
+        del memo[key]
+
+
+def _step(e) -> int:
+    return e.step if isinstance(e, EvalRecord) else e.get("step", 0)
+
+
+def last_eval(run: dict, memo: dict | None = None) -> EvalRecord | None:
+    """The run's last evaluation as a record (only that one converted without a memo); None before the first."""
+    if memo is not None:
+        evals = run_evals(run, memo)
+        return evals[-1] if evals else None
+    evals = run.get("evals") or []
+    return EvalRecord.of(evals[-1]) if evals else None
+
+
+def _tier_order(tiers) -> dict[str, int]:
+    """Colour index per tier name (``tiers``: one evaluation's TierMetrics): ascending ε (ties keep the
+    configured order)."""
+    order = sorted(range(len(tiers)), key=lambda k: (tiers[k].epsilon or math.inf, k))
+    return {tiers[k].name: rank for rank, k in enumerate(order)}
 
 
 def _finite(x) -> float:
@@ -60,25 +105,26 @@ def _raw_loss(x) -> float:
         return float("nan")
 
 
-def private_epsilon_spent(e: dict) -> float:
-    """ε spent of the evaluation's most private tier (lowest budget); nan when not accounted."""
-    tiers = e.get("tiers") or []
+def private_epsilon_spent(e) -> float:
+    """ε spent of the evaluation's (an EvalRecord or its dict) most private tier (lowest budget); nan when
+    not accounted."""
+    tiers = EvalRecord.of(e).tiers
     if not tiers:
         return float("nan")
     order = _tier_order(tiers)
-    first = min(range(len(tiers)), key=lambda k: order.get(tiers[k]["name"], k))
-    return _finite(tiers[first].get("epsilon_spent"))
+    first = min(range(len(tiers)), key=lambda k: order.get(tiers[k].name, k))
+    return _finite(tiers[first].epsilon_spent)
 
 
 TIER_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon",
                              "epsilon_spent", "loss", "recall", "accuracy", "raw_loss"]
 
 
-def _run_rows(run: dict, memo: dict | None, kind: str, stamp: tuple, make) -> list[dict]:
-    """The rows of one run's evaluations, ``make(evals, start)`` giving those of ``evals[start:]``. With a
-    ``memo`` (a live view's dict, kept between refreshes) only new evaluations are turned into rows: a run's
-    evaluations are append-only while its ``stamp`` (labels, totals, tiers) stays the same."""
-    evals = run.get("evals") or []
+def _run_rows(run: dict, evals: list[EvalRecord], memo: dict | None, kind: str, stamp: tuple, make) -> list[dict]:
+    """The rows of one run's evaluations (``evals``: :func:`run_evals`), ``make(evals, start)`` giving those of
+    ``evals[start:]``. With a ``memo`` (a live view's dict, kept between refreshes) only new evaluations are
+    turned into rows: a run's evaluations are append-only while its ``stamp`` (labels, totals, tiers) stays
+    the same."""
     if memo is None:
         return make(evals, 0)
     key = (kind, run["id"])
@@ -90,9 +136,14 @@ def _run_rows(run: dict, memo: dict | None, kind: str, stamp: tuple, make) -> li
     return rows
 
 
-def _stamp(run: dict, ident: dict, total) -> tuple:
-    last = (run.get("evals") or [{}])[-1]
-    return (tuple(ident.values()), total, tuple(t.get("name") for t in last.get("tiers") or []))
+def _stamp(evals: list[EvalRecord], ident: dict, total) -> tuple:
+    tiers = evals[-1].tiers if evals else ()
+    return (tuple(ident.values()), total, tuple(t.name for t in tiers))
+
+
+def _total(run: dict, evals: list[EvalRecord]) -> int:
+    """The run's planned step total (progress = step / total): the store's, else its last evaluation's step."""
+    return run.get("total_steps") or (evals[-1].step if evals else None) or 1
 
 
 def tier_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
@@ -102,31 +153,32 @@ def tier_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
-        total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
+        evals = run_evals(run, memo)
+        total = _total(run, evals)
 
         def make(evals, start, ident=ident, total=total):
             out = []
             for e in evals[start:]:
-                order = _tier_order(e.get("tiers") or [])
-                for k, t in enumerate(e.get("tiers") or []):
-                    out.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
-                                "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
-                                "tier": t["name"], "tier_index": order.get(t["name"], k),
-                                "raw_loss": _raw_loss(t.get("loss")), "epsilon": _finite(t.get("epsilon")),
-                                "epsilon_spent": _finite(t.get("epsilon_spent")), "loss": _finite(t.get("loss")),
-                                "recall": _finite(t.get("recall")), "accuracy": _finite(t.get("accuracy"))})
+                order = _tier_order(e.tiers)
+                for k, t in enumerate(e.tiers):
+                    out.append({**ident, "step": e.step, "epoch": _finite(e.epoch),
+                                "elapsed": _finite(e.elapsed), "progress": e.step / max(total, 1),
+                                "tier": t.name, "tier_index": order.get(t.name, k),
+                                "raw_loss": _raw_loss(t.loss), "epsilon": _finite(t.epsilon),
+                                "epsilon_spent": _finite(t.epsilon_spent), "loss": _finite(t.loss),
+                                "recall": _finite(t.recall), "accuracy": _finite(t.accuracy)})
             return out
-        rows.extend(_run_rows(run, memo, "tier", _stamp(run, ident, total), make))
+        rows.extend(_run_rows(run, evals, memo, "tier", _stamp(evals, ident, total), make))
     return pd.DataFrame(rows, columns=TIER_COLUMNS)
 
 
-def class_tier_lookup(run: dict) -> dict[int, tuple[str, float]]:
+def class_tier_lookup(run: dict, memo: dict | None = None) -> dict[int, tuple[str, float]]:
     """class index → (tier name, ε) for class-assigned tiers; {} otherwise."""
     cfg = run_config(run)
     if cfg is None or cfg.tiers.assign != "class":
         return {}
-    evals = run.get("evals") or []
-    names = [t["name"] for t in (evals[-1].get("tiers") if evals else [])]
+    last = last_eval(run, memo)
+    names = [t.name for t in (last.tiers if last is not None else ())]
     out = {}
     for k, t in enumerate(cfg.tiers.tiers):
         name = names[k] if k < len(names) else (t.name or f"tier {k}")
@@ -145,13 +197,14 @@ def class_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
-        total = run.get("total_steps") or ((run.get("evals") or [{}])[-1].get("step") or 1)
-        stamp = _stamp(run, ident, total)
+        evals = run_evals(run, memo)
+        total = _total(run, evals)
+        stamp = _stamp(evals, ident, total)
         key = ("lookup", run["id"])
         if memo is not None and key in memo and memo[key][0] == stamp:
             lookup = memo[key][1]
         else:
-            lookup = class_tier_lookup(run)
+            lookup = class_tier_lookup(run, memo)
             if memo is not None:
                 memo[key] = (stamp, lookup)
 
@@ -159,16 +212,21 @@ def class_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
             out = []
             for e in evals[start:]:
                 priv = private_epsilon_spent(e)
-                for c, m in enumerate(e.get("classes") or []):
+                for c, m in enumerate(e.classes):
                     tier, eps = lookup.get(c, ("", float("nan")))
-                    out.append({**ident, "step": e["step"], "epoch": _finite(e.get("epoch")),
-                                "elapsed": _finite(e.get("elapsed")), "progress": e["step"] / max(total, 1),
-                                "private_epsilon_spent": priv, "class": m.get("name", str(c)),
-                                "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.get("loss")),
-                                "recall": _finite(m.get("recall")), "accuracy": _finite(m.get("accuracy"))})
+                    out.append({**ident, "step": e.step, "epoch": _finite(e.epoch),
+                                "elapsed": _finite(e.elapsed), "progress": e.step / max(total, 1),
+                                "private_epsilon_spent": priv, "class": _class_name(m, c),
+                                "class_index": c, "tier": tier, "epsilon": eps, "loss": _finite(m.loss),
+                                "recall": _finite(m.recall), "accuracy": _finite(m.accuracy)})
             return out
-        rows.extend(_run_rows(run, memo, "class", stamp, make))
+        rows.extend(_run_rows(run, evals, memo, "class", stamp, make))
     return pd.DataFrame(rows, columns=CLASS_COLUMNS)
+
+
+def _class_name(m, c: int) -> str:
+    """A class's name as its evaluation records it, else its index."""
+    return m.name if m.name is not None else str(c)
 
 
 OVERALL_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "private_epsilon_spent", "loss", "accuracy",
@@ -180,14 +238,14 @@ def overall_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     labels = series_labels(runs)
     for run in runs:
         ident = _ident(run, labels)
+        evals = run_evals(run, memo)
 
         def make(evals, start, ident=ident):
-            return [{**ident, "step": e["step"], "epoch": _finite(e.get("epoch")), "elapsed": _finite(e.get("elapsed")),
-                     "private_epsilon_spent": private_epsilon_spent(e), "loss": _finite((e.get("overall") or {}).get("loss")),
-                     "accuracy": _finite((e.get("overall") or {}).get("accuracy")),
-                     "balanced_accuracy": _finite((e.get("overall") or {}).get("balanced_accuracy"))}
+            return [{**ident, "step": e.step, "epoch": _finite(e.epoch), "elapsed": _finite(e.elapsed),
+                     "private_epsilon_spent": private_epsilon_spent(e), "loss": _finite(e.overall.loss),
+                     "accuracy": _finite(e.overall.accuracy), "balanced_accuracy": _finite(e.overall.balanced_accuracy)}
                     for e in evals[start:]]
-        rows.extend(_run_rows(run, memo, "overall", _stamp(run, ident, None), make))
+        rows.extend(_run_rows(run, evals, memo, "overall", _stamp(evals, ident, None), make))
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
 
@@ -195,28 +253,26 @@ MID_COLUMNS = ID_COLUMNS + ["tier", "tier_index", "epsilon", "initial_loss", "on
                "end_step", "peak_step", "peak_increase", "last_step", "state"]
 
 
-def mid_spans(runs: list[dict]) -> pd.DataFrame:
+def mid_spans(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """MID (minority initial drop) per run and tier, from the history so far (works while running).
 
     state: "none" (loss never rose above its initial value), "ongoing" (above it at the last
     evaluation), "recovered" (back at or below it).
     """
-    from engine.metrics import mid_markers
-
     rows = []
     labels = series_labels(runs)
     for run in runs:
-        evals = run.get("evals") or []
-        if not evals or not evals[0].get("tiers"):
+        evals = run_evals(run, memo)
+        if not evals or not evals[0].tiers:
             continue
-        steps = [e["step"] for e in evals]
-        losses = [[_finite(t.get("loss")) for t in e["tiers"]] for e in evals]
+        steps = [e.step for e in evals]
+        losses = [[_finite(t.loss) for t in e.tiers] for e in evals]
         marks = mid_markers(losses, steps)
-        order = _tier_order(evals[-1]["tiers"])
-        for k, (t, m) in enumerate(zip(evals[-1]["tiers"], marks)):
+        order = _tier_order(evals[-1].tiers)
+        for k, (t, m) in enumerate(zip(evals[-1].tiers, marks)):
             state = "none" if m["onset_step"] is None else ("recovered" if m["end_step"] is not None else "ongoing")
             rows.append({**_ident(run, labels),
-                         "tier": t["name"], "tier_index": order.get(t["name"], k), "epsilon": _finite(t.get("epsilon")),
+                         "tier": t.name, "tier_index": order.get(t.name, k), "epsilon": _finite(t.epsilon),
                          "initial_loss": losses[0][k], "onset_step": m["onset_step"], "end_step": m["end_step"],
                          "peak_step": m["peak_step"], "peak_increase": m["peak_increase"], "last_step": steps[-1],
                          "state": state})
@@ -228,26 +284,25 @@ def mid_spans(runs: list[dict]) -> pd.DataFrame:
 OWNER_COLUMNS = ID_COLUMNS + ["owner", "owner_kind", "tier", "epsilon", "recall"]
 
 
-def owner_recall(runs: list[dict]) -> pd.DataFrame:
+def owner_recall(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """Final recall per data owner: per class when tiers are assigned by class, else per tier."""
     rows = []
     labels = series_labels(runs)
     for run in runs:
-        evals = run.get("evals") or []
-        if not evals:
+        last = last_eval(run, memo)
+        if last is None:
             continue
-        last = evals[-1]
         ident = _ident(run, labels)
-        lookup = class_tier_lookup(run)
+        lookup = class_tier_lookup(run, memo)
         if lookup:
-            for c, m in enumerate(last.get("classes") or []):
+            for c, m in enumerate(last.classes):
                 tier, eps = lookup.get(c, ("", float("nan")))
-                rows.append({**ident, "owner": m.get("name", str(c)), "owner_kind": "class", "tier": tier, "epsilon": eps,
-                             "recall": _finite(m.get("recall"))})
+                rows.append({**ident, "owner": _class_name(m, c), "owner_kind": "class", "tier": tier, "epsilon": eps,
+                             "recall": _finite(m.recall)})
         else:
-            for t in last.get("tiers") or []:
-                rows.append({**ident, "owner": t["name"], "owner_kind": "tier", "tier": t["name"],
-                             "epsilon": _finite(t.get("epsilon")), "recall": _finite(t.get("recall"))})
+            for t in last.tiers:
+                rows.append({**ident, "owner": t.name, "owner_kind": "tier", "tier": t.name,
+                             "epsilon": _finite(t.epsilon), "recall": _finite(t.recall)})
     return pd.DataFrame(rows, columns=OWNER_COLUMNS)
 
 
@@ -304,9 +359,9 @@ PAIR_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "seed", "seed_index", "serie
 GAIN_CLASS_COLUMNS = PAIR_COLUMNS + ["owner", "tier", "epsilon", "ino_recall", "idp_recall", "gain"]
 
 
-def recall_gain_by_class(runs: list[dict]) -> pd.DataFrame:
+def recall_gain_by_class(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """Per-owner final recall gain INO − IDP (owner = class for class tiers, else tier); one row per seed pair."""
-    owners = owner_recall(runs)
+    owners = owner_recall(runs, memo)
     labels = series_labels(runs)
     rows = []
     for ino, idp in pair_runs(runs):
@@ -324,11 +379,11 @@ GAIN_TIME_COLUMNS = PAIR_COLUMNS + ["step", "epoch", "elapsed", "progress", "tie
                                     "epsilon_spent", "ino_recall", "idp_recall", "gain"]
 
 
-def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None) -> pd.DataFrame:
+def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, memo: dict | None = None) -> pd.DataFrame:
     """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress), one row per seed
     pair (:func:`pair_runs`: replicate j with replicate j) and INO evaluation; step, epoch, elapsed and ε spent
     are INO's. ``hist``: the runs' :func:`tier_history` when the caller has it."""
-    hist = tier_history(runs) if hist is None else hist
+    hist = tier_history(runs, memo) if hist is None else hist
     labels = series_labels(runs)
     parts = []
     for ino, idp in pair_runs(runs):
@@ -353,48 +408,43 @@ def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None) ->
     return pd.concat(parts, ignore_index=True)[GAIN_TIME_COLUMNS]
 
 
-def _auc(progress, recalls) -> float:
-    x, y = np.asarray(progress, float), np.asarray(recalls, float)
-    if len(x) < 2 or x[-1] <= 0:
-        return float(y[-1]) if len(y) else float("nan")
-    return float(np.trapezoid(y, x / x[-1]))
-
-
-def recall_auc_table(runs: list[dict]) -> pd.DataFrame:
-    """Area under each tier's recall-vs-progress curve, normalised to [0, 1] (as the engine's summary)."""
-    hist = tier_history(runs)
+def recall_auc_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+    """Area under each tier's recall-vs-progress curve, normalised to [0, 1]: the summary's own
+    :func:`engine.models.metrics.recall_auc` over the evaluations so far (a run with only its initial
+    evaluation: that recall)."""
+    hist = tier_history(runs, memo)
     rows = []
     for key, g in hist.groupby(ID_COLUMNS + ["tier"], sort=False):
         g = g.sort_values("step")
         rows.append({**dict(zip(ID_COLUMNS + ["tier"], key)),
                      "tier_index": int(g["tier_index"].iloc[0]), "epsilon": g["epsilon"].iloc[0],
-                     "recall_auc": _auc(g["step"], g["recall"]), "final_recall": g["recall"].iloc[-1]})
+                     "recall_auc": recall_auc(g["step"], g["recall"]), "final_recall": g["recall"].iloc[-1]})
     return pd.DataFrame(rows, columns=ID_COLUMNS + ["tier", "tier_index", "epsilon", "recall_auc", "final_recall"])
 
 
 FINAL_COLUMNS = ID_COLUMNS + ["status", "steps", "loss", "accuracy", "balanced_accuracy", "dp"]
 
 
-def final_table(runs: list[dict]) -> pd.DataFrame:
+def final_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     rows = []
     labels = series_labels(runs)
     for run in runs:
-        evals = run.get("evals") or []
-        if not evals:
+        last = last_eval(run, memo)
+        if last is None:
             continue
-        o = evals[-1].get("overall") or {}
-        rows.append({**_ident(run, labels), "status": run.get("status", ""), "steps": evals[-1]["step"], "loss": _finite(o.get("loss")),
-                     "accuracy": _finite(o.get("accuracy")), "balanced_accuracy": _finite(o.get("balanced_accuracy")),
+        o = last.overall
+        rows.append({**_ident(run, labels), "status": run.get("status", ""), "steps": last.step, "loss": _finite(o.loss),
+                     "accuracy": _finite(o.accuracy), "balanced_accuracy": _finite(o.balanced_accuracy),
                      "dp": dp_note(run) or "formal DP"})
     return pd.DataFrame(rows, columns=FINAL_COLUMNS)
 
 
-def fairness_table(runs: list[dict]) -> pd.DataFrame:
+def fairness_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     rows = []
     labels = series_labels(runs)
     for run in runs:
-        evals = run.get("evals") or []
-        fair = evals[-1].get("fairness") if evals else None
+        last = last_eval(run, memo)
+        fair = last.fairness.to_dict() if last is not None and last.fairness is not None else None
         if not fair:
             continue
         for metric, value in fair.items():
@@ -402,10 +452,10 @@ def fairness_table(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=ID_COLUMNS + ["metric", "value"])
 
 
-def mid_summary(runs: list[dict]) -> pd.DataFrame:
+def mid_summary(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """The MID table: per run and tier, onset/end/peak, final recall and recall AUC."""
-    spans = mid_spans(runs)
-    auc = recall_auc_table(runs)
+    spans = mid_spans(runs, memo)
+    auc = recall_auc_table(runs, memo)
     if spans.empty:
         return pd.DataFrame(columns=["run", "seed", "series", "tier", "ε", "MID", "onset step", "end step", "peak step",
                                      "peak loss increase", "final recall", "recall AUC", "DP"])

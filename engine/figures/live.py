@@ -8,7 +8,9 @@ a new note. Otherwise each curve figure's plan is computed from the tidy frames 
 and only its data parts are written into the kept figure in place: every trace's x/y arrays (the old
 arrays plus the new evaluations), the MID spans' ends, the clipped y ranges and the note texts; the
 FigureSpec gets the new data frame. Figures that are not curves (tables, bars) are built again on every
-data change. The patched figure equals a freshly built one (tests/test_live_figures.py).
+data change. The patched figure equals a freshly built one (tests/test_live_figures.py). Each stored
+evaluation is converted to its record (``engine.train.records.EvalRecord``) once: a refresh converts only
+the new ones (a structural refresh keeps the records of the runs whose own status and tiers did not change).
 
 Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched.
 
@@ -24,18 +26,21 @@ import numpy as np
 
 from engine.figures import bands as bd
 from engine.figures import curves as cv
-from engine.figures.scaffold import FigureSpec, Plan, axis_name, drawn
+from engine.figures import frames as fr
+from engine.figures.scaffold import FigureSpec, Plan, axis_name, drawn, render
+from engine.figures.training import (CURVE_TITLES, EXTRA_FIGURES, LIVE_FIGURES, RESULT_FIGURES, build_figures,
+                                     curve_parts)
 
 
-def _signature(records: list[dict]) -> tuple:
-    """What makes a refresh structural at the level of the selection: run ids, statuses, tiers, classes."""
+def _signature(records: list[dict], memo: dict | None = None) -> tuple:
+    """What makes a refresh structural at the level of the selection: run ids, statuses, tiers, classes
+    (``memo``: the view's frame memo, whose evaluation records it reads)."""
     out = []
     for r in records:
-        evals = r.get("evals") or []
-        last = evals[-1] if evals else {}
-        out.append((r["id"], r.get("status"), r.get("name"), bool(evals),
-                    tuple((t.get("name"), t.get("epsilon")) for t in last.get("tiers") or []),
-                    tuple(c.get("name") for c in last.get("classes") or [])))
+        last = fr.last_eval(r, memo)
+        out.append((r["id"], r.get("status"), r.get("name"), last is not None,
+                    tuple((t.name, t.epsilon) for t in last.tiers) if last is not None else (),
+                    tuple(c.name for c in last.classes) if last is not None else ()))
     return tuple(out)
 
 
@@ -79,8 +84,6 @@ class LiveFigures:
     bands=…)``; :meth:`update` (run records with ``evals``) → {name: FigureSpec}, patched where it can be."""
 
     def __init__(self, names, **figure_options):
-        from engine.figures.training import EXTRA_FIGURES, LIVE_FIGURES, RESULT_FIGURES
-
         self.names = list(names)
         unknown = [n for n in self.names if n not in LIVE_FIGURES + RESULT_FIGURES + EXTRA_FIGURES]
         if unknown:
@@ -95,12 +98,10 @@ class LiveFigures:
         self._plans: dict[str, Plan] = {}
         self._specs: dict[str, FigureSpec] = {}
         self._evals: tuple = ()
-        self._memo: dict = {}  # the frames' rows of evaluations seen so far (engine.figures.frames._run_rows)
+        self._memo: dict = {}  # the frames' memo: evaluation records and their rows so far (engine.figures.frames)
 
     def update(self, records: list[dict], **figure_options) -> dict[str, FigureSpec]:
         """The figures of ``records``; ``figure_options`` (optional) change the options: a rebuild."""
-        from engine.figures.training import CURVE_TITLES, build_figures, curve_parts
-
         if figure_options:
             options = {**self.options, **{k: v for k, v in figure_options.items() if k != "theme"}}
             theme = figure_options.get("theme", self.theme)
@@ -108,11 +109,12 @@ class LiveFigures:
                 bd.check_options(mid_layout=options["mid_layout"], x_axis=options["x_axis"],
                                  smoothing=options["smoothing"])
                 self.options, self.theme, self._signature = options, theme, None
-        signature = _signature(records)
+        signature = _signature(records, self._memo)
         if signature != self._signature:
             self._plans.clear()
             self._specs.clear()
-            self._memo.clear()
+            before = {entry[0]: entry for entry in self._signature or ()}
+            fr.forget(self._memo, [entry[0] for entry in signature if before.get(entry[0], entry) != entry])
             self._signature = signature
         counts = tuple(len(r.get("evals") or []) for r in records)
         if self._specs and counts == self._evals:
@@ -133,11 +135,9 @@ class LiveFigures:
             self._specs[name] = FigureSpec(spec.name, spec.title, spec.figure, data)
             self.patches += 1
         if rebuild:
-            from engine.figures.scaffold import render
-
             others = [n for n in rebuild if n not in parts]
-            built = {s.name: s for s in build_figures(records, theme=self.theme, names=others, **self.options)} \
-                if others else {}
+            built = {s.name: s for s in build_figures(records, theme=self.theme, names=others, memo=self._memo,
+                                                      **self.options)} if others else {}
             for name in rebuild:
                 if name in parts:
                     plan, data = parts[name]

@@ -1,12 +1,12 @@
 """The figures a talk needs: pure Plotly builders over the frames of :mod:`engine.figures.talk_frames`
-(and :func:`engine.sweep.sweep_frame`), and :func:`build_talk_figures`, their set for a selection of runs
+(and :func:`engine.tools.sweep.sweep_frame`), and :func:`build_talk_figures`, their set for a selection of runs
 (the Results page, ``python -m engine export`` and presentation packs include them).
 
 * ``privacy_frontier`` — per-tier final recall vs the tier's ε, one line per algorithm (series), error
   bars = standard error over the series' seeds (or over the runs of one algorithm), each run faint;
 * ``ino_internals`` — INO-SGD over training: mean ρ per tier and the fraction of clip mass down-weighted;
 * ``group_clip`` — DP-SGD-S over training: each group's clip norm C_k and the noise std;
-* ``tif_sweep`` — a sweep group (:mod:`engine.sweep`): the most private tier's recall gain INO − IDP as a
+* ``tif_sweep`` — a sweep group (:mod:`engine.tools.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
 * ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
   largest advantage that ε allows, and the empirical ε lower bounds against the claimed ε;
@@ -24,8 +24,9 @@ import plotly.graph_objects as go
 
 from engine.figures import talk_frames as tf
 from engine.figures.bands import seed_mean
-from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns,
-                                     facet_grid, fig_table, group_color, tier_color)
+from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
+                                     fig_table, group_color, tier_color)
+from engine.figures.sweep_frame import PARAM_LABELS, sweep_frame
 
 TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "tif_sweep", "audit_tiers")
 TITLES = {"privacy_frontier": "Privacy–utility frontier", "results_table": "Results table",
@@ -139,8 +140,6 @@ def fig_group_clip(frame: pd.DataFrame, *, theme: str = "light",
 
 def fig_sweep_heatmap(frame: pd.DataFrame, *, theme: str = "light", title: str | None = None) -> go.Figure:
     """The most private tier's recall gain INO − IDP (pp) in each cell of a sweep; missing cells blank."""
-    from engine.sweep import PARAM_LABELS
-
     if frame.empty:
         return empty_figure(title or "TIF sweep: recall gain of the most private tier", theme,
                             "not a sweep group (launch one from the TIF explorer), or no evaluations yet")
@@ -247,8 +246,6 @@ def build_talk_figures(runs: list[dict], *, theme: str = "light", names=None, au
                        sweep_epoch: float | None = None, skip_empty: bool = False) -> list[FigureSpec]:
     """The talk figures of a selection of run records (``names`` restricts and orders them); ``audit``: an
     audit report (or its results dict) for ``audit_tiers`` and the table's Δ column."""
-    from engine.sweep import sweep_frame
-
     names = list(names) if names is not None else list(TALK_FIGURES)
     out = []
     for name in names:

@@ -11,39 +11,37 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
+from engine.audit.report import as_report
 from engine.figures import frames as fr
-from engine.figures.bands import seed_mean
-from engine.runs import algorithm_label, run_label, seed_index, series_key
+from engine.figures.bands import mean_se
+from engine.jobs.runs import algorithm_label, run_label, seed_index, series_key
+from engine.train.records import PlanRecord
 
-# Keys an evaluation of an INO-SGD run carries (``Importance.state()`` in engine.mechanisms):
+# The stored keys of an INO-SGD evaluation's state (``Importance.state()`` in engine.dp.mechanisms; read as
+# ``EvalRecord.ino``: ``rho_by_tier``, ``downweighted_fraction``), named where a figure says what is missing:
 RHO_KEY = "ino_rho_by_tier"  # per tier (tier order), mean ρ of the tier's batch items since the last evaluation
 DOWNWEIGHTED_KEY = "ino_downweighted_fraction"  # Σ (1 − ρ_i) C_i / Σ C_i over the same steps
 
 
 def _se(values) -> float:
     """Standard error of the mean of the finite values (nan for fewer than two)."""
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if len(v) < 2:
-        return float("nan")
-    return float(seed_mean(pd.DataFrame({"k": 0, "v": v}), ["k"], "v")["se"].iloc[0])
+    return mean_se(values)[1]
 
 
 def _mean(values) -> float:
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    return float(np.mean(v)) if v else float("nan")
+    return mean_se(values)[0]
 
 
 def most_private_tier(runs: list[dict]) -> tuple[str, float] | None:
     """(name, ε) of the smallest-ε tier of the selection's last evaluations, or None."""
     best = None
     for run in runs:
-        for t in ((run.get("evals") or [{}])[-1].get("tiers") or []):
-            eps = t.get("epsilon")
-            if eps is not None and (best is None or eps < best[1]):
-                best = (t["name"], float(eps))
+        last = fr.last_eval(run)
+        for t in last.tiers if last is not None else ():
+            if t.epsilon is not None and (best is None or t.epsilon < best[1]):
+                best = (t.name, float(t.epsilon))
     return best
 
 
@@ -137,25 +135,27 @@ INO_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "quanti
 
 def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
     """Per INO-SGD run and evaluation: mean ρ per tier (``quantity`` "rho") and the fraction of clip mass
-    down-weighted ("downweighted"), from the evaluation keys :data:`RHO_KEY` / :data:`DOWNWEIGHTED_KEY`.
-    Empty when no run recorded them."""
+    down-weighted ("downweighted"), from each evaluation's INO state (``EvalRecord.ino``; stored under
+    :data:`RHO_KEY` / :data:`DOWNWEIGHTED_KEY`). Empty when no run recorded them."""
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
         if run.get("algorithm") != "ino":
             continue
         base = {"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]], "seed_index": seed_index(run)}
-        for e in run.get("evals") or []:
-            tiers = e.get("tiers") or []
+        for e in fr.run_evals(run):
+            if e.ino is None:
+                continue
+            tiers = e.tiers
             order = fr._tier_order(tiers)
-            at = {**base, "step": e["step"], "epoch": e.get("epoch")}
-            for k, v in enumerate(e.get(RHO_KEY) or []):
-                name = tiers[k]["name"] if k < len(tiers) else f"tier {k}"
+            at = {**base, "step": e.step, "epoch": e.epoch}
+            for k, v in enumerate(e.ino.rho_by_tier or ()):
+                name = tiers[k].name if k < len(tiers) else f"tier {k}"
                 rows.append({**at, "quantity": "rho", "tier": name, "tier_index": order.get(name, k),
                              "value": fr._finite(v)})
-            if e.get(DOWNWEIGHTED_KEY) is not None:
+            if e.ino.downweighted_fraction is not None:
                 rows.append({**at, "quantity": "downweighted", "tier": "", "tier_index": -1,
-                             "value": fr._finite(e[DOWNWEIGHTED_KEY])})
+                             "value": fr._finite(e.ino.downweighted_fraction)})
     return pd.DataFrame(rows, columns=INO_COLUMNS)
 
 
@@ -165,19 +165,21 @@ CLIP_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "group
 
 def group_clip_frame(runs: list[dict]) -> pd.DataFrame:
     """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k and the noise std
-    (evaluation keys ``group_clip_norms``, ``noise_std``; group names from the plan's ``clip_groups``)."""
+    (``EvalRecord.group_clip``; group names from the plan's ``group_clip.clip_groups``)."""
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
         if run.get("algorithm") != "dpsgd_s":
             continue
-        names = list((run.get("plan") or {}).get("clip_groups") or [])
-        for e in run.get("evals") or []:
-            for k, c in enumerate(e.get("group_clip_norms") or []):
+        setup = PlanRecord.of(run.get("plan")).group_clip
+        names = list(setup.clip_groups or ()) if setup is not None else []
+        for e in fr.run_evals(run):
+            clips = e.group_clip
+            for k, c in enumerate((clips.clip_norms or ()) if clips is not None else ()):
                 rows.append({"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]],
-                             "seed_index": seed_index(run), "step": e["step"], "epoch": e.get("epoch"),
+                             "seed_index": seed_index(run), "step": e.step, "epoch": e.epoch,
                              "group": str(names[k]) if k < len(names) else f"group {k}", "group_index": k,
-                             "clip_norm": fr._finite(c), "noise_std": fr._finite(e.get("noise_std"))})
+                             "clip_norm": fr._finite(c), "noise_std": fr._finite(clips.noise_std)})
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
 
 
@@ -210,7 +212,6 @@ def audit_tier_frame(report) -> pd.DataFrame:
     largest advantage that ε allows, the ε the GPR implies, and the audit's Clopper–Pearson ε lower bound."""
     if report is None:
         return pd.DataFrame(columns=AUDIT_TIER_COLUMNS)
-    from engine.audit.report import as_report
 
     report = as_report(report)
     rows = []
@@ -252,8 +253,6 @@ def results_table(runs: list[dict], report=None) -> pd.DataFrame:
     gains = gains[gains.tier == tier[0]]
     deltas = {}
     if report is not None:
-        from engine.audit.report import as_report
-
         deltas = {a.name: a.delta.value for a in as_report(report).algorithms}
     t = f"{tier[0]}"
     rows = []

@@ -15,9 +15,9 @@ from plotly.subplots import make_subplots
 from engine.figures import bands as bd
 from engine.figures import curves as cv
 from engine.figures import frames as fr
-from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure,
-                                     esc, escape_columns, fig_table, render, run_colors)
-from engine.runs import dp_note, run_label
+from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
+                                     escape_columns, fig_table, render, run_colors)
+from engine.jobs.runs import dp_note, run_label
 
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
@@ -204,7 +204,7 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
         if name == "mid_curves":
             h = hist()
             plan = cv.mid_curves_plan(h, layout=mid_layout, **opts)
-            spans = fr.mid_spans(runs)
+            spans = fr.mid_spans(runs, memo)
             data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "loss"]].merge(
                 spans[["run_id", "tier", "onset_step", "end_step", "state"]], on=["run_id", "tier"], how="left")
         elif name == "tier_recall":
@@ -222,7 +222,7 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
             plan = cv.epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs}, x_axis=x_axis, bands=bands)
             data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]]
         elif name == "recall_gain_time":
-            data = fr.recall_gain_over_time(runs, hist())
+            data = fr.recall_gain_over_time(runs, hist(), memo)
             plan = cv.recall_gain_time_plan(data, **opts)
         else:
             continue
@@ -232,17 +232,20 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
 
 def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_layout: str = "facet",
                   x_axis: str = "step", smoothing: float = 0.0, bands: bool = True,
-                  skip_empty: bool = False) -> list[FigureSpec]:
+                  skip_empty: bool = False, memo: dict | None = None) -> list[FigureSpec]:
     """All figures for a selection of run records (``names`` restricts and orders them; default: the live and
     the result figures). ``mid_layout`` "facet" | "overlay" (the most private tier of every run on one
     panel); ``x_axis`` "step" | "epoch" | "elapsed" | "epsilon"; ``smoothing``: EMA weight in [0, 0.99) (raw
-    drawn faint); ``bands``: a series of several seeds as its mean ± 1 SE."""
+    drawn faint); ``bands``: a series of several seeds as its mean ± 1 SE. ``memo``: a live view's frame memo
+    (:mod:`engine.figures.frames`); by default one for this build, so each evaluation is read once."""
     names = list(names) if names is not None else list(LIVE_FIGURES + RESULT_FIGURES)
     bd.check_options(mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing)
     unknown = [n for n in names if n not in LIVE_FIGURES + RESULT_FIGURES + EXTRA_FIGURES]
     if unknown:
         raise ValueError(f"unknown figure {unknown[0]!r}")
-    curves = curve_parts(runs, names, mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing, bands=bands)
+    memo = {} if memo is None else memo
+    curves = curve_parts(runs, names, mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing, bands=bands,
+                         memo=memo)
     colors = run_colors(runs)
     out: list[FigureSpec] = []
     for name in names:
@@ -250,28 +253,28 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
             plan, data = curves[name]
             spec = FigureSpec(name, CURVE_TITLES[name], render(plan, theme), data)
         elif name == "recall_vs_budget":
-            owners = fr.owner_recall(runs)
+            owners = fr.owner_recall(runs, memo)
             stats = fr.pearson_by_run(owners)
             fig = fig_recall_vs_budget(owners, stats, theme=theme, run_colors=colors)
             data = owners.merge(stats[["run_id", "r", "p"]], on="run_id", how="left")
             spec = FigureSpec(name, "Recall vs budget", fig, data)
         elif name == "recall_gain_class":
-            g = fr.recall_gain_by_class(runs)
+            g = fr.recall_gain_by_class(runs, memo)
             spec = FigureSpec(name, "Recall gain per owner", fig_recall_gain_by_class(g, theme=theme), g)
         elif name == "gain_spread":
-            t = bd.recall_gain_spread(fr.recall_gain_over_time(runs))
+            t = bd.recall_gain_spread(fr.recall_gain_over_time(runs, memo=memo))
             spec = FigureSpec(name, "Gain beyond seed spread", fig_gain_spread(t, theme=theme), t)
         elif name == "recall_auc":
-            a = fr.recall_auc_table(runs)
+            a = fr.recall_auc_table(runs, memo)
             spec = FigureSpec(name, "Recall AUC", fig_recall_auc(a, theme=theme, run_colors=colors), a)
         elif name == "overall_bars":
-            f = fr.final_table(runs)
+            f = fr.final_table(runs, memo)
             spec = FigureSpec(name, "Loss and accuracy", fig_overall_bars(f, theme=theme, run_colors=colors), f)
         elif name == "fairness_bars":
-            f = fr.fairness_table(runs)
+            f = fr.fairness_table(runs, memo)
             spec = FigureSpec(name, "Fairness", fig_fairness_bars(f, theme=theme, run_colors=colors), f)
         else:  # mid_summary
-            t = fr.mid_summary(runs)
+            t = fr.mid_summary(runs, memo)
             spec = FigureSpec(name, "MID summary", fig_table(t, theme=theme), t)
         if skip_empty and spec.data.empty:
             continue

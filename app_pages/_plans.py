@@ -1,0 +1,123 @@
+"""The privacy plan shown before a launch (per-tier q, C, σ; steps; warnings), for training runs and audits.
+Plans come from the engine (``engine.train.loop.preview``, ``engine.audit.runner.preview_audit``), cached per
+config; every number in their tables is the record's (σ per tier too: ``PlanRecord.tiers``).
+
+(Helper modules of app_pages/ start with "_": app.py's navigation names the pages, these never are.)
+"""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app_pages._look import md, show_error
+from engine.audit.config import AuditConfig
+from engine.audit.runner import preview_audit
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError
+from engine.data import DataError
+from engine.jobs.estimates import format_seconds
+from engine.jobs.runs import algorithm_label
+from engine.train.loop import preview
+from engine.train.records import PlanRecord
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _run_preview(config_json: str) -> PlanRecord:
+    return preview(RunConfig.from_json(config_json))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _audit_preview(config_json: str) -> dict:
+    return preview_audit(AuditConfig.from_json(config_json), estimate=True)
+
+
+def _planned(preview, config, errors: list[str], slots=None):
+    """The engine's preview of ``config`` (cached), or None after showing why there is none (next to the
+    field that is wrong when ``slots``, a ``_widgets.FieldSlots``, has one for it)."""
+    try:
+        with st.spinner("Planning…"):
+            return preview(config.to_json())
+    except (ConfigError, DataError) as e:
+        errors.append(str(e))
+        if not (slots is not None and isinstance(e, ConfigError) and slots.show(e)):
+            show_error(e)
+        return None
+
+
+def plan_frame(p: PlanRecord) -> pd.DataFrame:
+    """One row per tier (the record's ``PlanRecord.tiers``): owners, target ε and, for private runs, planned ε
+    (None without a formal guarantee), q, C and σ — the record's per-tier σ_k (SCALE: σ*·C/C_k; DP-SGD-S: z_Δ,
+    its per-group clips change every step)."""
+    rows = []
+    for t in p.tiers:
+        row = {"tier": t.name, "owners": t.size, "ε target": t.target_epsilon}
+        if p.private:
+            row.update({"ε planned": None if t.epsilon is None else round(t.epsilon, 4),
+                        "q (sample rate)": round(t.sample_rate, 5)})
+            if p.group_clip is not None:  # DP-SGD-S
+                g = p.group_clip
+                row["C (clip)"] = f"per group, {g.c_min:g}–{g.c_max:g} × {g.base_clip:g}"
+            else:
+                row["C (clip)"] = round(t.clip_norm, 4)
+            row["σ (noise mult.)"] = round(t.noise_multiplier, 4)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _plan_caption(p: PlanRecord) -> str:
+    extra = f" · INO tail γ = {p.tail_length:.3g}" if p.tail_length else ""
+    head = f"{p.steps} steps · expected batch {p.expected_batch_size:.1f}"
+    g = p.group_clip
+    if g is not None:  # DP-SGD-S: noise z_Δ · max_k C_k, clips from the tracked quantiles
+        sizes = "declared" if g.group_size_source == "declared" else \
+            f"released with noise σ = {g.group_size_noise_std or 0:.3g}"
+        return (f"{head} · noise std z_Δ · max_k C_k per step, z_Δ = {g.gradient_noise_multiplier:.4g} · "
+                f"C_k in [{g.c_min:g}, {g.c_max:g}] × C = {g.base_clip:g} · group sizes {sizes}")
+    return f"{head} · noise std {p.noise_std:.4g} · σ* = {p.noise_multiplier:.4g}{extra}"
+
+
+def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[str, PlanRecord]:
+    """One tab per algorithm with its plan; returns algorithm → its preview, the plan record (failures go
+    to ``errors``)."""
+    previews: dict[str, PlanRecord] = {}
+    if not configs:
+        return previews
+    with st.expander("Privacy plan (per-tier q, C, σ) — computed before launching", expanded=True):
+        for tab, cfg in zip(st.tabs([algorithm_label(c.algorithm.name) for c in configs]), configs):
+            with tab:
+                p = _planned(_run_preview, cfg, errors, slots)
+                if p is None:
+                    continue
+                previews[cfg.algorithm.name] = p
+                if not p.private:
+                    st.caption(f"Non-private reference: no clipping, no noise, no DP guarantee · {p.steps} steps")
+                else:
+                    st.caption(md(_plan_caption(p)))
+                    for note in p.notes or ():
+                        st.caption(md(f"note: {note}"))
+                if not p.formal_dp and cfg.algorithm.name != "nonprivate":
+                    st.warning(md(f"No formal DP guarantee: {p.formal_dp_reason or 'see the plan'} "
+                                  f"(ε spent is not reported)."))
+                st.dataframe(plan_frame(p), hide_index=True, width="stretch")
+    return previews
+
+
+def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
+    """The audit's plan (models, steps, groups, per-algorithm tiers) in an expander; None if it fails."""
+    p = None if config is None else _planned(_audit_preview, config, errors)
+    if p is None:
+        return None
+    est = p.get("estimate")
+    if est:
+        st.caption(f"Estimated runtime ≈ **{format_seconds(est['seconds'])}** of training — " + md(est["how"])
+                   + ". Statistics add seconds to a minute per algorithm.")
+    with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "
+                     f"{p['n_train']} samples" + (f" + {p['looa_models']} PA-LOOA models each" if p["looa_models"] else ""),
+                     expanded=False):
+        sizes = ", ".join(f"{g}: {n}" for g, n in p["group_sizes"].items())
+        st.caption(md(f"Groups — {sizes} · trained {p['chunk_models']} models at a time on {p['device']}"))
+        rows = [{"algorithm": a["label"], "tier": t["tier"], "q": t.get("sample_rate"), "C": t.get("clip_norm"),
+                 "σ": t.get("noise_multiplier"), "ε claimed": t.get("epsilon"), "formal DP": "yes" if a["formal_dp"] else "no"}
+                for a in p["algorithms"] for t in (a["plan"] or [{"tier": "—"}])]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    return p

@@ -1,0 +1,107 @@
+"""A run's status row on the pages: the progress line (from the one run row, queue places from the manager's
+``queue_positions``, the ETA from ``engine.jobs.estimates``), the state in words ("cancelled by you"), the
+badge and the Cancel / Resume buttons; and how often the live views poll.
+
+(Helper modules of app_pages/ start with "_": app.py's navigation names the pages, these never are.)
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import streamlit as st
+
+from app_pages._look import md
+from engine.jobs.estimates import SmoothEta, eta_seconds, format_seconds
+from engine.jobs.runs import dp_note, run_label
+from engine.store.db import ACTIVE
+
+LIVE_INTERVAL = 0.5  # seconds between live refreshes while runs are active (≥ 1 update/s)
+STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "failed": "red",
+                 "cancelled": "orange", "interrupted": "violet"}
+STATUS_ICONS = {"queued": ":material/schedule:", "running": ":material/play_arrow:", "finished": ":material/check:",
+                "failed": ":material/error:", "cancelled": ":material/stop:", "interrupted": ":material/bolt:"}
+USER_STOPS = ("by the user", "before it started", "terminated by signal")  # engine.jobs.manager.JobManager.cancel, engine.train.loop
+
+
+def is_active(run: dict) -> bool:
+    return run["status"] in ACTIVE
+
+
+def smooth_eta() -> SmoothEta:
+    """This session's ETA smoother (its step rates are per viewer: kept in ``st.session_state``)."""
+    return st.session_state.setdefault("eta-smoother", SmoothEta())
+
+
+def state_words(run: dict) -> str:
+    """A run's status in words a user reads at a glance ("cancelled by you", not "cancelled")."""
+    status, error = run["status"], run.get("error") or ""
+    if status == "cancelled":  # Cancel (Train, Runs, the CLI) stops the worker with a signal
+        return "cancelled by you" if any(m in error for m in USER_STOPS) else "cancelled"
+    if status == "interrupted":
+        return "interrupted (worker stopped)"
+    if status == "failed":
+        return "failed (see the message)"
+    return status
+
+
+def progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float | None] = eta_seconds) -> str:
+    """A training run's progress line: label, queue place / step / ETA, DP note; everything from the one
+    run row (and ``queue``, ``engine.jobs.manager.queue_positions`` of the same refresh), so progress and
+    status never disagree."""
+    label = run_label(run)
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    if run["status"] == "queued":
+        pos = queue.get(run["id"])
+        text = f"{label} — waiting for a worker" + (f" (#{pos} in the queue)" if pos else "")
+    elif run["status"] == "running" and not total:
+        text = f"{label} — starting…"
+    elif run["status"] == "running":
+        left = eta(run)
+        text = f"{label} — step {step}/{total}" + (f" · about {format_seconds(left)} left" if left is not None else "")
+    else:
+        took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
+        step = total if run["status"] == "finished" and total else step
+        text = f"{label} — step {step}/{total or '?'}" + (f" · took {format_seconds(took)}" if took is not None else "")
+    note = dp_note(run)
+    return text + (f" · ⚠ {note}" if note else "")
+
+
+def audit_progress_text(run: dict, mgr) -> str:
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    if run["status"] == "queued":
+        pos = mgr.queue_position(run["id"])
+        return "queued" + (f" (#{pos} in the queue)" if pos else "")
+    if run["status"] == "running" and total and step >= total:
+        return "statistics…"
+    eta = smooth_eta()(run)
+    return f"training step {step}/{total or '?'} (all chunks of all algorithms)" + (
+        f" · about {format_seconds(eta)} left" if eta is not None else "")
+
+
+def status_badge(status: str, words: str | None = None) -> None:
+    st.badge(words or status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
+
+
+def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
+    """Progress bar, status badge, Cancel (active runs) or Resume (stopped audits), and the run's error.
+
+    Buttons are keyed ``{key_prefix}cancel-{id}`` / ``{key_prefix}resume-{id}`` (tests and the browser find
+    them by key); a click reruns the enclosing fragment (Cancel) or the page (Resume).
+    """
+    c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    done = run["status"] == "finished"  # (the row's step may lag its last batch of step metrics)
+    c1.progress(1.0 if done else min(1.0, step / total) if total else 0.0, text=md(text))
+    with c2:
+        status_badge(run["status"], state_words(run))
+    if is_active(run):
+        if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
+            mgr.cancel(run["id"])
+            st.rerun(scope="fragment")
+    elif resume and run["status"] in ("cancelled", "interrupted", "failed"):
+        if c3.button("Resume", key=f"{key_prefix}resume-{run['id']}", icon=":material/play_arrow:",
+                     help="Continue from the last completed chunk of models"):
+            mgr.resume(run["id"])
+            st.rerun()
+    if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
+        c1.caption(md(f"{state_words(run)}: {run['error']}"))

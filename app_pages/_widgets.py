@@ -1,0 +1,167 @@
+"""The pages' settings widgets: URL-parameter checks, run pickers bound to the URL, an error slot under each
+setting, the training settings Train and Audit share, and the algorithm choices.
+
+(Helper modules of app_pages/ start with "_": app.py's navigation names the pages, these never are.)
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import streamlit as st
+
+from app_pages._look import md
+from engine.config.schema import ConfigError
+from engine.jobs.runs import run_config
+
+# the algorithms in the order the pickers (Train, Audit) list them
+ALGORITHM_CHOICES = ["idp_sample", "ino", "idp_scale", "dpsgd", "dpsgd_s", "nonprivate"]
+
+
+# --- URL parameters ---------------------------------------------------------------------------------
+
+class UrlParams:
+    """What the URL asked for, captured before any widget runs, so that nothing is dropped silently.
+
+    Streamlit drops a query parameter bound to a widget when its value is not valid for the widget (and
+    also when it equals the default). :meth:`check`, called after the widgets, tells the two apart and
+    shows one ``st.warning`` per invalid parameter, naming it, in a slot at the top of the page (the slot
+    always exists, so a warning never shifts the widgets below).
+    """
+
+    def __init__(self, labels: dict[str, Callable] | None = None, known: tuple[str, ...] | None = None):
+        self.initial = {k: st.query_params.get_all(k) for k in st.query_params}
+        self.labels = labels or {}  # key → format_func of a widget whose URL may carry labels
+        self.known = known  # every parameter the page reads (None: do not check names)
+        self.slot = st.container()
+
+    def warn(self, param: str, message: str) -> None:
+        with self.slot:
+            st.warning(f"URL parameter **{md(param)}**: {md(message)}", icon=":material/link_off:")
+
+    def check(self) -> None:
+        for key, raw in self.initial.items():
+            if self.known is not None and key not in self.known and key not in st.session_state:
+                self.warn(key, "is not a setting of this page; ignored")
+                continue
+            if key in st.query_params or key not in st.session_state:
+                continue  # kept, or not a widget's parameter (the page checks those itself)
+            value = st.session_state[key]
+            if not _same(raw, value, self.labels.get(key)):
+                shown = ", ".join(raw) if raw else "(empty)"
+                self.warn(key, f"{shown[:80]} is not a valid value; using {_show(value, self.labels.get(key))}")
+
+
+def _show(value, label) -> str:
+    vals = value if isinstance(value, (list, tuple)) else [value]
+    return ", ".join(str(label(v) if label else v) for v in vals) or "nothing"
+
+
+def _same(raw: list[str], value, label) -> bool:
+    """True when the URL's strings mean the widget's value (then Streamlit dropped a default)."""
+    vals = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(raw) != len(vals):
+        return False
+    for r, v in zip(raw, vals):
+        if r == str(v) or (label is not None and r == str(label(v))) or r.lower() == str(v).lower():
+            continue
+        try:
+            if float(r) == float(v):
+                continue
+        except (TypeError, ValueError, OverflowError):
+            pass
+        return False
+    return True
+
+
+# --- pickers ----------------------------------------------------------------------------------------------
+
+def run_picker(label: str, options: list, *, key: str, param: str, default, format_func: Callable,
+               url: UrlParams | None = None, cast: Callable = str, where=st, **kwargs):
+    """A selectbox of runs (or comparisons) bound to the URL parameter ``param``; returns the choice.
+
+    The URL (or a new launch writing it) decides what is shown; a value naming nothing in the store
+    is warned about, removed from the URL, and ``default`` is shown instead.
+    """
+    raw = st.query_params.get(param)
+    try:
+        current = cast(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        current = None
+    if current not in options:
+        if raw is not None and url is not None:
+            url.warn(param, f"{raw[:80]} names nothing in the store; showing the latest instead")
+            st.query_params.pop(param, None)
+        current = default
+
+    def _on_pick() -> None:
+        st.query_params[param] = str(st.session_state[key])
+
+    if st.session_state.get(key) != current:
+        st.session_state[key] = current
+    where.selectbox(label, options, format_func=format_func, key=key, on_change=_on_pick, **kwargs)
+    return current
+
+
+def audit_label(run: dict) -> str:
+    """An audit for a picker: id, dataset, R, algorithms, when (no status: the badge below is live)."""
+    when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
+    cfg = run_config(run)  # an AuditConfig (configs stored flat are migrated)
+    what = f"{cfg.run.data.name} · R={cfg.R} · {', '.join(a.name for a in cfg.algorithms)}" if cfg else "(unreadable config)"
+    return f"#{run['id']} · {what} · {when}"
+
+
+# --- settings -------------------------------------------------------------------------------------------
+
+class FieldSlots:
+    """An empty slot under each settings widget, so that an invalid value is explained next to its field.
+
+    ``add(col, *fields)`` puts the slot (always emitted: a message never shifts the widgets below) under the
+    widget just drawn in ``col``; ``show(error)`` writes a :class:`ConfigError` into the slot of its field
+    (dotted config path, e.g. ``batch_size`` or ``algorithm.alpha``) and returns False when no widget owns it.
+    ``reasons`` lists what was shown, for the caption next to the disabled Launch button.
+    """
+
+    def __init__(self):
+        self.slots: dict[str, tuple[object, str]] = {}
+        self.reasons: list[str] = []
+
+    def add(self, where, label: str, *fields: str) -> None:
+        slot = where.empty()
+        for f in fields:
+            self.slots[f] = (slot, label)
+
+    def show(self, error: ConfigError) -> bool:
+        field = getattr(error, "field", "") or ""
+        hit = self.slots.get(field) or self.slots.get(field.split(".")[-1])
+        if hit is None:
+            return False
+        slot, label = hit
+        slot.error(md(error.message), icon=":material/error:")
+        self.reasons.append(f"{label}: {error.message}")
+        return True
+
+
+def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float,
+                    slots: FieldSlots | None = None) -> dict:
+    """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
+    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``.
+    With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`)."""
+    fields = {"epochs": ("epochs",), "batch": ("batch_size",), "lr": ("optimizer.lr", "lr"), "delta": ("delta",),
+              "clip": ("clip_norm",), "seed": ("seed",)}
+
+    def number(col, label, name, **kw):
+        value = col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
+        if slots is not None:
+            slots.add(col, label, *fields[name])
+        return value
+
+    c1, c2, c3 = st.columns(3)
+    out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
+           "batch": number(c2, "Batch size", "batch", min_value=1, value=batch, step=batch_step),
+           "lr": number(c3, "Learning rate", "lr", min_value=0.0001, value=lr, step=lr_step, format="%.4g")}
+    c1, c2, c3 = st.columns(3)
+    out.update(delta=number(c1, "δ", "delta", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e"),
+               clip=number(c2, "Clip norm C", "clip", min_value=0.001, value=1.0, step=0.1),
+               seed=number(c3, "Seed", "seed", min_value=0, value=0, step=1))
+    return out

@@ -1,0 +1,213 @@
+"""Results: compare finished (or any past) runs — first the MID and the INO gain of the most private tier,
+then recall vs budget with Pearson r, INO − IDP gains, the talk figures (frontier, results table, INO
+internals, DP-SGD-S clips, a TIF sweep's heatmap, an audit's GPR vs ε), loss/accuracy, fairness, the MID
+table — and export everything. Before the user has finished runs of their own it shows the lab's example
+runs (``engine.tools.demo.example_runs``), labelled "example"."""
+from __future__ import annotations
+
+import math
+import time
+
+import streamlit as st
+
+from app_pages import _charts as charts
+from app_pages import _handles as handles
+from app_pages import _widgets as widgets
+from app_pages._look import intro, md, plot_theme
+from engine.audit.report import as_report
+from engine.figures import export, frames
+from engine.figures import talk_frames as tf
+from engine.figures.sweep_frame import is_sweep_group
+from engine.figures.talk import build_talk_figures
+from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
+from engine.jobs.runs import dataset_name, dp_note, run_label, run_record
+
+
+def run_option_label(run: dict) -> str:
+    data = dataset_name(run) or "?"
+    when = time.strftime("%m-%d %H:%M", time.localtime(run.get("created_at") or 0))
+    return md(f"{run_label(run)} · {data} · {run['status']} · {when}")
+
+
+st.title("Results")
+intro()
+url = widgets.UrlParams()
+store = handles.store()
+
+
+c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
+include_all = c2.toggle("Include unfinished", value=False, key="all", bind="query-params",
+                        help="Also cancelled / interrupted / running runs (their last evaluation counts)")
+candidates = [r for r in store.list_runs(kind="train") if include_all or r["status"] == "finished"]
+examples = not candidates
+if examples:
+    runs = charts.example_runs()
+    url.check()
+    if not runs:
+        st.info("No finished runs yet — launch a comparison on the Train / compare page. (The example runs are "
+                "not part of this build: engine.tools.demo.example_runs or assets/demo/example_runs.json is missing.)")
+        st.stop()
+    with st.container(key="example-note"):
+        st.info("**Example runs** (shipped with the lab, trained once with its default comparison): your own "
+                "finished runs replace them here — launch a comparison on the Train / compare page.",
+                icon=":material/science:")
+else:
+    # Options are the runs' short labels ("INO-SGD #12"): unique, stable, and readable in the URL (?runs=…).
+    by_label = {run_label(r): r for r in candidates}
+    latest_group = next((r["group_id"] for r in candidates if r["group_id"]), None)
+    default = [run_label(r) for r in sorted(candidates, key=lambda r: r["id"])
+               if r["group_id"] == latest_group] if latest_group else [run_label(candidates[0])]
+    picked = c1.multiselect("Runs", list(by_label), default=default, key="runs", bind="query-params",
+                            help="Finished runs, newest first (any past comparison too)")
+    url.check()
+    if not picked:
+        st.info("Pick one or more runs.")
+        st.stop()
+    st.caption(" · ".join(run_option_label(by_label[p]) for p in picked))  # (escaped labels)
+    runs = [run_record(store, by_label[p]["id"]) for p in picked]
+    runs = [r for r in runs if r is not None and r["evals"]]
+if not runs:
+    st.warning("The selected runs have no evaluations yet.")
+    st.stop()
+with st.container():  # a variable number of notes must not shift (remount) the widgets below
+    for r in runs:
+        if dp_note(r):
+            st.caption(md(f"⚠ {run_label(r)}: {dp_note(r)}"))
+
+audits = [] if examples else store.list_runs(kind="audit", status="finished")
+audit_ids = [None] + [a["id"] for a in audits]
+audit_by_id = {a["id"]: a for a in audits}
+theme = plot_theme()
+specs = {s.name: s for s in build_figures(runs, theme=theme, names=RESULT_FIGURES)}
+mid = build_figures(runs, theme=theme, names=["mid_curves"], mid_layout="overlay")[0]
+
+st.subheader("MID and the INO gain of the most private tier")
+tier = tf.most_private_tier(runs)
+gain = tf.gain_summary(runs)
+with st.container(key="headline"):
+    m1, m2, m3 = st.columns(3)
+    if gain is not None:
+        se = f" ± {gain['auc_se']:.1f} pp (s.e. over {gain['pairs']} paired seeds)" if math.isfinite(gain["auc_se"]) else ""
+        m1.metric(f"INO gain, {md(gain['tier'])} recall AUC", f"{gain['auc_gain']:+.1f} pp",
+                  help=f"INO − IDP area under the {md(gain['tier'])} tier's recall curve{se}")
+        if gain["peak_step"] is not None:
+            m2.metric(f"Peak INO gain, {md(gain['tier'])} recall", f"{gain['peak_gain']:+.1f} pp",
+                      help=f"largest mean gain along training: step {gain['peak_step']} "
+                           f"({100 * gain['peak_progress']:.0f} % of training); final: {gain['final_gain']:+.1f} pp")
+    else:
+        m1.metric("INO gain", "—", help="select an INO-SGD run and the IDP-SGD run it builds on")
+    spans = frames.mid_spans(runs)
+    if tier is not None and not spans.empty:
+        s_t = spans[spans.tier == tier[0]]
+        mids = [f"{r['run']}: " + ("none" if r["state"] == "none" else f"steps {r['onset_step']}–"
+                                   + (f"{int(r['end_step'])}" if r["state"] == "recovered" else "now"))
+                for _, r in s_t.iterrows()]
+        m3.metric(f"MID of tier {md(tier[0])}", f"{int((s_t.state != 'none').sum())}/{len(s_t)} runs",
+                  help=md("loss above its initial value: " + "; ".join(mids)))
+c1, c2 = st.columns(2)
+with c1:
+    charts.chart(mid, key="res-mid", export_key="e-mid-curves")
+with c2:
+    charts.chart(specs["recall_gain_time"], key="res-gain-time", export_key="e-gain-time")
+st.caption("On easy tasks the INO gain lives early, in the MID window, and fades by the end: "
+           "the area under each tier's recall curve keeps it visible.")
+
+st.subheader("Who pays for privacy?")
+charts.chart(specs["recall_vs_budget"], key="res-budget", export_key="e-budget")
+stats = frames.pearson_by_run(frames.owner_recall(runs))
+st.dataframe(stats.drop(columns=["run_id"]).rename(columns={"r": "Pearson r", "p": "p-value", "n": "owners"}),
+             hide_index=True, width="content")
+
+st.subheader("INO-SGD vs IDP-SGD")
+c1, c2 = st.columns(2)
+with c1:
+    charts.chart(specs["recall_gain_class"], key="res-gain-class", export_key="e-gain-class")
+with c2:
+    charts.chart(specs["recall_auc"], key="res-auc", export_key="e-auc")
+
+st.subheader("For a talk")
+c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
+datasets = {dataset_name(r) for r in runs}
+same_data = [a["id"] for a in audits if dataset_name(a) in datasets]  # newest first
+audit_id = c1.selectbox("Audit (GPR vs ε, Δ in the table)", audit_ids, key="res_audit", disabled=len(audit_ids) == 1,
+                        index=audit_ids.index(same_data[0]) if same_data else 0,
+                        help="default: the newest finished audit on the selection's dataset",
+                        format_func=lambda i: "none" if i is None else widgets.audit_label(audit_by_id[i]))
+sweep = any(is_sweep_group(r.get("group_id")) for r in runs)
+sweep_metric = c2.segmented_control("Sweep gain", ["auc", "epoch"], default="auc", key="res_sweep_metric",
+                                    format_func={"auc": "recall AUC", "epoch": "recall at epoch 1"}.get,
+                                    disabled=not sweep) or "auc"
+report = as_report(audit_by_id[audit_id]["summary"]) if audit_id is not None and audit_by_id[audit_id].get("summary") else None
+talk = {s.name: s for s in build_talk_figures(runs, theme=theme, audit=report, sweep_metric=sweep_metric,
+                                              sweep_epoch=1.0)}
+c1, c2 = st.columns([3, 2])
+with c1:
+    charts.chart(talk["privacy_frontier"], key="res-frontier", export_key="e-frontier")
+with c2:
+    charts.chart(talk["results_table"], key="res-table", export_key="e-table")
+if any(r.get("algorithm") == "ino" for r in runs):
+    charts.chart(talk["ino_internals"], key="res-ino", export_key="e-ino")
+if any(r.get("algorithm") == "dpsgd_s" for r in runs):
+    charts.chart(talk["group_clip"], key="res-clip", export_key="e-clip")
+if sweep:
+    charts.chart(talk["tif_sweep"], key="res-sweep", export_key="e-sweep")
+if report is not None:
+    charts.chart(talk["audit_tiers"], key="res-audit", export_key="e-audit")
+
+st.subheader("Utility and fairness")
+c1, c2 = st.columns(2)
+with c1:
+    charts.chart(specs["overall_bars"], key="res-overall", export_key="e-overall")
+with c2:
+    if specs["fairness_bars"].data.empty:
+        st.info("Outcome-fairness metrics (demographic parity, equalized odds) are computed for binary tabular "
+                "datasets with a sensitive attribute, e.g. adult.")
+    else:
+        charts.chart(specs["fairness_bars"], key="res-fair", export_key="e-fair")
+
+st.subheader("MID summary")
+st.dataframe(specs["mid_summary"].data, hide_index=True, width="stretch")
+charts.export_menu(specs["mid_summary"], key="e-mid")
+
+st.subheader("Export")
+ok, reason = export.static_export_available()
+with st.container():
+    if not ok:
+        st.warning(reason)
+c1, c2, c3, c4 = st.columns(4)
+width = c1.number_input("Width (px)", 400, 4000, 1600, 100, key="pack_w")
+height = c2.number_input("Height (px)", 300, 3000, 900, 100, key="pack_h")
+scale = c3.number_input("Scale", 0.5, 4.0, 2.0, 0.5, key="pack_scale")
+pack_theme = c4.selectbox("Theme", ["presentation", "light", "dark"], key="pack_theme")
+ids = "-".join(str(r["id"]) for r in runs)
+# the pack's figures: the live ones (every run here has evaluations), the non-empty result and talk figures
+names = list(LIVE_FIGURES) + [n for n, s in {**specs, **talk}.items() if not s.data.empty]
+titles = {n: export.figure_titles()[n] for n in names}
+chosen = st.multiselect("Figures in the pack", list(titles), default=list(titles), key="pack_figures",
+                        format_func=lambda n: titles.get(n, n), help="Default: every figure of the selection")
+request = (ids, tuple(chosen), int(width), int(height), float(scale), pack_theme)
+c1, c2, c3 = st.columns(3)
+if c1.button("Build presentation pack", icon=":material/slideshow:", key="pack-build", type="primary",
+             disabled=not chosen, help="The chosen figures as PNG, SVG, PDF and HTML (one shared plotly.js), "
+                                       "their data as CSV, and the configs, zipped"):
+    with st.status(f"Building the presentation pack ({len(chosen)} figures)…", expanded=True) as status:
+        bar = st.progress(0.0, text="preparing figures")
+
+        def step(done: int, total: int, title: str) -> None:
+            bar.progress(done / max(total, 1), text=f"{done}/{total} · {title}")
+
+        data = export.presentation_pack(runs, names=chosen, width=int(width), height=int(height), scale=float(scale),
+                                        theme=pack_theme, progress=step, audit=report)
+        status.update(label=f"Presentation pack ready: {len(chosen)} figures, {len(data) / 1e6:.1f} MB",
+                      state="complete", expanded=False)
+    st.session_state["pack-data"] = (request, data)
+built = st.session_state.get("pack-data")
+if built is not None and built[0] == request:
+    c2.download_button("Download pack (zip)", data=built[1], file_name=f"privacy-lab-runs-{ids}.zip",
+                       mime=export.MIME["zip"], key="pack", on_click="ignore", icon=":material/download:")
+elif built is not None:
+    c2.caption("The selection changed: build the pack again.")
+c3.download_button("Run configs (JSON)", data=export.configs_json(runs), file_name=f"runs-{ids}-configs.json",
+                   mime=export.MIME["json"], key="configs", on_click="ignore")
+if not examples:
+    st.caption(f"CLI: `privacy-lab export {' '.join(str(r['id']) for r in runs)} --format png --out export/`")

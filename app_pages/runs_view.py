@@ -1,0 +1,120 @@
+"""Runs: the store's history — status, config, duration; cancel, delete, copy as CLI command,
+download the config JSON and the metrics CSV."""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pandas as pd
+import streamlit as st
+
+from app_pages import _handles as handles
+from app_pages import _widgets as widgets
+from app_pages._look import md
+from engine.figures import export
+from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
+from engine.jobs.estimates import format_seconds
+from engine.store.db import ACTIVE
+
+st.title("Runs")
+url = widgets.UrlParams()
+mgr = handles.manager()
+store = mgr.store
+
+c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
+status_filter = c1.multiselect("Status", ["queued", "running", "finished", "failed", "cancelled", "interrupted"],
+                               key="status", bind="query-params", placeholder="all")
+kind_filter = c2.segmented_control("Kind", ["train", "audit"], key="kind", bind="query-params",
+                                   selection_mode="single")
+url.check()
+runs = store.list_runs(kind=kind_filter or None)
+if status_filter:
+    runs = [r for r in runs if r["status"] in status_filter]
+any_active = any(r["status"] in ACTIVE for r in runs)
+
+
+def rerun_command(run_id: int) -> str:
+    """The short ``privacy-lab rerun`` line of a run: this store and data folder as absolute paths
+    (shell-quoted, whatever they contain)."""
+    from engine.data.files import data_dir
+
+    return (f"privacy-lab --store {shlex.quote(str(store.path.resolve()))} "
+            f"--data-dir {shlex.quote(str(data_dir()))} rerun {int(run_id)}")
+
+
+def _duration(r: dict) -> float | None:
+    if not r["started_at"]:
+        return None
+    end = r["finished_at"] or (time.time() if r["status"] == "running" else r["started_at"])
+    return end - r["started_at"]
+
+
+@st.fragment(run_every=1.0 if any_active else None)
+def watch(snapshot: tuple) -> None:
+    """While runs are active, rerun the page when a status or step changes (keeps the selection)."""
+    now = tuple((r["id"], r["status"], r["step"]) for r in (store.get_run(x["id"]) for x in runs) if r)
+    if now != snapshot:
+        st.rerun()
+
+
+if not runs:
+    st.info("No runs in the store yet.")
+    st.stop()
+df = pd.DataFrame([{
+    "id": r["id"], "status": r["status"],
+    "algorithm": algorithm_label(r["algorithm"]), "dataset": dataset_name(r),
+    "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": format_seconds(_duration(r)),
+    "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+    "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",
+} for r in runs])
+event = st.dataframe(df, hide_index=True, width="stretch", key="runs-table", on_select="rerun",
+                     selection_mode="multi-row")
+watch(tuple((r["id"], r["status"], r["step"]) for r in runs))
+rows = list(event.selection.rows) if event is not None else []
+selected = [runs[i] for i in rows if i < len(runs)]
+if not selected:
+    st.caption("Select rows for details, downloads, cancel and delete.")
+    st.stop()
+
+ids = [r["id"] for r in selected]
+c1, c2, c3 = st.columns(3)
+if c1.button("Open in Results", icon=":material/insights:", key="to-results"):
+    st.switch_page("app_pages/results_view.py", query_params={"runs": [run_label(r) for r in selected], "all": "true"})
+if any(r["status"] in ACTIVE for r in selected) and c2.button("Cancel selected", icon=":material/stop_circle:",
+                                                                 key="cancel-selected"):
+    for r in selected:
+        if r["status"] in ACTIVE:
+            mgr.cancel(r["id"])
+    st.rerun()
+with c3.popover("Delete selected", icon=":material/delete:"):
+    st.write(f"Delete run(s) {', '.join(map(str, ids))} and their metrics? This cannot be undone.")
+    if st.button("Delete", type="primary", key="confirm-delete"):
+        for i in ids:
+            mgr.delete(i)
+        st.session_state.pop("runs-table", None)
+        st.rerun()
+
+for r in selected:
+    with st.expander(md(f"{run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
+        if r["error"]:
+            st.caption(md(f"{r['status']}: {r['error']}"))
+        if dp_note(r):
+            st.warning(md(dp_note(r)))
+        config_text = json.dumps(r["config"], indent=2, sort_keys=True)
+        st.caption("Copy as CLI command (re-runs this config as a new run, from any directory; add "
+                   "`--set key=value` to change a field, e.g. `--set epochs=4`):")
+        st.code(rerun_command(r["id"]), language="bash")
+        d1, d2 = st.columns(2)
+        d1.download_button("Config (JSON)", data=config_text, file_name=f"run_{r['id']}.json",
+                           mime=export.MIME["json"], key=f"cfg-{r['id']}", on_click="ignore")
+        d2.download_button("Metrics (CSV)", data=lambda rid=r["id"]: export.metrics_csv(run_record(store, rid)),
+                           file_name=f"run_{r['id']}_metrics.csv", mime=export.MIME["csv"], key=f"csv-{r['id']}",
+                           on_click="ignore")
+        if r["plan"]:
+            st.caption("Plan")
+            st.json(r["plan"], expanded=False)
+        if r["summary"]:
+            st.caption("Summary")
+            st.json(r["summary"], expanded=False)
+        st.caption(md(f"Worker log: {mgr.log_path(r['id'])}"))

@@ -1,0 +1,298 @@
+"""Train / compare: configure, preview the privacy plan, launch one background run per algorithm,
+watch them live (MID curves, recall, accuracy, ε spent), cancel."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import streamlit as st
+
+from app_pages import _charts as charts
+from app_pages import _handles as handles
+from app_pages import _plans as plans
+from app_pages import _status as status
+from app_pages import _widgets as widgets
+from app_pages._look import intro, md, plot_theme, show_error
+from app_pages._tiers import url_tier_editor
+from engine.config.run import MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig
+from engine.config.schema import ConfigError
+from engine.data import dataset_names
+from engine.dp.tiers import preset, preset_names
+from engine.figures.live import LiveFigures
+from engine.figures.training import LIVE_FIGURES
+from engine.jobs.estimates import format_seconds, run_time_estimate
+from engine.jobs.manager import new_group_id, queue_positions
+from engine.jobs.runs import algorithm_label
+from engine.tools.demo import DEFAULT_TRAIN
+
+# The live view's secondary charts (accuracy, ε spent, per-class recall) redraw at most this often, one per
+# refresh (and all at once when the options change or the last run ends): each redraw of a Plotly chart costs
+# the browser ~0.2 s of CPU, and on 2 cores five charts twice a second kept the headline MID and tier charts
+# ~2 s behind.
+DETAIL_INTERVAL = 3.0
+X_AXES = {"step": "steps", "epoch": "epochs", "elapsed": "wall time", "epsilon": "ε spent"}  # figure x_axis option
+
+
+def comparison_label(group: str, runs: list[dict]) -> str:
+    """A comparison (group id) and its algorithms, for the picker."""
+    members = sorted((r for r in runs if r["group_id"] == group), key=lambda r: r["id"])
+    return f"{group} — {', '.join(algorithm_label(r['algorithm']) for r in members)}"
+
+
+def live_records(store, runs: list[dict]) -> list[dict]:
+    """Run records with their evaluations, fetched incrementally (only new evaluations each refresh)."""
+    cache = st.session_state.setdefault("evals", {})
+    out = []
+    for run in runs:
+        have = cache.get(run["id"], [])
+        new = store.eval_metrics(run["id"], after_step=have[-1]["step"] if have else -1)
+        if new:
+            have = cache[run["id"]] = have + new
+        out.append(dict(run, evals=have))
+    return out
+
+
+def live_figures(group: str, names, **options) -> LiveFigures:
+    """The :class:`engine.figures.live.LiveFigures` of ``group`` for these figures and options, kept in the
+    session: a refresh that only brings new evaluations patches its figures instead of rebuilding them. A new
+    group or option starts a new one (one is kept per set of figure names)."""
+    key = (group, tuple(sorted(options.items())))
+    slots = st.session_state.setdefault("live-figures", {})
+    kept = slots.get(tuple(names))
+    if kept is None or kept[0] != key:
+        kept = slots[tuple(names)] = (key, LiveFigures(names, **options))
+    return kept[1]
+
+
+st.title("Train / compare")
+intro()
+url = widgets.UrlParams(labels={"algos": algorithm_label}, known=(
+    "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "clip", "seed", "eval_every", "seeds", "momentum",
+    "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
+    "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout"))
+D = dict(asdict(DEFAULT_TRAIN), seeds=1)  # the default comparison's widget values (engine.tools.demo)
+slots = widgets.FieldSlots()  # an error slot under each setting: a bad value is explained next to its field
+
+
+# --- configuration ------------------------------------------------------------------------------------
+names = dataset_names()
+cfg_col, algo_col = st.columns([3, 2], gap="large")
+with cfg_col:
+    st.subheader("Data, model and training")
+    c1, c2, c3 = st.columns(3)
+    dataset_name = c1.selectbox("Dataset", names, index=names.index(D["dataset"]) if D["dataset"] in names else 0,
+                                key="dataset", bind="query-params",
+                                help="digits, MNIST and Adult are always available offline; others need their "
+                                     "files (the engine says which and where)")
+    slots.add(c1, "Dataset", "data.name", "data")
+    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=D["max_train"], step=100,
+                                key="max_train", bind="query-params")
+    slots.add(c2, "Training samples", "data.max_train", "max_train")
+    model = c3.selectbox("Model", MODELS, index=MODELS.index(D["model"]), key="model", bind="query-params",
+                         help="auto: the CNN for images, logistic regression for tabular data")
+    slots.add(c3, "Model", "model.name", "model")
+    train = widgets.training_inputs(epochs=D["epochs"], batch=D["batch"], batch_step=8, lr=D["lr"], lr_step=0.05,
+                                    slots=slots)
+    c1, c2, c3 = st.columns(3)
+    eval_every = c1.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=D["eval_every"], step=1,
+                                 key="eval_every", bind="query-params")
+    slots.add(c1, "Evaluate every", "eval_every")
+    seeds = c2.number_input("Repeat over k seeds", min_value=1, max_value=16, value=D["seeds"], step=1, key="seeds",
+                            bind="query-params",
+                            help="k models per algorithm trained together (seeds seed … seed + k − 1); the charts "
+                                 "draw the mean with a band (standard error) and pair IDP and INO by seed")
+    slots.add(c2, "Repeat over k seeds", "seeds")
+    momentum = c3.number_input("Momentum", min_value=0.0, max_value=0.99, value=float(D["momentum"]), step=0.1,
+                               key="momentum", bind="query-params")
+    slots.add(c3, "Momentum", "optimizer.momentum")
+
+with algo_col:
+    st.subheader("Algorithms (side by side)")
+    algos = st.multiselect("Algorithms", widgets.ALGORITHM_CHOICES, default=list(D["algos"]),
+                           format_func=algorithm_label, key="algos", bind="query-params",
+                           help="One background run per algorithm, same seed, data and tiers")
+    with st.expander("INO-SGD options", expanded=False):
+        a1, a2 = st.columns(2)
+        idp_mode = a1.selectbox("Built on IDP-SGD", ["sample", "scale"], key="idp_mode", bind="query-params")
+        tif = a2.selectbox("TIF shape", [s for s in TIF_SHAPES if s != "piecewise"], key="tif", bind="query-params")
+        a1, a2 = st.columns(2)
+        alpha = a1.number_input("α (Beta)", min_value=0.01, value=1.0, step=0.25, key="alpha", bind="query-params")
+        slots.add(a1, "α", "algorithm.alpha")
+        beta = a2.number_input("β (Beta)", min_value=0.01, value=1.0, step=0.25, key="beta", bind="query-params")
+        slots.add(a2, "β", "algorithm.beta")
+        a1, a2 = st.columns(2)
+        power = a1.number_input("Power", min_value=0.05, value=2.0, step=0.5, key="power", bind="query-params")
+        slots.add(a1, "Power", "algorithm.power")
+        cut = a2.number_input("Step cut", min_value=0.0, max_value=1.0, value=0.5, step=0.05, key="cut",
+                              bind="query-params")
+        slots.add(a2, "Step cut", "algorithm.step_cut")
+        tail_pct = st.slider("Tail length γ, % of the expected batch clip mass", 1, 100, 50, key="tail_pct",
+                             bind="query-params")
+        slots.add(st, "Tail length γ", "algorithm.tail_fraction")
+    with st.expander("DP-SGD-S options", expanded=False):
+        a1, a2 = st.columns(2)
+        tau = a1.number_input("τ", min_value=0.01, value=1.0, step=0.1, key="tau", bind="query-params")
+        slots.add(a1, "τ", "algorithm.tau")
+        quantile = a2.number_input("Quantile", min_value=0.01, max_value=0.99, value=0.75, step=0.05,
+                                   key="quantile", bind="query-params")
+        slots.add(a2, "Quantile", "algorithm.quantile")
+        a1, a2 = st.columns(2)
+        c_min = a1.number_input("c_min (× C)", min_value=0.01, value=0.5, step=0.1, key="c_min", bind="query-params")
+        slots.add(a1, "c_min", "algorithm.c_min")
+        c_max = a2.number_input("c_max (× C)", min_value=0.01, value=4.0, step=0.5, key="c_max", bind="query-params")
+        slots.add(a2, "c_max", "algorithm.c_max")
+        clip_rule = st.selectbox("Clip rule", ["quantile", "reference"], key="clip_rule", bind="query-params",
+                                 format_func={"quantile": "bounded relative quantile (private)",
+                                              "reference": "fair-privacy reference (not private)"}.get,
+                                 help="reference: C_k = C · min(c_max, ‖batch mean grad‖ / ‖group mean grad‖)")
+        private_q = st.toggle("Private quantile (formal DP)", value=True, key="private_q", bind="query-params",
+                              help="Off: the exact batch quantile is used — no formal DP guarantee")
+        if not private_q:
+            st.warning("DP-SGD-S with a non-private quantile has **no formal DP guarantee**.")
+        if clip_rule == "reference":
+            st.warning("DP-SGD-S with the reference clip rule has **no formal DP guarantee**.")
+
+# --- tiers ------------------------------------------------------------------------------------------------
+st.subheader("Privacy tiers")
+# (each conditional region lives in its own container: a message appearing or vanishing never shifts
+# the widgets below, which would remount them and break their URL binding)
+errors: list[str] = []
+with st.container():
+    tiers_cfg = None
+    dataset = handles.dataset_or_error(dataset_name, max_train, errors)
+    if dataset is not None:
+        t1, t2 = st.columns([1, 3])
+        presets = preset_names(dataset)
+        preset_name = t1.selectbox("Preset", presets, index=presets.index(D["preset"]) if D["preset"] in presets else 0,
+                                   key="preset", bind="query-params",
+                                   on_change=lambda: st.query_params.pop("tiers", None),
+                                   help="Tier splits from the engine; edit the table to customise")
+        try:
+            with t2:
+                tiers_cfg = url_tier_editor(url, preset(preset_name, dataset), dataset,
+                                            key=f"tier-editor-{dataset_name}-{preset_name}")
+        except ConfigError as e:
+            errors.append(str(e))
+            show_error(e)
+            tiers_cfg = None
+
+# --- base config, validation and plan preview ------------------------------------------------------------------
+with st.container():
+    configs: list[RunConfig] = []
+    if tiers_cfg is not None:
+        try:
+            base_cfg = RunConfig(
+                data=DataConfig(name=dataset_name, max_train=int(max_train) or None),
+                tiers=tiers_cfg,
+                model=ModelConfig(name=model),
+                algorithm=AlgorithmConfig(name="ino", idp_mode=idp_mode, tif=tif, alpha=float(alpha), beta=float(beta),
+                                          power=float(power), step_cut=float(cut), tail_fraction=tail_pct / 100.0,
+                                          tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q),
+                                          c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
+                optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=float(momentum)), epochs=float(train["epochs"]),
+                batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
+                seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
+            base_cfg.validate()
+            configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
+        except ConfigError as e:
+            errors.append(str(e))
+            if not slots.show(e):
+                show_error(e)
+    if not algos:
+        st.info("Choose at least one algorithm.")
+    previews = plans.run_plans(configs, errors, slots)
+
+mgr = handles.manager()
+if configs and len(previews) == len(configs) and not errors:
+    mgr.hint(configs)  # the warm standby worker prepares the first run ahead of the click
+l1, l2 = st.columns([1, 4], vertical_alignment="center")
+launch = l1.button("Launch comparison", type="primary", key="launch", icon=":material/rocket_launch:",
+                   disabled=bool(errors) or not configs or len(previews) < len(configs))
+with l2.container(key="launch-note"):
+    if slots.reasons:
+        st.caption(md("Launch is disabled until this is fixed — " + "; ".join(slots.reasons)))
+    elif errors:
+        st.caption("Launch is disabled: see the message above.")
+    elif configs and len(previews) == len(configs):
+        jobs = [(c, previews[c.algorithm.name].steps, previews[c.algorithm.name].expected_batch_size) for c in configs]
+        est = run_time_estimate(jobs, mgr.store.list_runs(kind="train"), mgr.max_workers)
+        if est is not None:
+            st.caption(md(f"about {format_seconds(est[0])} of training for {len(configs)} run(s), plus a few "
+                          f"seconds to start each ({est[1]})"))
+if launch:
+    group = new_group_id()
+    mgr.submit(configs, group_id=group)
+    st.query_params["group"] = group
+    st.session_state.pop("evals", None)
+    st.session_state.pop("live-figures", None)
+
+# --- live view ----------------------------------------------------------------------------------------------------
+HEADLINE_FIGURES = ("mid_curves", "tier_recall")  # redrawn on every refresh that brings new evaluations
+DETAIL_FIGURES = tuple(n for n in LIVE_FIGURES if n not in HEADLINE_FIGURES)  # at most every DETAIL_INTERVAL
+st.divider()
+store = mgr.store
+runs_all = store.list_runs(kind="train")
+groups = list(dict.fromkeys(r["group_id"] for r in runs_all if r["group_id"]))
+if not groups:
+    url.check()
+    st.info("No runs yet: launch a comparison above. Runs keep going in the background when you close the tab.")
+    preview = charts.example_preview(plot_theme())
+    if preview is not None:
+        st.caption("What the default comparison shows — the lab's shipped example runs (3 seeds, 12 epochs of "
+                   "MNIST): the most private tier's test loss under IDP-SGD and INO-SGD, mean ± s.e.; the shaded "
+                   "span is its minority initial drop.")
+        charts.chart(preview, key="example-mid", export_key="x-example")
+    st.stop()
+active = [r["group_id"] for r in runs_all if r["group_id"] and status.is_active(r)]
+h1, h2 = st.columns([3, 1])
+h1.subheader("Live view")
+current = widgets.run_picker("Comparison", groups, key="group_pick", param="group", default=(active or groups)[0],
+                             format_func=lambda g: comparison_label(g, runs_all), url=url, where=h2,
+                             label_visibility="collapsed")
+o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+x_axis = o1.selectbox("x axis", list(X_AXES), format_func=X_AXES.get, key="xaxis", bind="query-params")
+smoothing = o2.slider("Smoothing (EMA weight; raw drawn faint)", 0.0, 0.95, 0.0, 0.05, key="smooth",
+                      bind="query-params")
+mid_layout = o3.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
+                                  bind="query-params",
+                                  help="overlay: IDP and INO of the most-private tier on one panel")
+url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
+any_active = any(status.is_active(r) for r in runs_all if r["group_id"] == current)
+
+
+@st.fragment(run_every=status.LIVE_INTERVAL if any_active else None)
+def live(group: str) -> None:
+    runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])  # the refresh's one read of the runs
+    queue = queue_positions(store.list_runs(status="queued"))  # every row of a k-seed job: its job's place
+    eta = status.smooth_eta()
+    with st.container(key="live-status"):
+        for run in runs:
+            status.status_row(run, status.progress_text(run, queue, eta), mgr)
+    records = live_records(store, runs)
+    options = dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
+                   smoothing=float(smoothing or 0.0))
+    headline = live_figures(group, HEADLINE_FIGURES, **options)
+    details = [live_figures(group, (name,), **options) for name in DETAIL_FIGURES]
+    specs = headline.update(records)  # every refresh
+    # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
+    # or the last run ends)
+    redraw = {name: (lambda f=f: f.update(records)) for name, f in zip(DETAIL_FIGURES, details)}
+    for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
+            tuple(options.items()), any(status.is_active(r) for r in runs))).items():
+        specs[name] = got[name]
+    charts.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
+    charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
+    c1, c2 = st.columns(2)
+    with c1:
+        charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=group)
+    with c2:
+        charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
+    charts.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
+    with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
+        figures = [headline, *details]
+        st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "
+                   f"(accuracy, ε spent and per-class recall redraw every {DETAIL_INTERVAL:g} s)")
+    if any_active and not any(status.is_active(r) for r in runs):
+        st.rerun()  # all done: one full rerun stops the polling
+
+
+live(current)

@@ -1,0 +1,9 @@
+"""The configuration tree: what a run (and an audit's models) is asked to do, validated before anything runs.
+
+    run.py     RunConfig: one frozen dataclass tree per run (data, tiers, model, optimizer, algorithm), canonical
+               JSON, limits on requested work, the TIF knots rule, ``parse_tiers_param``
+    schema.py  the one typed validation (``check_int``, ``check_number``, …, ``parse_section``), safe config-file
+               reading, ``ConfigError``
+
+Layer 2 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli: may import engine.data (the registered dataset names) and nothing above.
+"""

@@ -1,0 +1,499 @@
+"""One frozen configuration tree per run, with JSON round-trip and validation.
+
+Every run is described by a :class:`RunConfig`. Its canonical JSON (sorted keys, no
+whitespace) is what the run store saves next to the results, so a run can always be
+reproduced from the store alone. Validation happens in two stages:
+
+* :meth:`RunConfig.validate` checks everything that can be checked without data;
+* ``engine.dp.tiers.assign_tiers`` and ``engine.models.nets.build_model`` check what needs the
+  dataset (empty tiers, classes in two tiers, model/shape mismatches, batch > data).
+
+Both raise :class:`ConfigError`, which names the offending field and the allowed range,
+so the CLI can print one line and the UI can show it in ``st.error``. Field *types* are checked
+by the shared helpers of :mod:`engine.config.schema` (re-exported here: ``check_int``,
+``check_number``, ``check_str``, ``parse_section`` ...) when JSON is parsed and again in
+``validate()``; the limits below (``MAX_*``) bound the work one config can ask for.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.config.schema import (ConfigError, _show, check_choice, check_int, check_list, check_number, check_positive,
+                                  check_section, check_str, parse_config_json, parse_section, read_config_text,
+                                  replace_dotted)
+from engine.data import dataset_names
+
+
+ALGORITHMS = ("nonprivate", "dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s")
+ALGORITHM_LABELS = {
+    "nonprivate": "Non-private SGD",
+    "dpsgd": "DP-SGD",
+    "idp_sample": "IDP-SGD (SAMPLE)",
+    "idp_scale": "IDP-SGD (SCALE)",
+    "ino": "INO-SGD",
+    "dpsgd_s": "DP-SGD-S",
+}
+MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
+TIF_SHAPES = ("beta", "linear", "power", "step", "piecewise")
+TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
+GROUP_BY = ("tier", "class", "attribute")
+CLIP_RULES = ("quantile", "reference")  # DP-SGD-S: the lab's bounded relative quantile rule; fair-privacy's rule
+MAX_GROUPS = 100_000
+OPTIMIZERS = ("sgd", "adam")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+# --- documented limits (a config over them is refused with a ConfigError naming the field) --------
+MAX_TOTAL_STEPS = 1_000_000  # optimizer steps of one run; RunConfig.allow_large=True lifts it
+MAX_AUDIT_MODEL_STEPS = 50_000_000  # audits: models trained × steps each (engine.audit); same override
+MAX_THREADS = 64
+MAX_CHUNK_MODELS = 4096  # audits: models trained at once in one chunk (engine.audit)
+MAX_BATCH_SIZE = 10_000_000
+MAX_HIDDEN_WIDTH = 65_536
+MAX_HIDDEN_LAYERS = 16
+MAX_MODEL_PARAMS = 50_000_000  # weights of the model built for the data (engine.models.nets)
+MAX_TIERS = 1_000
+MAX_KNOTS = 1_000
+MAX_CLASS_ID = 1_000_000
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+MAX_SEED = 2**63 - 1
+MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
+MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
+STEPS_RULES = ("round", "floor_per_epoch")
+MAX_CNN_PADDING = 8
+
+
+def total_steps(epochs: float, n_train: int, batch_size: int, rule: str = "round") -> int:
+    """Optimizer steps of a run, at least 1. The one steps formula (training, audits, previews and the
+    work cap all use it). ``rule``: "round" (default) T = round(E · N / B) — 12 epochs of MNIST at B = 512
+    are 1406 steps; "floor_per_epoch" T = E · ⌊N / B⌋ (rounded), the reference code's count (1404)."""
+    if rule == "floor_per_epoch":
+        steps = epochs * (n_train // batch_size)
+    else:
+        steps = epochs * n_train / batch_size
+    if not math.isfinite(steps):
+        raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
+    return max(1, int(round(steps)))
+
+
+def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_large: bool = False,
+               what: str = "steps") -> int:
+    """Refuse planned work over ``limit`` unless ``allow_large``: one ConfigError naming ``field``
+    (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap."""
+    if work > limit and not allow_large:
+        shown = f"{work:,}" if work < 1e12 else f"{work:.3g}"
+        raise ConfigError(field, f"plans {shown} {what}, over the limit of {limit:,}; lower it, "
+                                 f"or set \"allow_large\": true in the run config to run it anyway")
+    return work
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "digits"
+    data_dir: str | None = None  # None: $PRIVACY_LAB_DATA_DIR, else the user cache folder
+    max_train: int | None = None  # stratified subsample of the training set (quick runs)
+
+    def validate(self) -> None:
+        check_section(self, "data.")
+        check_choice(self.name, "data.name", tuple(dataset_names()))
+        if self.data_dir is not None:
+            check_str(self.data_dir, "data.data_dir", max_len=MAX_PATH_CHARS, nonempty=True)
+        if self.max_train is not None:
+            check_int(self.max_train, "data.max_train", 2, 10**9)
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One privacy tier: a set of data owners sharing one ε (δ is the run's)."""
+
+    epsilon: float
+    classes: tuple[int, ...] = ()  # assign="class"
+    values: tuple[str, ...] = ()  # assign="attribute": sensitive-attribute values
+    ratio: float | None = None  # assign="random": fraction of the training samples
+    name: str = ""
+
+    def validate(self, prefix: str = "tiers.tiers[0].") -> None:
+        check_section(self, prefix)
+        check_positive(self.epsilon, prefix + "epsilon")
+        for k, c in enumerate(self.classes):
+            check_int(c, f"{prefix}classes[{k}]", 0, MAX_CLASS_ID)
+        for k, v in enumerate(self.values):
+            check_str(v, f"{prefix}values[{k}]", max_len=MAX_NAME_CHARS)
+        if self.ratio is not None:
+            check_number(self.ratio, prefix + "ratio", 0, 1, low_open=True)
+        check_str(self.name, prefix + "name", max_len=MAX_NAME_CHARS)
+
+
+# The MNIST/digits "paper" split (INO-SGD, ICLR 2026): ε = 1 for {2,5,9}, 2 for {3,7,8}, 3 for {0,1,4,6}.
+PAPER_TIERS = (
+    TierConfig(epsilon=1.0, classes=(2, 5, 9), name="ε=1"),
+    TierConfig(epsilon=2.0, classes=(3, 7, 8), name="ε=2"),
+    TierConfig(epsilon=3.0, classes=(0, 1, 4, 6), name="ε=3"),
+)
+
+
+@dataclass(frozen=True)
+class TiersConfig:
+    assign: str = "class"
+    tiers: tuple[TierConfig, ...] = PAPER_TIERS
+    attribute: str | None = None  # assign="attribute": which sensitive attribute (None: the dataset's default)
+    assignment: tuple[int, ...] | None = None  # assign="explicit": tier index per training sample
+
+    def validate(self) -> None:
+        check_section(self, "tiers.")
+        check_choice(self.assign, "tiers.assign", TIER_ASSIGNMENTS)
+        check_list(self.tiers, "tiers.tiers", max_len=MAX_TIERS, nonempty=True)
+        for k, tier in enumerate(self.tiers):
+            tier.validate(f"tiers.tiers[{k}].")
+        if self.attribute is not None:
+            check_str(self.attribute, "tiers.attribute", max_len=MAX_NAME_CHARS, nonempty=True)
+        if self.assign == "random":
+            for k, t in enumerate(self.tiers):
+                if t.ratio is None:
+                    raise ConfigError(f"tiers.tiers[{k}].ratio", "must be in (0, 1] for a random split, got None")
+            total = math.fsum(t.ratio for t in self.tiers)
+            if abs(total - 1.0) > 1e-6:
+                raise ConfigError("tiers.tiers", f"random ratios must sum to 1, got {total:.6g}")
+        if self.assign in ("class", "attribute"):
+            # each class (or attribute value) belongs to exactly one tier; the members are typed
+            # (ints / strings) above, so the id compared here is the id training uses
+            member, what = ("classes", "class") if self.assign == "class" else ("values", "value")
+            seen: dict = {}
+            for k, tier in enumerate(self.tiers):
+                for item in getattr(tier, member):
+                    key = int(item) if member == "classes" else item
+                    if key in seen:
+                        where = "this tier" if seen[key] == k else f"tier {seen[key]}"
+                        raise ConfigError(f"tiers.tiers[{k}].{member}", f"{what} {_show(item)} is already assigned to {where}")
+                    seen[key] = k
+        if self.assign == "explicit":
+            if not self.assignment:
+                raise ConfigError("tiers.assignment", "explicit assignment needs one tier index per training sample")
+            for i, a in enumerate(self.assignment):
+                check_int(a, f"tiers.assignment[{i}]", 0, len(self.tiers) - 1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "auto"  # auto: CNN for images, logistic regression for tabular data
+    hidden: tuple[int, ...] = (64,)  # MLP hidden widths
+    cnn_padding: int | None = None  # Papernot CNN's first-conv padding on 28×28 inputs; None: 3 (the reference uses 2)
+
+    def validate(self) -> None:
+        check_section(self, "model.")
+        check_choice(self.name, "model.name", MODELS)
+        check_hidden(self.hidden, "model.hidden", required=self.name == "mlp")
+        if self.cnn_padding is not None:
+            check_int(self.cnn_padding, "model.cnn_padding", 0, MAX_CNN_PADDING)
+
+
+def check_hidden(hidden, field: str, *, required: bool = True) -> tuple[int, ...]:
+    """MLP hidden widths: 1..MAX_HIDDEN_LAYERS integers in 1..MAX_HIDDEN_WIDTH, and the hidden-to-hidden
+    weights alone within MAX_MODEL_PARAMS (``engine.models.nets`` checks the full model against the data)."""
+    hidden = check_list(hidden, field, max_len=MAX_HIDDEN_LAYERS, nonempty=required)
+    for k, h in enumerate(hidden):
+        check_int(h, f"{field}[{k}]", 1, MAX_HIDDEN_WIDTH)
+    inner = sum(a * b for a, b in zip(hidden, hidden[1:]))
+    if inner > MAX_MODEL_PARAMS:
+        raise ConfigError(field, f"{inner:,} hidden-layer weights, over the limit of {MAX_MODEL_PARAMS:,}")
+    return hidden
+
+
+NO_DP_REASONS = {
+    "nonprivate": "non-private SGD (no clipping, no noise)",
+    "nonprivate_quantile": "DP-SGD-S with a non-private quantile (the exact batch quantile of gradient norms)",
+    "reference": "DP-SGD-S with the reference clip rule (clips from the batch's gradients, not privatised)",
+}
+
+
+def no_formal_dp_reason(algorithm: str, *, private_quantile: bool = True, clip_rule: str = "quantile") -> str | None:
+    """Why ``algorithm`` (with DP-SGD-S's quantile and clip rule) has no formal DP guarantee; None when it has one.
+    The one rule: a run's plan, its mechanism, the audit and the run records all ask here."""
+    if algorithm == "nonprivate":
+        return NO_DP_REASONS["nonprivate"]
+    if algorithm == "dpsgd_s":
+        if clip_rule == "reference":
+            return NO_DP_REASONS["reference"]
+        if not private_quantile:
+            return NO_DP_REASONS["nonprivate_quantile"]
+    return None
+
+
+def tif_knots_problem(knots) -> str | None:
+    """Why ``knots`` (u, TIF(u)) are no valid piecewise-linear TIF, or None: they must start at u = 0, end at
+    u = 1, have strictly increasing u and non-decreasing values inside [0, 1] — otherwise INO-SGD's
+    sensitivity bound fails. The one rule (``engine.dp.importance.PiecewiseLinearTIF`` refuses the same)."""
+    pts = np.asarray(knots, dtype=float)
+    if pts.ndim != 2 or pts.shape[1] != 2 or len(pts) < 2:
+        return "a piecewise TIF needs at least two (u, value) knots"
+    u, y = pts[:, 0], pts[:, 1]
+    if not np.all(np.isfinite(pts)):
+        return "TIF knots must be finite"
+    if u[0] != 0.0 or u[-1] != 1.0 or np.any(np.diff(u) <= 0):
+        return "TIF knots must have strictly increasing u from 0 to 1"
+    if np.any(y < 0) or np.any(y > 1):
+        return "TIF values must stay inside [0, 1]"
+    if np.any(np.diff(y) < 0):
+        return "TIF must be non-decreasing (a decreasing TIF breaks the sensitivity bound)"
+    return None
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str = "ino"
+    # INO-SGD: which IDP-SGD planner sets the per-tier rates / clip norms it builds on.
+    idp_mode: str = "sample"
+    tif: str = "beta"
+    alpha: float = 1.0
+    beta: float = 1.0
+    power: float = 2.0  # tif="power": TIF(u) = u**power
+    step_cut: float = 0.5  # tif="step": TIF(u) = 1[u >= step_cut]
+    knots: tuple[tuple[float, float], ...] = ()  # tif="piecewise": (u, TIF(u)) points, linear between
+    tail_length: float | None = None  # absolute γ in clip-norm units; wins over tail_fraction
+    tail_fraction: float | None = 0.5  # γ as a fraction of the expected batch clip mass Σ q_n N_n C_n
+    # DP-SGD-S (clip_rule "quantile"): group k's clip C_k = C · clamp(tau · S_k / mean_j S_j, c_min, c_max),
+    # S_k the EMA of a (private) tracked quantile of group k's gradient norms, C the run's clip_norm.
+    # clip_rule "reference" (fair-privacy's DP-SGD-S): C_k = C · min(c_max, ‖batch mean grad‖ / ‖group k's
+    # batch mean grad‖), computed from the batch's gradients without privacy: no formal DP guarantee.
+    clip_rule: str = "quantile"
+    tau: float = 1.0
+    quantile: float = 0.75
+    ema: float = 0.9
+    c_min: float = 0.5
+    c_max: float = 4.0
+    initial_clip: float | None = None  # start of the quantile estimate; None: the run's clip_norm
+    group_by: str = "tier"
+    # public group sizes (one per group, in the order of the group names: tiers, classes, sorted attribute
+    # values) that normalise the private counts; None: sizes released once with Gaussian noise (accounted)
+    group_sizes: tuple[int, ...] | None = None
+    group_size_noise_std: float | None = None  # σ of that release; None: ≈ 1 % of the training RDP
+    private_quantile: bool = True  # False: non-private batch quantile, no formal DP guarantee
+    quantile_lr: float = 0.2  # geometric update step of the private quantile tracker (Andrew et al. 2021)
+    count_noise_std: float | None = None  # σ_b of the noisy clipped-fraction count; None: max(expected batch / 20, 1.64 z, 1)
+
+    @property
+    def no_formal_dp_reason(self) -> str | None:
+        """Why this algorithm has no formal DP guarantee (None: it has one): :func:`no_formal_dp_reason`."""
+        return no_formal_dp_reason(self.name, private_quantile=self.private_quantile, clip_rule=self.clip_rule)
+
+    def validate(self, prefix: str = "algorithm.") -> None:
+        """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names
+        the fields (an audit passes ``algorithms[k].``)."""
+        p = prefix
+        check_section(self, p)
+        check_choice(self.name, p + "name", ALGORITHMS)
+        check_list(self.knots, p + "knots", max_len=MAX_KNOTS)
+        if self.name == "ino":
+            check_choice(self.idp_mode, p + "idp_mode", ("sample", "scale"))
+            check_choice(self.tif, p + "tif", TIF_SHAPES)
+            if self.tail_length is None and self.tail_fraction is None:
+                raise ConfigError(p + "tail_length", "INO-SGD needs tail_length or tail_fraction")
+            if self.tail_length is not None:
+                check_positive(self.tail_length, p + "tail_length")
+            elif self.tail_fraction is not None:
+                check_positive(self.tail_fraction, p + "tail_fraction")
+            if self.tif == "beta":
+                check_positive(self.alpha, p + "alpha")
+                check_positive(self.beta, p + "beta")
+            if self.tif == "power":
+                check_positive(self.power, p + "power")
+            if self.tif == "step":
+                check_number(self.step_cut, p + "step_cut", 0, 1)
+            if self.tif == "piecewise":
+                try:
+                    problem = tif_knots_problem(self.knots)
+                except (ValueError, TypeError) as e:  # not numbers at all
+                    problem = str(e)
+                if problem is not None:
+                    raise ConfigError(p + "knots", problem)
+        if self.name == "dpsgd_s":
+            check_choice(self.clip_rule, p + "clip_rule", CLIP_RULES)
+            check_positive(self.tau, p + "tau")
+            check_number(self.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
+            check_number(self.ema, p + "ema", 0, 1, high_open=True)
+            check_positive(self.c_min, p + "c_min")
+            check_positive(self.c_max, p + "c_max")
+            if self.c_min > self.c_max:
+                raise ConfigError(p + "c_min", f"must be at most c_max = {_show(self.c_max)}, got {_show(self.c_min)}")
+            check_positive(self.quantile_lr, p + "quantile_lr")
+            if self.group_sizes is not None:
+                check_list(self.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
+                for k, n in enumerate(self.group_sizes):
+                    check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
+            if self.group_size_noise_std is not None:
+                check_positive(self.group_size_noise_std, p + "group_size_noise_std")
+            if self.initial_clip is not None:
+                check_positive(self.initial_clip, p + "initial_clip")
+            if self.count_noise_std is not None:
+                check_positive(self.count_noise_std, p + "count_noise_std")
+            check_choice(self.group_by, p + "group_by", GROUP_BY)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.0
+
+    def validate(self) -> None:
+        check_section(self, "optimizer.")
+        check_choice(self.name, "optimizer.name", OPTIMIZERS)
+        check_positive(self.lr, "optimizer.lr")
+        check_number(self.momentum, "optimizer.momentum", 0, 1, high_open=True)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run. Work is bounded: a run may plan at most :data:`MAX_TOTAL_STEPS` optimizer steps
+    (:func:`total_steps`; ``epochs`` alone over it is refused before any data is loaded, the exact count
+    once the training-set size is known, see :meth:`planned_steps`). ``allow_large: true`` is the
+    explicit flag that lifts the cap (it is saved with the config, so the store shows it was asked for)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tiers: TiersConfig = field(default_factory=TiersConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    epochs: float = 10.0  # digits: ~110 steps, a few seconds on a laptop CPU
+    batch_size: int = 128
+    delta: float = 1e-5
+    clip_norm: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int = 0  # steps between evaluations; 0: about 25 evaluations per run
+    threads: int | None = None  # torch.set_num_threads; workers default to 1
+    name: str = ""
+    allow_large: bool = False  # True: lift the MAX_TOTAL_STEPS cap on planned work
+    secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
+    steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
+    train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
+    # "repeat over k seeds": one job trains `seeds` models together (the model axis, M = seeds); model j starts
+    # from seed `base + j`. The store keeps one row per model: row j's config has seed = base + j,
+    # seed_index = j (base = seed - seed_index; see seed_configs / job_config).
+    seeds: int = 1
+    seed_index: int = 0
+
+    def validate(self) -> "RunConfig":
+        check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
+        self.data.validate()
+        self.tiers.validate()
+        self.model.validate()
+        self.algorithm.validate()
+        self.optimizer.validate()
+        check_positive(self.epochs, "epochs")
+        check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
+        # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
+        check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large)
+        check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
+        check_positive(self.clip_norm, "clip_norm")
+        check_int(self.seed, "seed", 0, MAX_SEED)
+        check_int(self.seeds, "seeds", 1, MAX_SEEDS)
+        check_int(self.seed_index, "seed_index", 0, self.seeds - 1)
+        if self.seed_index > self.seed:
+            raise ConfigError("seed_index", f"must be at most seed = {self.seed} (the job's base seed is "
+                                            f"seed - seed_index), got {self.seed_index}")
+        if self.seed - self.seed_index + self.seeds - 1 > MAX_SEED:
+            raise ConfigError("seed", f"base seed + seeds - 1 must be at most {MAX_SEED}, got "
+                                      f"{self.seed - self.seed_index} + {self.seeds - 1}")
+        check_choice(self.device, "device", DEVICES)
+        check_int(self.eval_every, "eval_every", 0, MAX_SEED)
+        if self.threads is not None:
+            check_int(self.threads, "threads", 1, MAX_THREADS)
+        check_str(self.name, "name", max_len=MAX_NAME_CHARS)
+        check_choice(self.steps_rule, "steps_rule", STEPS_RULES)
+        if self.train_epochs is not None:
+            check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
+        return self
+
+    def planned_steps(self, n_train: int) -> int:
+        """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming
+        ``epochs``) over :data:`MAX_TOTAL_STEPS` unless ``allow_large``."""
+        return check_work(total_steps(self.epochs, n_train, self.batch_size, self.steps_rule), "epochs",
+                          allow_large=self.allow_large)
+
+    def trained_steps(self, n_train: int) -> int:
+        """Steps actually trained: :meth:`planned_steps`, or with ``train_epochs`` the first
+        :func:`total_steps` (train_epochs, …) of them — the privacy plan is still made for ``epochs``."""
+        planned = self.planned_steps(n_train)
+        if self.train_epochs is None:
+            return planned
+        return min(planned, total_steps(self.train_epochs, n_train, self.batch_size, self.steps_rule))
+
+    # --- JSON -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """JSON-able dict of every field; ``seeds`` and ``seed_index`` are left out at their defaults (1, 0),
+        so a single-seed config's canonical JSON (and any hash of it) is what it was before they existed."""
+        d = _to_jsonable(dataclasses.asdict(self))
+        for key, default in _OMIT_AT_DEFAULT.items():
+            if d.get(key) == default and type(d.get(key)) is type(default):
+                del d[key]
+        return d
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no whitespace; equal configs give equal strings."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return parse_section(cls, d, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(parse_config_json(text))
+
+    def replace(self, **changes) -> "RunConfig":
+        """Copy with top-level fields or dotted sub-fields changed: replace(**{"algorithm.name": "dpsgd"})."""
+        out = self
+        for key, value in changes.items():
+            out = replace_dotted(out, key, value)
+        return out
+
+    # --- seeds on the model axis ---------------------------------------------------------
+    @property
+    def base_seed(self) -> int:
+        """The seed of model 0 of this config's job (``seed - seed_index``)."""
+        return self.seed - self.seed_index
+
+    def job_config(self) -> "RunConfig":
+        """The config of the whole job this (per-seed) config belongs to: base seed, seed_index 0."""
+        return self if self.seed_index == 0 else dataclasses.replace(self, seed=self.base_seed, seed_index=0)
+
+    def seed_configs(self) -> list["RunConfig"]:
+        """One config per model of the job (the rows the store keeps): seed = base + j, seed_index = j."""
+        base = self.base_seed
+        return [dataclasses.replace(self, seed=base + j, seed_index=j) for j in range(self.seeds)]
+
+    @property
+    def label(self) -> str:
+        return self.name or ALGORITHM_LABELS.get(self.algorithm.name, self.algorithm.name)
+
+
+_OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0}
+
+
+def _to_jsonable(x):
+    if isinstance(x, dict):
+        return {k: _to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_jsonable(v) for v in x]
+    return x
+
+
+def parse_tiers_param(text: str) -> TiersConfig:
+    """The dashboard's ``?tiers=`` URL value (the JSON of a TiersConfig), parsed and validated by the
+    same code as a config file; one ConfigError (field ``tiers…``) for anything else."""
+    d = parse_config_json(text, what="tiers")
+    tiers = parse_section(TiersConfig, d, "tiers.")
+    tiers.validate()
+    return tiers
+
+
+def load_config(path: str) -> RunConfig:
+    """Read and validate a run configuration file."""
+    return RunConfig.from_json(read_config_text(path)).validate()

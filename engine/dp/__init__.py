@@ -1,0 +1,14 @@
+"""Differential privacy: everything between a config and one private step.
+
+    accounting.py   Opacus RDP accounting, ``plan()`` (DP-SGD / IDP-SGD SCALE / SAMPLE), the live accountant
+    fast_rdp.py     Opacus' RDP formulas vectorised, a monotone root finder (the planner's search only)
+    importance.py   INO-SGD's importance weights (``ino_weights``), ``bif``, the tail length γ
+    mechanisms.py   the one mechanism family (C_i, ρ_i, noise, ``observe``), ``build_mechanism``
+    grad_sample.py  per-sample gradients of M models (layer hooks, the closed-form linear stack, vmap)
+    step.py         the one DP step (``dp_step``) and the Poisson sampler
+    stacked.py      M models with stacked parameters (an audit chunk, a k-seed job)
+    tiers.py        privacy tiers: by class, by attribute, random, explicit; presets
+    prepare.py      everything fixed before step 1: data, tiers, steps, the privacy plan, its derived numbers
+
+Layer 5 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli: may import engine.models, engine.store, engine.config and engine.data.
+"""

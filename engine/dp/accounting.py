@@ -1,0 +1,609 @@
+"""Privacy accounting and the individualized-DP planner.
+
+Ground truth is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanism
+(``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over
+Opacus' default RDP orders (``RDPAccountant.DEFAULT_ALPHAS``).  No other bound is used.
+
+Speed comes from :mod:`engine.dp.fast_rdp`, a vectorized re-implementation of the very same
+formulas with a safety-inflated ε that is never below Opacus' value; it is used only to
+*search* for noise multipliers and sampling rates.  Every ε that is reported (``epsilon()``,
+``Plan.epsilons``, ``TierAccountant.epsilons()``) is computed with Opacus' own functions, and
+each plan is re-verified against its targets with them.
+
+Modes of :func:`plan` (tiers are given and returned in the caller's order):
+
+* ``"dpsgd"``  — everybody gets q = B/N and clip C; σ is the smallest noise
+  multiplier meeting the strictest ε.  Looser tiers are over-protected.
+* ``"scale"``  — IDP-SGD SCALE (Boenisch et al. 2023): q = B/N for all,
+  σ* = σ(ε_min, q, T), per-tier clip C_n = C·σ*/σ(ε_n, q, T) (≥ C); noise std
+  σ*·C, i.e. tier n sees the effective multiplier σ*·C/C_n = σ(ε_n, q, T).
+* ``"sample"`` — IDP-SGD SAMPLE: shared clip C and σ*; per-tier rates q_n, the
+  largest with ε(q_n, σ*, T) ≤ ε_n, with q_min chosen so Σ q_n N_n = B.
+  If some q_n would exceed 1 it is capped at 1; that tier is then *not* tight
+  (ε < target) and the fact is reported in ``Plan.notes``.
+
+A plan with a single tier, or with all targets equal, is the dpsgd plan in every mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from dataclasses import replace as dataclasses_replace
+
+import numpy as np
+from opacus.accountants.analysis import rdp as _opacus_rdp
+from opacus.accountants.rdp import RDPAccountant
+
+from engine.dp import fast_rdp
+
+__all__ = [
+    "Plan",
+    "PlanError",
+    "MODES",
+    "ORDERS",
+    "plan",
+    "epsilon",
+    "noise_multiplier_for",
+    "TierAccountant",
+    "adaptive_clipping_noise_multiplier",
+    "plan_with_release",
+    "release_noise_multiplier_default",
+    "epsilon_floor",
+    "clear_caches",
+]
+
+MODES = ("dpsgd", "scale", "sample")
+
+#: Opacus' default RDP orders; all accounting here uses exactly these.
+ORDERS: tuple[float, ...] = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
+
+#: searches stop once ε is within this relative distance below the target.
+_TIGHT_RTOL = 1e-6
+#: SAMPLE: expected batch matched to this relative tolerance (spec: 0.1%).
+_BATCH_RTOL = 1e-5
+_SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
+_Q_MIN = 1e-12
+
+
+class PlanError(ValueError):
+    """Infeasible or invalid planning/accounting arguments."""
+
+
+# --------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    noise_multiplier: float  # σ* (noise std / base clip norm)
+    sample_rates: tuple[float, ...]  # per tier
+    clip_norms: tuple[float, ...]  # per tier
+    noise_std: float  # absolute std of the Gaussian noise added to the weighted clipped gradient SUM
+    epsilons: tuple[float, ...]  # achieved ε per tier after `steps` (Opacus)
+    target_epsilons: tuple[float, ...]
+    delta: float
+    steps: int
+    tier_sizes: tuple[int, ...]
+    expected_batch_size: float  # Σ q_n N_n
+    notes: tuple[str, ...] = field(default=())  # e.g. sample rates capped at 1
+    # one-off (not subsampled) Gaussian releases of L2 sensitivity 1 composed with the T steps, as noise
+    # multipliers (DP-SGD-S's noisy group sizes); ``epsilons`` include them
+    release_noise_multipliers: tuple[float, ...] = field(default=())
+
+    @property
+    def noise_multipliers(self) -> tuple[float, ...]:
+        """Effective per-tier noise multiplier σ*·C/C_n (σ* unless SCALE); feed to TierAccountant."""
+        return _effective_multipliers(self.noise_multiplier, self.noise_std, self.clip_norms)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+
+def _effective_multipliers(sigma: float, noise_std: float, clips) -> tuple[float, ...]:
+    base = min(clips)  # the strictest tier keeps the base clip C, so σ*·C/C = σ* exactly
+    return tuple(float(sigma) if c == base else float(noise_std / c) for c in clips)
+
+
+# --------------------------------------------------------------------------------------
+# Exact (Opacus) accounting
+# --------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _opacus_rdp_one_step(q: float, sigma: float) -> np.ndarray:
+    """Per-order RDP of ONE step, computed by Opacus itself (read-only array)."""
+    r = np.asarray(
+        _opacus_rdp.compute_rdp(
+            q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
+        ),
+        dtype=float,
+    )
+    r.setflags(write=False)
+    return r
+
+
+def _opacus_eps_from_rdp(rdp: np.ndarray, delta: float) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "optimal order is the largest alpha" etc.
+        eps, _ = _opacus_rdp.get_privacy_spent(
+            orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta
+        )
+    return float(eps)
+
+
+def _opacus_eps(q: float, sigma: float, steps: int, delta: float) -> float:
+    # Opacus' compute_rdp(steps=T) is `rdp_one_step * T`; identical floating point.
+    return _opacus_eps_from_rdp(_opacus_rdp_one_step(float(q), float(sigma)) * steps, delta)
+
+
+def epsilon(*, sample_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    """ε after `steps` steps of the subsampled Gaussian mechanism (Opacus RDP, default orders)."""
+    _check_rate(sample_rate, "sample_rate")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise PlanError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}")
+    _check_steps(steps, allow_zero=True)
+    _check_delta(delta)
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    return _opacus_eps(float(sample_rate), float(noise_multiplier), int(steps), float(delta))
+
+
+def epsilon_floor(delta: float) -> float:
+    """Smallest ε the RDP→(ε,δ) conversion over Opacus' orders can certify (σ → ∞)."""
+    _check_delta(delta)
+    return _opacus_eps_from_rdp(np.zeros(len(fast_rdp.ALPHAS)), float(delta))
+
+
+# --------------------------------------------------------------------------------------
+# σ(ε, q, T, δ) and q(ε, σ, T, δ) searches
+# --------------------------------------------------------------------------------------
+
+
+def _sigma_guess(eps: float, q: float, steps: int, delta: float) -> float:
+    # Gaussian approximation of the subsampled mechanism: ε ≈ q·sqrt(2 T log(1/δ)) / σ
+    g = q * math.sqrt(2.0 * steps * math.log(1.0 / delta)) / eps
+    return min(max(g, 0.3), 1e4)
+
+
+def _sigmas_fast(eps: np.ndarray, q: np.ndarray, steps: int, delta: float) -> np.ndarray:
+    """Smallest σ (per row) with fast ε(q, σ) ≤ eps, tight to _TIGHT_RTOL."""
+    eps = np.asarray(eps, float)
+    q = np.asarray(q, float)
+    x0 = np.array([-math.log(_sigma_guess(e, qq, steps, delta)) for e, qq in zip(eps, q)])
+    log_t = np.log(eps)
+
+    def G(x, idx):
+        return np.log(fast_rdp.epsilon(q[idx], np.exp(-x), steps, delta)) - log_t[idx]
+
+    x, _, st = fast_rdp.solve_increasing(
+        G, x0, 1.0, -math.log(_SIGMA_MAX), -math.log(_SIGMA_MIN), mode="le", tol=_TIGHT_RTOL
+    )
+    if (st == -1).any():
+        r = int(np.nonzero(st == -1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} is not reachable with sample_rate={q[r]:g}, steps={steps}, "
+            f"delta={delta:g} even with noise_multiplier={_SIGMA_MAX:g}; "
+            f"raise epsilon (the RDP bound cannot go below {epsilon_floor(delta):.4g} at this delta)"
+        )
+    if (st == 1).any():
+        r = int(np.nonzero(st == 1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} is met even with noise_multiplier={_SIGMA_MIN:g} "
+            f"(sample_rate={q[r]:g}, steps={steps}); the target is too loose to plan noise for"
+        )
+    return np.exp(-x)
+
+
+@functools.lru_cache(maxsize=8192)
+def _sigma_cached(eps: float, q: float, steps: int, delta: float) -> float:
+    return float(_sigmas_fast(np.array([eps]), np.array([q]), steps, delta)[0])
+
+
+def _rates_fast(eps: np.ndarray, sigma: float, steps: int, delta: float, q0=None):
+    """Largest q (per row) with fast ε(q, σ) ≤ eps, capped at 1. Returns (q, capped)."""
+    eps = np.asarray(eps, float)
+    if q0 is None:
+        q0 = np.array([min(e * sigma / math.sqrt(2.0 * steps * math.log(1.0 / delta)), 0.5) for e in eps])
+    log_t = np.log(eps)
+
+    def G(x, idx):
+        return np.log(fast_rdp.epsilon(np.exp(x), sigma, steps, delta)) - log_t[idx]
+
+    x, _, st = fast_rdp.solve_increasing(
+        G, np.log(q0), 1.0, math.log(_Q_MIN), 0.0, mode="le", tol=_TIGHT_RTOL
+    )
+    if (st == -1).any():
+        r = int(np.nonzero(st == -1)[0][0])
+        raise PlanError(
+            f"epsilon={eps[r]:g} cannot be met at noise_multiplier={sigma:g}, steps={steps}, "
+            f"delta={delta:g} for any sample rate ≥ {_Q_MIN:g}; raise epsilon"
+        )
+    q = np.exp(x)
+    capped = st == 1
+    q[capped] = 1.0
+    return q, capped
+
+
+def noise_multiplier_for(*, epsilon: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Smallest σ with Opacus ε(sample_rate, σ, steps, δ) ≤ epsilon (ε ≥ (1-1e-6)·target)."""
+    _check_eps(epsilon, "epsilon")
+    _check_rate(sample_rate, "sample_rate")
+    _check_steps(steps)
+    _check_delta(delta)
+    s = _sigma_cached(float(epsilon), float(sample_rate), int(steps), float(delta))
+    return _verify_sigma(s, float(epsilon), float(sample_rate), int(steps), float(delta))
+
+
+def _verify_sigma(s: float, eps: float, q: float, steps: int, delta: float) -> float:
+    # Opacus check (the fast ε is conservative, so this loop virtually never iterates)
+    for _ in range(100):
+        if _opacus_eps(q, s, steps, delta) <= eps:
+            return s
+        s = s * (1.0 + 1e-9)
+    raise RuntimeError("internal error: could not verify noise multiplier with Opacus")
+
+
+# --------------------------------------------------------------------------------------
+# Planner
+# --------------------------------------------------------------------------------------
+
+
+def _check_eps(e, name):
+    try:
+        ok = math.isfinite(e) and e > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"{name} must be finite and > 0 (allowed: 0 < ε < inf), got {e!r}")
+
+
+def _check_delta(d):
+    try:
+        ok = 0 < d < 1
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"delta must satisfy 0 < delta < 1, got {d!r}")
+
+
+def _check_rate(q, name):
+    try:
+        ok = 0 < q <= 1
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"{name} must satisfy 0 < {name} <= 1, got {q!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_steps(s, allow_zero: bool = False):
+    lo = 0 if allow_zero else 1
+    if not _is_int(s) or s < lo:
+        raise PlanError(f"steps must be an integer >= {lo}, got {s!r}")
+
+
+def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps):
+    if mode not in MODES:
+        raise PlanError(f"mode must be one of {MODES}, got {mode!r}")
+    try:
+        eps = tuple(float(e) for e in epsilons)
+        sizes_in = tuple(tier_sizes)
+    except TypeError as exc:
+        raise PlanError("epsilons and tier_sizes must be sequences (one entry per tier)") from exc
+    if len(eps) == 0:
+        raise PlanError("epsilons must contain at least one tier")
+    if len(sizes_in) != len(eps):
+        raise PlanError(
+            f"tier_sizes must have one entry per tier: got {len(sizes_in)} sizes for {len(eps)} epsilons"
+        )
+    for k, e in enumerate(eps):
+        _check_eps(e, f"epsilons[{k}]")
+    for k, n in enumerate(sizes_in):
+        if not (_is_int(n) or (isinstance(n, float) and n.is_integer())) or n < 1:
+            raise PlanError(f"tier_sizes[{k}] must be an integer >= 1, got {n!r}")
+    sizes = tuple(int(n) for n in sizes_in)
+    _check_delta(delta)
+    N = sum(sizes)
+    try:
+        ok = math.isfinite(batch_size) and 1 <= batch_size <= N
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"batch_size must satisfy 1 <= batch_size <= N = {N} (total tier size), got {batch_size!r}")
+    try:
+        ok = math.isfinite(clip_norm) and clip_norm > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
+    _check_steps(steps)
+    floor = epsilon_floor(float(delta))
+    for k, e in enumerate(eps):
+        if e <= floor * (1 + 1e-6):
+            raise PlanError(
+                f"epsilons[{k}]={e:g} is infeasible at delta={delta:g}: the Opacus RDP bound cannot "
+                f"certify ε <= {floor:.4g}; allowed: epsilon > {floor:.4g} (or raise delta)"
+            )
+    return eps, sizes, float(delta), float(batch_size), float(clip_norm), int(steps)
+
+
+def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps) -> Plan:
+    """Plan noise, per-tier sample rates and clip norms for individualized DP-SGD.
+
+    Arguments are per tier, results are in the same tier order.  Raises PlanError.
+    """
+    eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps)
+    N = sum(sizes)
+    e_min = min(eps)
+    q_base = B / N
+    notes: list[str] = []
+    if mode == "dpsgd" or len(set(eps)) == 1:
+        sigma = _verify_sigma(_sigma_cached(e_min, q_base, T, delta), e_min, q_base, T, delta)
+        rates = (q_base,) * len(eps)
+        clips = (C,) * len(eps)
+    elif mode == "scale":
+        distinct = sorted(set(eps))
+        sig = _sigmas_fast(np.array(distinct), np.full(len(distinct), q_base), T, delta)
+        sig_of = {}
+        prev = math.inf
+        for e, s in zip(distinct, sig):  # ascending ε: σ non-increasing, so C_n non-decreasing
+            prev = min(prev, _verify_sigma(float(s), e, q_base, T, delta))
+            sig_of[e] = prev
+        sigma = sig_of[e_min]
+        rates = (q_base,) * len(eps)
+        clips = tuple(C if sig_of[e] == sigma else C * sigma / sig_of[e] for e in eps)
+    else:  # sample
+        sigma, rate_of, capped = _plan_sample(eps, sizes, B, T, delta)
+        rates = tuple(rate_of[e] for e in eps)
+        clips = (C,) * len(eps)
+        for k, e in enumerate(eps):
+            if capped.get(e, False):
+                notes.append(
+                    f"tier {k}: sample rate capped at 1 (epsilon={e:g} would allow more); "
+                    f"achieved ε is below its target"
+                )
+    noise_std = sigma * C
+    achieved = []
+    mults = _effective_multipliers(sigma, noise_std, clips)
+    for k, (q, z, e) in enumerate(zip(rates, mults, eps)):
+        a = _opacus_eps(q, z, T, delta)
+        if a > e:  # cannot happen: the search uses a conservative ε; keep the guarantee explicit
+            raise RuntimeError(f"internal error: tier {k} ε={a} exceeds target {e}")
+        achieved.append(a)
+    return Plan(
+        mode=mode,
+        noise_multiplier=float(sigma),
+        sample_rates=tuple(float(q) for q in rates),
+        clip_norms=tuple(float(c) for c in clips),
+        noise_std=float(noise_std),
+        epsilons=tuple(achieved),
+        target_epsilons=eps,
+        delta=delta,
+        steps=T,
+        tier_sizes=sizes,
+        expected_batch_size=float(sum(q * n for q, n in zip(rates, sizes))),
+        notes=tuple(notes),
+    )
+
+
+def _plan_sample(eps, sizes, B, T, delta):
+    N = sum(sizes)
+    e_min = min(eps)
+    others = sorted(set(eps) - {e_min})
+    n_min = sum(n for n, e in zip(sizes, eps) if e == e_min)
+    n_oth = np.array([sum(n for n, e in zip(sizes, eps) if e == v) for v in others], float)
+    e_oth = np.array(others)
+    memo: dict[float, tuple] = {}
+    last_q = [None]
+
+    def evaluate(q_min: float):
+        if q_min in memo:
+            return memo[q_min]
+        sigma = _sigma_cached(e_min, q_min, T, delta)
+        q0 = None
+        if last_q[0] is not None:  # rates scale roughly with q_min: warm start
+            prev_qmin, prev_q = last_q[0]
+            q0 = np.clip(prev_q * (q_min / prev_qmin), _Q_MIN, 1.0)
+        q, capped = _rates_fast(e_oth, sigma, T, delta, q0=q0)
+        last_q[0] = (q_min, q)
+        batch = q_min * n_min + float((q * n_oth).sum())
+        memo[q_min] = (sigma, q, capped, batch)
+        return memo[q_min]
+
+    logB = math.log(B)
+
+    def G(x, idx):
+        return np.array([math.log(evaluate(math.exp(float(v)))[3]) - logB for v in x])
+
+    # the largest admissible q_min is B/N (all other rates are ≥ q_min)
+    x_hi = math.log(B / N)
+    x, _, st = fast_rdp.solve_increasing(
+        G, np.array([x_hi]), 1.0, math.log(_Q_MIN), x_hi, mode="abs", tol=_BATCH_RTOL
+    )
+    if st[0] == -1:
+        raise PlanError(
+            f"SAMPLE mode cannot reach batch_size={B:g}: even with a vanishing rate "
+            f"({_Q_MIN:g}) for the strictest tier the looser tiers alone give an expected batch of "
+            f"{evaluate(_Q_MIN)[3]:.4g}; raise batch_size, lower the looser epsilons or raise steps"
+        )
+    q_min = math.exp(float(x[0]))
+    sigma, q, capped, _ = evaluate(q_min)
+    # Opacus verification of the shared σ and of each rate
+    sigma = _verify_sigma(sigma, e_min, q_min, T, delta)
+    rate_of = {e_min: q_min}
+    cap_of = {e_min: False}
+    prev = q_min
+    for e, qq, cp in zip(others, q, capped):  # ascending ε: rates non-decreasing, ≥ q_min
+        qq = max(float(qq), prev)
+        for _ in range(100):
+            if _opacus_eps(qq, sigma, T, delta) <= e:
+                break
+            qq *= 1.0 - 1e-9
+        rate_of[e] = prev = qq
+        cap_of[e] = bool(cp)
+    return sigma, rate_of, cap_of
+
+
+# --------------------------------------------------------------------------------------
+# Live accountant
+# --------------------------------------------------------------------------------------
+
+
+class TierAccountant:
+    """Per-tier RDP accountant (Opacus formulas). ε per tier after `steps` steps.
+
+    noise_multipliers (optional, per tier) overrides the shared noise_multiplier, e.g. the
+    SCALE effective multipliers σ*·C/C_n (``Plan.noise_multipliers``).
+    ``releases``: noise multipliers of one-off Gaussian releases (sensitivity 1, no subsampling) made
+    before step 1 (``Plan.release_noise_multipliers``); their RDP is composed with the steps.
+    Before any step, epsilons() returns 0.0 for every tier (the releases' ε if there are any).
+    """
+
+    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None, releases=()):
+        rates = tuple(float(q) for q in sample_rates)
+        if not rates:
+            raise PlanError("sample_rates must contain at least one tier")
+        for k, q in enumerate(rates):
+            _check_rate(q, f"sample_rates[{k}]")
+        _check_delta(delta)
+        if noise_multipliers is None:
+            if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+                raise PlanError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+            sig = (float(noise_multiplier),) * len(rates)
+        else:
+            sig = tuple(float(s) for s in noise_multipliers)
+            if len(sig) != len(rates):
+                raise PlanError(
+                    f"noise_multipliers must have one entry per tier ({len(rates)}), got {len(sig)}"
+                )
+            for k, s in enumerate(sig):
+                if not (math.isfinite(s) and s > 0):
+                    raise PlanError(f"noise_multipliers[{k}] must be finite and > 0, got {s!r}")
+        self.sample_rates = rates
+        self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else None
+        self.noise_multipliers = sig
+        self.delta = float(delta)
+        self.steps = 0
+        self._rdp1 = [_opacus_rdp_one_step(q, s) for q, s in zip(rates, sig)]
+        self._release = _release_rdp(tuple(float(r) for r in releases))
+
+    def step(self, n: int = 1) -> None:
+        if not _is_int(n) or n < 0:
+            raise PlanError(f"n must be an integer >= 0, got {n!r}")
+        self.steps += int(n)
+
+    def epsilons(self) -> list[float]:
+        if self.steps == 0 and self._release is None:
+            return [0.0] * len(self._rdp1)
+        extra = 0.0 if self._release is None else self._release
+        return [_opacus_eps_from_rdp(r * self.steps + extra, self.delta) for r in self._rdp1]
+
+
+def _release_rdp(releases: tuple) -> np.ndarray | None:
+    """Summed per-order RDP of one-off Gaussian releases (q = 1, Opacus' formula), None if there are none."""
+    for k, r in enumerate(releases):
+        if not (math.isfinite(r) and r > 0):
+            raise PlanError(f"releases[{k}] must be finite and > 0, got {r!r}")
+    if not releases:
+        return None
+    return sum(_opacus_rdp_one_step(1.0, r) for r in releases)
+
+
+def release_noise_multiplier_default(*, noise_multiplier: float, sample_rate: float, steps: int,
+                                     share: float = 0.01) -> float:
+    """A one-off release's noise multiplier whose RDP is about ``share`` of the T training steps' RDP
+    (small-q estimate: T steps cost ≈ 2 T q² α / z², one release α / (2 σ²)), at least 1."""
+    return max(1.0, float(noise_multiplier) / (2.0 * float(sample_rate) * math.sqrt(share * int(steps))))
+
+
+def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
+    """``p`` (a plan with one sample rate and one noise multiplier: a DP-SGD plan) with a one-off
+    Gaussian release of noise multiplier ``release_noise_multiplier`` composed in: the noise
+    multiplier is raised to the smallest z' with Opacus ε(T steps at z' ∘ the release) ≤ the strictest
+    target (tight to 1e-6 below it), and ``epsilons`` are the composed ε (Opacus)."""
+    rates, mults = set(p.sample_rates), set(p.noise_multipliers)
+    if len(rates) != 1 or len(mults) != 1:
+        raise PlanError("a one-off release can only be composed with a plan of one sample rate and noise multiplier")
+    q, T, delta, target = float(p.sample_rates[0]), p.steps, p.delta, min(p.target_epsilons)
+    extra = _release_rdp((float(release_noise_multiplier),))
+
+    def eps_at(z: float) -> float:
+        return _opacus_eps_from_rdp(_opacus_rdp_one_step(q, z) * T + extra, delta)
+
+    if _opacus_eps_from_rdp(extra, delta) >= target:
+        raise PlanError(f"the one-off release (noise multiplier {release_noise_multiplier:g}) alone spends "
+                        f"ε ≥ {target:g}; raise its noise")
+    lo, hi = float(p.noise_multiplier), float(p.noise_multiplier)
+    while eps_at(hi) > target:  # grow until feasible (ε → the release's ε as z → ∞)
+        lo, hi = hi, hi * 1.25
+        if hi > _SIGMA_MAX:
+            raise PlanError(f"epsilon={target:g} cannot be met together with the one-off release; raise epsilon")
+    for _ in range(200):  # bisection on z: the smallest z' with ε ≤ target, ε ≥ (1 − 1e-6)·target
+        if hi == lo or eps_at(hi) >= target * (1 - _TIGHT_RTOL):
+            break
+        mid = 0.5 * (lo + hi)
+        if eps_at(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    z = hi
+    eps = eps_at(z)
+    if eps > target:  # cannot happen: hi is always feasible
+        raise RuntimeError(f"internal error: composed ε={eps} exceeds target {target}")
+    C = min(p.clip_norms)
+    return dataclasses_replace(p, noise_multiplier=float(z), noise_std=float(z * C),
+                               epsilons=(float(eps),) * len(p.epsilons),
+                               release_noise_multipliers=p.release_noise_multipliers + (float(release_noise_multiplier),))
+
+
+# --------------------------------------------------------------------------------------
+# Adaptive clipping
+# --------------------------------------------------------------------------------------
+
+
+def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_std: float) -> float:
+    """Gradient noise multiplier z_Δ = (z^-2 − (2σ_b)^-2)^(-1/2) (Andrew et al. 2021, Thm 1).
+
+    With z_Δ on the clipped-gradient sum and std σ_b on the clipped-count query, the pair has
+    the privacy of a single Gaussian mechanism with noise multiplier z.
+    """
+    z, sb = noise_multiplier, count_noise_std
+    try:
+        ok = math.isfinite(z) and z > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"noise_multiplier must be finite and > 0, got {z!r}")
+    try:
+        ok = sb > 0 and not math.isnan(sb)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise PlanError(f"count_noise_std must be > 0, got {sb!r}")
+    if 2.0 * sb <= z:
+        raise PlanError(
+            f"adaptive clipping infeasible: need 2*count_noise_std > noise_multiplier "
+            f"(got 2*{sb:g} <= {z:g}); raise count_noise_std above {z / 2:g}"
+        )
+    return float((z**-2 - (2.0 * sb) ** -2) ** -0.5)
+
+
+def clear_caches() -> None:
+    """Drop all memoized accounting results (used by the benchmark for cold timings)."""
+    _opacus_rdp_one_step.cache_clear()
+    _sigma_cached.cache_clear()
+    fast_rdp.clear_caches()

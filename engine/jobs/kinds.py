@@ -1,0 +1,130 @@
+"""The job kinds: one registry above every kind of job, and the one way a job runs (inside one lifecycle).
+
+    JOB_KINDS / job_kind(name)   kind → JobKind: "train" (a training run, k seeds on the model axis) and "audit"
+    execute(store, id, config)   run a parsed config as run ``id`` of its kind, inside the store's lifecycle
+    run_queued(store, id)        the worker entry: read the run's kind and config from the store, execute
+                                 (a row of a k-seed job runs its whole job, from its leader row)
+
+A :class:`JobKind` carries everything that differs between kinds, so no code above or beside it branches on
+a kind's name: how its stored config is parsed, which store rows a config is (one per seed of a train job),
+the job config a re-run starts from, how it runs (``run(config, life=…)``: it never opens a lifecycle of its
+own), its preview before launch, what a standby prepares ahead of time, the RunConfig its models train with
+(its dataset), its group-id prefix and its summary table. The lifecycle itself (status, SIGTERM, why a run
+ended) is :mod:`engine.store.lifecycle`'s. Every job — dashboard, CLI, experiments, benches — runs through
+:func:`execute` or :func:`run_queued`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.audit.config import AuditConfig
+from engine.audit.report import summary_table
+from engine.audit.runner import preview_audit, run_audit
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError
+from engine.store.lifecycle import store_lifecycle
+from engine.train.loop import prepare, preview, train
+from engine.train.records import tier_table
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of job: everything the layers above need to know about it."""
+
+    name: str
+    load: Callable[[dict], object]  # the stored config dict → its typed config, not validated (raises ConfigError)
+    rows: Callable[[object], list]  # a config (or its dict) → the configs of its store rows (one per seed)
+    job_config: Callable[[object], object]  # a row's config → the config its whole job runs from (a re-run)
+    run: Callable[..., object]  # run(config, *, life, progress, prepared, should_stop) → result
+    preview: Callable[[object], object]  # what the job will do, before launch (raises ConfigError / DataError)
+    run_config: Callable[[object], RunConfig]  # the RunConfig its models train with (its dataset, model, …)
+    summary_table: Callable[[dict], str]  # the stored summary → text (``python -m engine show``)
+    group_prefix: str  # the group id of jobs submitted together ("cmp-…", "audit-…")
+    algorithms: Callable[[object], list]  # the AlgorithmConfigs the job trains with (a run: one; an audit: each)
+    no_dp_note: Callable[[list, str | None], str]  # (labels without formal DP, a run's reason) → the warning text
+    standby_prepare: Callable[[object], object] | None = None  # config → what a warm worker prepares ahead
+
+    def parse(self, stored: dict):
+        """The stored config dict → a validated config (raises ConfigError naming the field)."""
+        return self.load(stored).validate()
+
+    def dataset_name(self, config) -> str:
+        return self.run_config(config).data.name
+
+
+def _train_note(labels: list, reason: str | None) -> str:
+    if not labels:
+        return ""
+    return f"no formal DP guarantee: {reason}" if reason else "no formal DP guarantee"
+
+
+def _audit_note(labels: list, reason: str | None) -> str:
+    return f"includes algorithms without formal DP: {', '.join(labels)}" if labels else ""
+
+
+def seed_rows(config) -> list:
+    """The store rows of a train config: one per seed (``RunConfig.seed_configs``); a dict is parsed
+    (and validated) when it asks for more than one seed, else stored as given."""
+    if isinstance(config, dict):
+        if config.get("seeds", 1) == 1 and config.get("seed_index", 0) == 0:
+            return [config]
+        config = RunConfig.from_dict(config).validate()
+    return config.seed_configs() if hasattr(config, "seed_configs") else [config]
+
+
+def _run_train(config, *, life, progress=False, prepared=None, should_stop=None):
+    return train(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop)
+
+
+def _run_audit(config, *, life, progress=False, prepared=None, should_stop=None):
+    return run_audit(config, life=life, progress=progress, should_stop=should_stop)
+
+
+JOB_KINDS: dict[str, JobKind] = {
+    "train": JobKind(
+        "train", load=RunConfig.from_dict, rows=seed_rows,
+        job_config=lambda c: c.job_config(), run=_run_train, preview=preview, run_config=lambda c: c,
+        summary_table=tier_table, group_prefix="cmp", algorithms=lambda c: [c.algorithm], no_dp_note=_train_note,
+        standby_prepare=prepare),
+    "audit": JobKind(
+        "audit", load=AuditConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
+        run=_run_audit, preview=lambda c: preview_audit(c, estimate=True), run_config=lambda c: c.run,
+        summary_table=summary_table, group_prefix="audit", algorithms=lambda c: list(c.algorithms),
+        no_dp_note=_audit_note),
+}
+
+
+def job_kind(name) -> JobKind:
+    """The registered kind ``name``; ConfigError("kind", …) naming the known kinds otherwise."""
+    kind = JOB_KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ConfigError("kind", f"unknown job kind {name!r}; known: {', '.join(JOB_KINDS)}")
+    return kind
+
+
+def execute(store, run_id: int | None, config, *, kind: str, progress: bool = False, prepared=None,
+            should_stop=None):
+    """Run the parsed ``config`` as run ``run_id`` of ``kind`` (any row of its job) inside the store's one
+    lifecycle; without a store (``store`` None) the job runs and nothing is recorded."""
+    job = job_kind(kind)
+    with store_lifecycle(store, run_id) as life:
+        return job.run(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop)
+
+
+def run_queued(store, run_id: int, *, progress: bool = False, prepared: Callable | None = None):
+    """The worker entry: run (or resume) the stored run ``run_id``. ``prepared(config)`` may return a
+    ready preparation of exactly that config (the standby worker's head start), or None."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise ConfigError("run_id", f"no run {run_id} in {store.path}")
+    if run.get("job_id") is not None and run["job_id"] != run_id:  # a replica row: its job runs from row 0
+        replica, run_id = run_id, run["job_id"]
+        run = store.get_run(run_id)
+        if run is None:
+            raise ConfigError("run_id", f"run {replica} is a seed of job {run_id}, which is no longer in {store.path}")
+    with store_lifecycle(store, run_id) as life:
+        job = job_kind(run["kind"])
+        config = job.parse(run["config"])
+        ready = prepared(config) if prepared is not None and job.standby_prepare is not None else None
+        return job.run(config, life=life, progress=progress, prepared=ready)

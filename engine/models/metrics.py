@@ -1,0 +1,120 @@
+"""Per-group utility metrics, MID markers and outcome-fairness metrics.
+
+``evaluate`` returns one JSON-able dict per evaluation; the run store keeps the list and the
+UI/plots read it. Definitions:
+
+* tier/class **loss**: mean cross-entropy over the group's test samples;
+* class **recall**: fraction of the class's samples predicted as that class;
+  class **accuracy**: one-vs-rest accuracy of "is this class";
+* tier **recall**: macro average of the per-class recalls inside the tier's samples;
+  tier **accuracy**: fraction of the tier's samples predicted correctly;
+* **MID** (minority initial drop) per tier: onset = first evaluation whose tier test loss
+  exceeds the initial one; end = first later evaluation back at or below it;
+* **recall AUC** per tier: area under its recall-vs-progress curve, normalised to [0, 1]
+  (:func:`recall_auc`; the run summary and the figures' recall-AUC table).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def predict(model, x: torch.Tensor, *, batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample log-probabilities (n, K) as numpy."""
+    model.eval()
+    out = [F.log_softmax(model(x[i:i + batch]), dim=1) for i in range(0, len(x), batch)]
+    model.train()
+    return torch.cat(out).cpu().numpy()
+
+
+def _macro_recall(y, pred, classes) -> float:
+    recalls = [np.mean(pred[y == c] == c) for c in classes if np.any(y == c)]
+    return float(np.mean(recalls)) if recalls else float("nan")
+
+
+def group_metrics(y: np.ndarray, logp: np.ndarray, groups: np.ndarray | None, n_groups: int, num_classes: int):
+    pred = logp.argmax(1)
+    loss = -logp[np.arange(len(y)), y]
+    classes = []
+    for c in range(num_classes):
+        m = y == c
+        classes.append({
+            "loss": float(loss[m].mean()) if m.any() else float("nan"),
+            "recall": float(np.mean(pred[m] == c)) if m.any() else float("nan"),
+            "accuracy": float(np.mean((pred == c) == m)),
+        })
+    tiers = []
+    if groups is not None:
+        for k in range(n_groups):
+            m = groups == k
+            tiers.append({
+                "loss": float(loss[m].mean()) if m.any() else float("nan"),
+                "recall": _macro_recall(y[m], pred[m], range(num_classes)) if m.any() else float("nan"),
+                "accuracy": float(np.mean(pred[m] == y[m])) if m.any() else float("nan"),
+                "n": int(m.sum()),
+            })
+    overall = {
+        "loss": float(loss.mean()),
+        "accuracy": float(np.mean(pred == y)),
+        "balanced_accuracy": _macro_recall(y, pred, range(num_classes)),
+    }
+    return overall, tiers, classes, pred
+
+
+def fairness_metrics(y_true, y_pred, sensitive) -> dict:
+    """Demographic parity and equalized odds differences (Fairlearn's definitions)."""
+    from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
+
+    return {
+        "demographic_parity_difference": float(demographic_parity_difference(y_true, y_pred, sensitive_features=sensitive)),
+        "equalized_odds_difference": float(equalized_odds_difference(y_true, y_pred, sensitive_features=sensitive)),
+    }
+
+
+def mid_markers(tier_losses: list[list[float]], steps: list[int]) -> list[dict]:
+    """MID onset/end per tier from the evaluation history.
+
+    ``tier_losses[e][k]`` is tier k's test loss at evaluation e (e = 0 is the initial one).
+    Returns per tier {"onset_step", "end_step", "peak_step", "peak_increase"}; None where absent.
+    """
+    if not tier_losses:
+        return []
+    losses = np.asarray(tier_losses, dtype=float)
+    out = []
+    for k in range(losses.shape[1]):
+        initial = losses[0, k]
+        onset = end = peak = None
+        peak_inc = 0.0
+        for e in range(1, len(losses)):
+            if onset is None:
+                if losses[e, k] > initial:
+                    onset = e
+            elif end is None and losses[e, k] <= initial:
+                end = e
+            if onset is not None and end is None and losses[e, k] - initial > peak_inc:
+                peak_inc, peak = float(losses[e, k] - initial), e
+        out.append({
+            "onset_step": steps[onset] if onset is not None else None,
+            "end_step": steps[end] if end is not None else None,
+            "peak_step": steps[peak] if peak is not None else None,
+            "peak_increase": peak_inc,
+        })
+    return out
+
+
+def recall_auc(steps, recalls) -> float:
+    """Area under a recall-vs-progress curve, normalised to [0, 1]: the trapezoid rule over progress =
+    step / T, T the last step (``steps`` ascending, e.g. a run's evaluation steps 0 … T).
+
+    Degenerate curves, explicitly: no point → nan; one point, or a last step ≤ 0 (only the initial
+    evaluation so far) → the last recall (nothing to integrate; the curve is that value). NaN recalls
+    (a tier without samples in the split) make the area nan. Sequences, arrays and pandas Series are read
+    by position."""
+    x, y = np.asarray(steps, dtype=np.float64), np.asarray(recalls, dtype=np.float64)
+    if len(y) == 0:
+        return float("nan")
+    if len(x) < 2 or x[-1] <= 0:
+        return float(y[-1])
+    return float(np.trapezoid(y, x / x[-1]))

@@ -1,4 +1,0 @@
-"""/runs on a server whose first visitor opened it: hands over to app.py's navigation (see app.py)."""
-from pages._common import legacy_entry
-
-legacy_entry()

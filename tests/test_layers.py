@@ -1,0 +1,189 @@
+"""The engine's packages and the order their imports go in (each package's ``__init__`` says the same).
+
+    data → config → store → models → dp → train → audit → jobs → figures → tools → cli
+
+A module may import from its own package and from packages to its left, never to its right; no two
+modules import each other, directly or round a longer cycle; and every internal import sits at the top of
+its module (function-local imports are kept for heavy third-party modules only: torch, pandas, sklearn,
+plotly, kaleido, streamlit). Every import is read with ``ast``, function-local ones included.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ROOT / "engine"
+LAYERS = ["data", "config", "store", "models", "dp", "train", "audit", "jobs", "figures", "tools", "cli"]
+
+
+def module_files() -> dict[str, Path]:
+    out = {}
+    for p in sorted(ENGINE.rglob("*.py")):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = module_files()
+
+
+def layer(module: str) -> int:
+    """The layer of a module: its package's place in LAYERS; the top-level modules (cli, __main__) are the top."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS):
+        return LAYERS.index(parts[1])
+    return len(LAYERS) - 1
+
+
+def resolve(name: str) -> str | None:
+    """The engine module an imported dotted name lives in (``engine.dp.step.dp_step`` → ``engine.dp.step``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def engine_imports(module: str) -> list[tuple[str, int, bool]]:
+    """(imported engine module, line, at module top) for every import in ``module``, function-local ones too."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(n) for n in tree.body}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                full = ".".join(base + ([node.module] if node.module else []))
+            else:
+                full = node.module or ""
+            names = [f"{full}.{a.name}" for a in node.names] if full.split(".")[0] == "engine" else []
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "engine"]
+        else:
+            continue
+        for name in names:
+            target = resolve(name)
+            if target is not None and target != module and not module.startswith(target + "."):
+                out.append((target, node.lineno, id(node) in top))
+    return out
+
+
+GRAPH = {m: engine_imports(m) for m in MODULES}
+
+
+def test_every_package_names_its_place_in_the_order():
+    for pkg in LAYERS[:-1]:
+        init = ENGINE / pkg / "__init__.py"
+        assert init.is_file(), f"engine/{pkg}/ is not a package"
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "may import" in doc, f"engine/{pkg}/__init__.py's docstring does not say what the package may import"
+        assert " → ".join(LAYERS) in " ".join(doc.split()), f"engine/{pkg}/__init__.py's docstring does not write the order"
+
+
+def test_imports_only_go_down_the_layers():
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} ({LAYERS[layer(t)]} is above {LAYERS[layer(m)]})"
+             for m, imports in GRAPH.items() for t, line, _ in imports if layer(t) > layer(m)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_internal_imports_sit_at_the_top_of_their_module():
+    local = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} inside a function"
+             for m, imports in GRAPH.items() for t, line, at_top in imports if not at_top]
+    assert not local, "\n".join(local)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), each a cycle of imports."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _, _ in imports} for m, imports in GRAPH.items()}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# A branch on a job kind's name ("train", "audit") outside the registry: ``kind == "audit"``,
+# ``run["kind"] != "train"``, ``job.name == "train"``, ``"audit" == kind``, ``kind in ("train", …)``.
+KIND_BRANCH = re.compile(r"""(kind["']?\]?\)?|\.name)\s*[!=]=\s*["'](train|audit)["']"""
+                         r"""|["'](train|audit)["']\s*[!=]=|kind["']?\]?\)?\s+(not\s+)?in\s+[(\[{]""")
+
+
+def kind_branches(root: Path, skip: set[Path]) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path in skip:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if KIND_BRANCH.search(line.split("#")[0]):
+                out.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    return out
+
+
+def test_no_branch_on_a_job_kind_outside_the_registry():
+    """What differs between job kinds is a field of their ``engine.jobs.kinds.JobKind``, never an if."""
+    found = kind_branches(ENGINE, {ENGINE / "jobs" / "kinds.py"})
+    for ui in ("app_pages", "pages"):
+        if (ROOT / ui).is_dir():
+            found += kind_branches(ROOT / ui, set())
+    assert not found, "\n".join(found)
+
+
+def test_the_kind_branch_pattern_finds_branches():
+    hits = ['if run["kind"] == "audit":', 'x = a if kind != "train" else b', 'if job.name == "train":',
+            'if "audit" == kind:', 'if run.get("kind") in ("train", "audit"):']
+    misses = ['store.list_runs(kind="train")', 'submit(configs, kind="audit")', 'g[g.kind == "mean"]']
+    assert all(KIND_BRANCH.search(h) for h in hits)
+    assert not any(KIND_BRANCH.search(m) for m in misses)
+
+
+LIFECYCLE_CALL = re.compile(r"\b(store_lifecycle|RunLifecycle)\(|\.(start_run|finish_run|finish_runs)\(")
+
+
+def test_a_job_opens_its_lifecycle_in_one_place():
+    """Every job — dashboard, CLI, experiments, benches — runs through ``engine.jobs.kinds.execute`` /
+    ``run_queued``, the only places a store lifecycle is opened; only the lifecycle starts and finishes rows."""
+    allowed = {ENGINE / "jobs" / "kinds.py", ENGINE / "store" / "lifecycle.py", ENGINE / "store" / "db.py"}
+    found = []
+    for folder in ("engine", "experiments", "bench", "app_pages"):
+        for path in sorted((ROOT / folder).rglob("*.py")) if (ROOT / folder).is_dir() else []:
+            if path in allowed:
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if LIFECYCLE_CALL.search(line.split("#")[0]):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

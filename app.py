@@ -16,7 +16,9 @@ HERE = Path(__file__).resolve().parent
 # name, so a first visit to /train on a fresh server found no page.
 PAGES = HERE / "app_pages"
 
-st.set_page_config(page_title="Privacy Imbalance Lab", page_icon=":material/shield_person:", layout="wide")
+# the favicon ships with the lab (a material icon as page_icon is fetched from the internet: offline, every page
+# load failed to get it)
+st.set_page_config(page_title="Privacy Imbalance Lab", page_icon=str(HERE / "assets" / "favicon.png"), layout="wide")
 
 
 # Deep links (/train, /results, /runs, /tif, /audit) open their page, as the first visit of a fresh server

@@ -120,4 +120,8 @@ def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
                  "σ": t.get("noise_multiplier"), "ε claimed": t.get("epsilon"), "formal DP": "yes" if a["formal_dp"] else "no"}
                 for a in p["algorithms"] for t in (a["plan"] or [{"tier": "—"}])]
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        if any(a.get("control") for a in p["algorithms"]):
+            st.caption("The controls are planned while the audit runs: noise-matched DP-SGD at the noise multiplier "
+                       "DP-SGD-S realises (its ε follows from it), accuracy-matched DP-SGD at the ε a short search "
+                       "finds on a few pilot models.")
     return p

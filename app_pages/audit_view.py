@@ -12,8 +12,9 @@ from app_pages import _widgets as widgets
 from app_pages._look import intro, md, plot_theme, show_error
 from app_pages._tiers import tier_editor
 from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
-from engine.audit.presets import PRESETS
+from engine.audit.presets import PRESETS, describe
 from engine.audit.report import as_report
+from engine.audit.verdict import verdict_lines
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, dataset_names
@@ -44,6 +45,29 @@ def null_floor_warning(report) -> None:
                    f"{', '.join(at_floor)} (each group's GPR CI reaches its floor under shuffled labels). Train models "
                    "that fit their half more closely (more epochs, fewer samples, a larger model), raise R, or start "
                    "from the quick preset.")
+
+
+COMPARISON_COLUMNS = {
+    "comparison": st.column_config.TextColumn("DP-SGD-S −", width="medium"),
+    "quantity": st.column_config.TextColumn("difference", help="Δ and GPR in percentage points; accuracy in points"),
+    "value": st.column_config.NumberColumn("a − b", format="%+.2f"),
+    "low": st.column_config.NumberColumn("CI low (paired)", format="%+.2f"),
+    "high": st.column_config.NumberColumn("CI high (paired)", format="%+.2f"),
+    "unpaired": st.column_config.TextColumn("unpaired CI", help="what two independent CIs side by side imply"),
+    "answer": st.column_config.TextColumn("resolved?", help="the paired CI excludes 0"),
+}
+
+
+def comparison_table(report):
+    """The paired comparisons as the page shows them (engine.audit.frames.comparison_frame, formatted)."""
+    df = report.comparison_frame()
+    out = df.assign(comparison=df["b_label"],
+                    quantity=df["quantity"].where(df["group"].isna(), "GPR " + df["group"].astype(str)),
+                    unpaired=[f"[{lo:+.2f}, {hi:+.2f}]" if lo == lo else "" for lo, hi in
+                              zip(df["unpaired_low"], df["unpaired_high"])],
+                    answer=[("lower" if h < 0 else "higher") if r else "not resolved" for r, h in
+                            zip(df["resolved"], df["high"])])
+    return out[list(COMPARISON_COLUMNS)]
 
 
 def audit_downloads(run: dict, report, store) -> None:
@@ -116,6 +140,12 @@ with right:
     algos = st.multiselect("Algorithms to compare", widgets.ALGORITHM_CHOICES, default=DEFAULT_ALGOS,
                            format_func=algorithm_label, key="a_algos", bind="query-params",
                            help="Non-private SGD is the reference; DP-SGD-S clips per audit group")
+    add_controls = st.toggle(
+        "Add DP-SGD-S controls", key="a_controls", bind="query-params",
+        help="DP-SGD at the noise DP-SGD-S realises (noise-matched, a lower ε) and at the ε where DP-SGD's accuracy "
+             "equals DP-SGD-S's (accuracy-matched), audited on the same splits: Δ and GPR differences get paired "
+             "CIs, and the verdict says whether DP-SGD-S lowers Δ beyond what its extra noise explains. Needs "
+             "DP-SGD-S and DP-SGD among the algorithms; adds two algorithms' worth of models and a short ε search.")
     c1, c2, c3 = st.columns(3)
     R = c1.number_input("R (2R models each)", min_value=2, max_value=2000, value=50, step=2, key="a_R",
                         bind="query-params", help="The design uses R = 200 (400 models); small R is quicker but "
@@ -140,7 +170,8 @@ with right:
 config: AuditConfig | None = None
 if preset_name != CUSTOM:
     config = PRESETS[preset_name]
-    st.info(md(f"Preset {preset_name}: {config.name} — the settings above are not used."))
+    st.info(md(f"Preset {preset_name}: {config.name} — it runs {describe(config)}. The settings above are not "
+               "used."))
     errors = []
 elif not algos:
     st.info("Choose at least one algorithm.")
@@ -155,7 +186,7 @@ elif not errors:
                                      "seed": int(train["seed"])})
         config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
                              algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, score=score,
-                             n_boot=int(n_boot),
+                             n_boot=int(n_boot), controls=bool(add_controls),
                              looa_k=int(looa_k)).validate()
     except ConfigError as e:
         errors.append(str(e))
@@ -203,6 +234,12 @@ def view(run_id: int) -> None:
         st.caption(md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
                          "the rest is still training."))
     null_floor_warning(report)
+    verdict = verdict_lines(report)
+    if verdict:  # the answer first, in words
+        with st.container(key="audit-verdict", border=True):
+            st.markdown("**Verdict** — " + md(" ".join(verdict[:3])))
+            for line in verdict[3:]:
+                st.caption(md(line))
     theme = plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = charts.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
@@ -215,6 +252,11 @@ def view(run_id: int) -> None:
     charts.chart(specs["epsilon_bounds"], key="audit-eps", export_key="ax-eps")
     charts.chart(specs["lira_roc"], key="audit-lira", export_key="ax-lira")
     charts.chart(specs["advantage_hist"], key="audit-hist", export_key="ax-hist")
+    if report.comparisons:
+        charts.chart(specs["paired_differences"], key="audit-paired", export_key="ax-paired")
+        with st.container(key="audit-comparisons"):
+            st.dataframe(comparison_table(report), hide_index=True, width="stretch",
+                         column_config=COMPARISON_COLUMNS)
     with st.expander("Baselines (PA-GA, PA-GBA, PA-LOOA)", expanded=False):
         charts.chart(specs["baselines"], key="audit-baselines", export_key="ax-base")
     audit_downloads(run, report, store)

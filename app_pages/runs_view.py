@@ -1,10 +1,11 @@
-"""Runs: the store's history — status, config, duration; cancel, delete, copy as CLI command,
+"""Runs: the store's history — status, config, duration; cancel, delete, rerun, copy as CLI command,
 download the config JSON and the metrics CSV."""
 from __future__ import annotations
 
 import json
 import shlex
 import time
+from urllib.parse import quote
 
 import pandas as pd
 import streamlit as st
@@ -13,6 +14,8 @@ from app_pages import _handles as handles
 from app_pages import _widgets as widgets
 from app_pages._look import md
 from engine.figures import export
+from engine.config.schema import ConfigError
+from engine.jobs.kinds import rerun_of
 from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
 from engine.jobs.estimates import format_seconds
 from engine.store.db import ACTIVE
@@ -102,6 +105,23 @@ for r in selected:
         if dp_note(r):
             st.warning(md(dp_note(r)))
         config_text = json.dumps(r["config"], indent=2, sort_keys=True)
+        if st.button("Rerun", icon=":material/replay:", key=f"rerun-{r['id']}",
+                     help="Queue this run's config again as a new comparison of its own (a row of a k-seed job: "
+                          "the whole job); the original comparison is left as it is"):
+            try:
+                job, config = rerun_of(r)
+                new_ids = mgr.submit([config], kind=job.name, names=[r["name"]])
+            except ConfigError as e:
+                st.error(md(f"Cannot re-run run {r['id']}: {e}"))
+            else:
+                st.session_state["rerun-note"] = (r["id"], new_ids, job.name)
+        note = st.session_state.get("rerun-note")
+        if note is not None and note[0] == r["id"]:
+            with st.container(key=f"rerun-note-{r['id']}"):
+                st.success(f"Queued as run {', '.join(map(str, note[1]))} in a new comparison.")
+                link = (f"train?group={quote(store.get_run(note[1][0])['group_id'] or '')}" if note[2] == "train"
+                        else f"audit?audit={int(note[1][0])}")
+                st.markdown(f"[Watch it on the {'Train' if note[2] == 'train' else 'Audit'} page]({link})")
         st.caption("Copy as CLI command (re-runs this config as a new run, from any directory; add "
                    "`--set key=value` to change a field, e.g. `--set epochs=4`):")
         st.code(rerun_command(r["id"]), language="bash")

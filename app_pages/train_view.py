@@ -18,7 +18,8 @@ from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
 from engine.figures.live import LiveFigures
-from engine.figures.training import LIVE_FIGURES
+from engine.figures.talk_frames import noise_cost_sentence
+from engine.figures.training import live_figure_names
 from engine.jobs.estimates import format_seconds, run_time_estimate
 from engine.jobs.manager import new_group_id, queue_positions
 from engine.jobs.runs import algorithm_label
@@ -65,6 +66,9 @@ def live_figures(group: str, names, **options) -> LiveFigures:
 
 st.title("Train / compare")
 intro()
+# the primary action in view on a first visit: filled once the settings below are read and checked (a widget
+# written into this earlier container appears here, above them)
+launch_row = st.container(key="launch-row")
 url = widgets.UrlParams(labels={"algos": algorithm_label}, known=(
     "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "clip", "seed", "eval_every", "seeds", "momentum",
     "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
@@ -204,14 +208,15 @@ with st.container():
 mgr = handles.manager()
 if configs and len(previews) == len(configs) and not errors:
     mgr.hint(configs)  # the warm standby worker prepares the first run ahead of the click
-l1, l2 = st.columns([1, 4], vertical_alignment="center")
+with launch_row:
+    l1, l2 = st.columns([3, 8], vertical_alignment="center")
 launch = l1.button("Launch comparison", type="primary", key="launch", icon=":material/rocket_launch:",
                    disabled=bool(errors) or not configs or len(previews) < len(configs))
 with l2.container(key="launch-note"):
     if slots.reasons:
         st.caption(md("Launch is disabled until this is fixed — " + "; ".join(slots.reasons)))
     elif errors:
-        st.caption("Launch is disabled: see the message above.")
+        st.caption("Launch is disabled: see the message below.")
     elif configs and len(previews) == len(configs):
         jobs = [(c, previews[c.algorithm.name].steps, previews[c.algorithm.name].expected_batch_size) for c in configs]
         est = run_time_estimate(jobs, mgr.store.list_runs(kind="train"), mgr.max_workers)
@@ -227,7 +232,8 @@ if launch:
 
 # --- live view ----------------------------------------------------------------------------------------------------
 HEADLINE_FIGURES = ("mid_curves", "tier_recall")  # redrawn on every refresh that brings new evaluations
-DETAIL_FIGURES = tuple(n for n in LIVE_FIGURES if n not in HEADLINE_FIGURES)  # at most every DETAIL_INTERVAL
+# the others of engine.figures.training.live_figure_names (DP-SGD-S's clips with a DP-SGD-S run): at most every
+# DETAIL_INTERVAL
 st.divider()
 store = mgr.store
 runs_all = store.list_runs(kind="train")
@@ -271,11 +277,12 @@ def live(group: str) -> None:
     options = dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
                    smoothing=float(smoothing or 0.0))
     headline = live_figures(group, HEADLINE_FIGURES, **options)
-    details = [live_figures(group, (name,), **options) for name in DETAIL_FIGURES]
+    detail_names = tuple(n for n in live_figure_names(runs) if n not in HEADLINE_FIGURES)  # + DP-SGD-S's clips
+    details = [live_figures(group, (name,), **options) for name in detail_names]
     specs = headline.update(records)  # every refresh
     # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
     # or the last run ends)
-    redraw = {name: (lambda f=f: f.update(records)) for name, f in zip(DETAIL_FIGURES, details)}
+    redraw = {name: (lambda f=f: f.update(records)) for name, f in zip(detail_names, details)}
     for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
             tuple(options.items()), any(status.is_active(r) for r in runs))).items():
         specs[name] = got[name]
@@ -287,6 +294,11 @@ def live(group: str) -> None:
     with c2:
         charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
     charts.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
+    if "group_clip" in specs:  # a DP-SGD-S run in the comparison: its clips and its noise vs DP-SGD's
+        charts.chart(specs["group_clip"], key="live-group-clip", export_key="x-clip", uirevision=group)
+        cost = noise_cost_sentence(specs["group_clip"].data)
+        if cost:
+            st.warning(md(cost), icon=":material/warning:")
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
         figures = [headline, *details]
         st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from datadir import use_shared_data  # noqa: E402
+from datadir import interleaved_ms, use_shared_data  # noqa: E402
 
 from engine.config.run import RunConfig  # noqa: E402
 from engine.dp.grad_sample import ModuleGrads  # noqa: E402
@@ -45,16 +43,7 @@ def main():
         prep = prepare(base.replace(**{"algorithm.name": algo}))
         steps[algo] = engine_step(prep, batch_idx)
     steps["opacus"] = opacus_step(prep, batch_idx, args.batch)
-    times = {k: [] for k in steps}
-    for k, fn in steps.items():  # warm-up
-        for _ in range(3):
-            fn()
-    for _ in range(args.rounds):
-        for k, fn in steps.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    ms = interleaved_ms(steps, args.rounds)
     ratios = {f"{k}_vs_nonprivate": ms[k] / ms["nonprivate"] for k in ("opacus", *ENGINE)}
     ratios["ino_vs_idp"] = ms["ino"] / ms["idp_sample"]
     out = {"ratios": ratios, "ms_per_step": ms, "batch": args.batch, "rounds": args.rounds,

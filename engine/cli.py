@@ -1,5 +1,5 @@
 """Command line: ``privacy-lab`` (installed) or ``python -m engine``, with the subcommands
-``run, rerun, plan, show, list, export, audit, worker, app``.
+``run, rerun, plan, show, list [--active], cancel, export, audit, worker, app``.
 
 ``rerun RUN_ID --set dotted.key=JSON`` re-runs a stored run's config as a new run (overrides typed and
 validated like a config file); ``run CONFIG --set …`` takes the same overrides. Seeds: ``--set seeds=K``
@@ -26,16 +26,17 @@ import traceback
 
 from engine.audit.config import load_audit_config
 from engine.audit.presets import preset
-from engine.audit.report import compact_summary, summary_table
+from engine.audit.summary import compact_summary, summary_table
 from engine.config.run import RunConfig, load_config
 from engine.config.schema import ConfigError, replace_dotted
 from engine.data import load_dataset
 from engine.dp import accounting
 from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
 from engine.figures.export import export_runs
-from engine.jobs.kinds import JOB_KINDS, execute, job_kind
+from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
 from engine.jobs.worker import run_worker
-from engine.store.db import RunStore, resolve_store_path
+from engine.jobs.manager import JobManager, new_group_id
+from engine.store.db import ACTIVE, RunStore, resolve_store_path
 from engine.store.errors import StoreError
 from engine.store.lifecycle import Cancelled, error_line
 from engine.train.records import tier_table
@@ -156,6 +157,8 @@ def cmd_show(args) -> int:
 def cmd_list(args) -> int:
     store = _store(args, readonly=True)
     runs = store.list_runs()
+    if getattr(args, "active", False):  # queued or running (runs outlive the dashboard: see README)
+        runs = [r for r in runs if r["status"] in ACTIVE]
     if args.json:
         print(json.dumps([{k: r[k] for k in ("id", "kind", "name", "algorithm", "status", "step", "total_steps",
                                               "group_id", "seed", "seed_index", "seeds", "job_id")}
@@ -171,9 +174,25 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_cancel(args) -> int:
+    """``privacy-lab cancel RUN_ID``: stop a queued or running run (a k-seed job's row stops its whole job): the
+    worker gets SIGTERM, then SIGKILL after a grace period; what it logged is kept."""
+    store = _store(args)
+    if store.get_run(args.run_id) is None:
+        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+    manager = JobManager(store.path, autostart=False, prewarm=False)
+    before = store.get_run(args.run_id)["status"]
+    status = manager.cancel(args.run_id, wait=True)
+    if before not in ACTIVE:
+        print(f"run {args.run_id} is not active ({before}): nothing to cancel")
+    else:
+        print(f"run {args.run_id}: {status}")
+    return 0
+
+
 def cmd_audit(args) -> int:
-    """``python -m engine audit CONFIG.json | --preset NAME [--json]``: run an audit in this process, into the
-    store."""
+    """``python -m engine audit CONFIG.json | --preset NAME [--json] [--controls]``: run an audit in this process,
+    into the store."""
     store = _store(args)
     preset_name = getattr(args, "preset", None)
     if (args.config is None) == (preset_name is None):
@@ -182,6 +201,8 @@ def cmd_audit(args) -> int:
         config = preset(preset_name).validate()
     else:
         config = load_audit_config(args.config)
+    if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
+        config = config.replace(controls=True).validate()
     run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
     try:
         report = execute(store, run_id, config, kind="audit", progress=not args.json)
@@ -226,16 +247,19 @@ def cmd_rerun(args) -> int:
     old = store.get_run(args.run_id)
     if old is None:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
-    job = job_kind(old["kind"])
-    config = apply_overrides(job.job_config(job.parse(old["config"])), args.overrides)
+    job, config = rerun_of(old)
+    config = apply_overrides(config, args.overrides)
     store.mark_dead_runs()
     _print_data_report(job.run_config(config))
     rows = job.rows(config)
-    ids = store.create_job(rows, kind=job.name, status="queued", group_id=old.get("group_id"))
+    # a new comparison of its own unless --join: a re-run with other settings must not change the old one's figures
+    group = old.get("group_id") if args.join and old.get("group_id") else new_group_id(job.group_prefix)
+    ids = store.create_job(rows, kind=job.name, status="queued", group_id=group)
     execute(store, ids[0], rows[0], kind=job.name, progress=not args.json)
-    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}) — "
-                                                      f"{run['status']}",
-               extra={"rerun_of": args.run_id}, table=job.summary_table)
+    joined = "joined its comparison" if group == old.get("group_id") else "a new comparison"
+    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}; "
+                                                      f"{joined} {group}) — {run['status']}",
+               extra={"rerun_of": args.run_id, "group_id": group}, table=job.summary_table)
     return 0
 
 
@@ -320,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable); "
                          "a row of a k-seed job re-runs the whole job, --set seeds=1 --set seed=S one seed alone")
     rr.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    rr.add_argument("--join", action="store_true",
+                    help="add the new run to the original run's comparison (default: a new comparison of its own)")
     rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
     rr.set_defaults(func=cmd_rerun)
 
@@ -342,13 +368,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="all runs in the store")
     ls.add_argument("--json", action="store_true")
+    ls.add_argument("--active", action="store_true", help="only queued and running runs")
     ls.set_defaults(func=cmd_list)
+
+    ca = sub.add_parser("cancel", help="stop a queued or running run (its worker keeps what it logged)")
+    ca.add_argument("run_id", type=int)
+    ca.set_defaults(func=cmd_cancel)
 
     au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config or a preset")
     au.add_argument("config", nargs="?", help="JSON audit config file (or give --preset)")
     au.add_argument("--preset", help="a named audit (engine.audit.presets): quick, quick-eps1, adult-paper, "
                                      "mnist-paper")
     au.add_argument("--json", action="store_true", help="print the result summary as one JSON line")
+    au.add_argument("--controls", action="store_true",
+                    help="add DP-SGD-S's controls: DP-SGD at the noise DP-SGD-S realised and at its accuracy, "
+                         "compared with it pairwise (needs dpsgd_s and dpsgd among the algorithms)")
     au.set_defaults(func=cmd_audit)
 
     ex = sub.add_parser("export", help="export figures of runs (png, svg, pdf, html, csv, json)")

@@ -268,3 +268,29 @@ def test_staggered_redraws_each_at_most_every_interval_and_one_per_refresh(monke
     assert calls[-1] == (106.0, "x")  # x again 3 s after its last redraw: the redraws stay spread
     got = refresh(106.1, changed="b")  # a change: all at once
     assert calls[-3:] == [(106.1, "x"), (106.1, "y"), (106.1, "z")] and got["z"] == ("z", 106.1)
+
+
+def test_runs_page_rerun_button_queues_a_new_comparison(tmp_path, monkeypatch):
+    from engine.config.run import DataConfig, ModelConfig, RunConfig
+    from engine.jobs.kinds import execute
+
+    monkeypatch.setenv("PRIVACY_LAB_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
+    store = RunStore(tmp_path / "runs.sqlite")
+    cfg = RunConfig(data=DataConfig(name="digits", max_train=200), model=ModelConfig(name="lr"), epochs=1.0)
+    (rid,) = store.create_job(cfg.seed_configs(), status="queued", group_id="cmp-original")
+    execute(store, rid, cfg.job_config(), kind="train")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app_pages" / "runs_view.py"), default_timeout=60)
+    at.session_state["runs-table"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()
+    no_exception(at)
+    at.button(key=f"rerun-{rid}").click().run()
+    no_exception(at)
+    runs = store.list_runs()
+    assert len(runs) == 2
+    new = next(r for r in runs if r["id"] != rid)
+    assert new["config"] == store.get_run(rid)["config"] and new["group_id"] not in (None, "cmp-original")
+    assert any(f"Queued as run {new['id']} in a new comparison" in s.value for s in at.success)
+    from engine.jobs.manager import shutdown_all
+
+    shutdown_all(cancel_running=True)

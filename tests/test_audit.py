@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.report import AuditReport, compact_summary, summary_table
+from engine.audit.report import AuditReport
+from engine.audit.summary import compact_summary, summary_table
 from engine.audit.runner import prepare_audit, run_audit
 from engine.config.run import AlgorithmConfig, DataConfig, RunConfig, TierConfig, TiersConfig
 from engine.config.schema import ConfigError
@@ -222,7 +223,8 @@ def _check_report_round_trip_and_frames(res: AuditReport):
     from engine.figures.audit import build_audit_figures
 
     frames = {"gpr_bars": "gpr", "delta_table": "delta", "accuracy": "accuracy", "epsilon_bounds": "epsilon",
-              "lira_roc": "roc", "advantage_hist": "histogram", "baselines": "baselines"}
+              "lira_roc": "roc", "advantage_hist": "histogram", "baselines": "baselines",
+                  "paired_differences": "comparison"}
     for spec in build_audit_figures(d):
         pd.testing.assert_frame_equal(spec.data, getattr(res, f"{frames[spec.name]}_frame")())
 

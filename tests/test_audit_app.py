@@ -45,6 +45,8 @@ def test_a_preset_replaces_the_settings_and_shows_its_estimate():
     at.selectbox(key="a_preset").set_value("quick").run()
     assert not at.exception and not at.error
     assert any("quick" in i.value for i in at.info)
+    shown = " ".join(i.value.replace("\\", "") for i in at.info)
+    assert "it runs digits, LR, 30 epochs" in shown and "Non-private SGD, DP-SGD; one tier at ε = 10" in shown
     assert any("Estimated runtime" in c.value and "400 models" in c.value for c in at.caption)
     assert not at.button(key="a_launch").disabled
 
@@ -116,3 +118,36 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert any("URL parameter **audit**" in w.value.replace("\\", "") for w in at.warning), [w.value for w in at.warning]
     assert at.selectbox(key="a_pick").value == run["id"]
     assert "audit" not in at.query_params  # dropped from the URL, but not silently
+
+
+def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_verdict():
+    from engine.audit.config import DEFAULT_RUN, AuditConfig
+    from engine.config.run import AlgorithmConfig
+    from engine.jobs.kinds import execute
+
+    at = _app().run()
+    at.multiselect(key="a_algos").set_value(["dpsgd_s", "ino"]).run()
+    at.toggle(key="a_controls").set_value(True).run()
+    assert not at.exception
+    assert at.error and "controls" in at.error[0].value and "dpsgd" in at.error[0].value.replace("\\", "")
+    assert at.button(key="a_launch").disabled
+    at.multiselect(key="a_algos").set_value(["dpsgd_s", "dpsgd"]).run()
+    assert not at.exception and not at.error and not at.button(key="a_launch").disabled
+    assert any("controls are planned while the audit runs" in c.value for c in at.caption)
+    # a finished audit with the controls (run in this process, into the page's store)
+    cfg = AuditConfig(run=DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 2.0, "batch_size": 64,
+                                                 "threads": 1}),
+                      group_by="class", R=2, epsilon=2.0, n_boot=50, null_perms=2, looa_k=0, controls=True,
+                      algorithms=(AlgorithmConfig(name="dpsgd"), AlgorithmConfig(name="dpsgd_s", group_by="class")))
+    store = RunStore()
+    rid = store.create_run(cfg.to_dict(), kind="audit", status="queued", name="controls")
+    report = execute(store, rid, cfg, kind="audit")
+    at.query_params["audit"] = str(rid)
+    at.run()
+    assert not at.exception and not at.error
+    verdict = " ".join(m.value for m in at.markdown if "Verdict" in m.value)
+    assert "vs noise-matched DP-SGD" in verdict.replace("\\", "") and "DP-SGD-S" in verdict
+    frames = [d.value for d in at.dataframe]
+    table = next(f for f in frames if "comparison" in f.columns)
+    assert set(table["comparison"]) == {c.b_label for c in report.comparisons}
+    assert list(table.columns) == ["comparison", "quantity", "value", "low", "high", "unpaired", "answer"]

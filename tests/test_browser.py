@@ -393,3 +393,40 @@ def test_successive_tier_edits_all_count(server, browser):
         raise AssertionError(f"the new tier holds {new_tier(page)}, not [0, 1, 4] (screenshot: "
                              f"{server[2] / 'tier_edits.png'}); URL {page.url}") from None
     page.close()
+
+
+def test_the_pages_fetch_nothing_beyond_the_lab_server_and_the_favicon_ships(server, browser):
+    """Offline on a fresh machine: every request of the first page load goes to the lab's own server (the
+    favicon too: it ships in assets/, a material-icon favicon was fetched from the internet)."""
+    url, _, _ = server
+    page = browser.new_page()
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    try:
+        page.goto(url + "audit")
+        wait_until(lambda: page.locator("h1").count() > 0 and app_idle(page), what="the audit page")
+        icon = page.evaluate("() => (document.querySelector(\"link[rel~='icon']\") || {}).href || ''")
+        wait_until(lambda: any("favicon" in r or r == icon for r in requests) or icon.startswith(url),
+                   what="the favicon request")
+    finally:
+        page.close()
+    outside = [r for r in requests if not r.startswith(url[:-1]) and not r.startswith("data:")
+               and not r.startswith("blob:")]
+    assert icon.startswith(url), icon  # served by the lab (a media URL of the shipped file)
+    assert not outside, outside
+
+
+def test_launch_is_in_view_on_a_first_visit(server, browser):
+    """The primary action sits above the fold of a laptop screen on the first visit (the intro box open)."""
+    url, _, _ = server
+    context = browser.new_context(viewport={"width": 1280, "height": 800})  # a fresh visitor: no dismissed intro
+    page = context.new_page()
+    try:
+        page.goto(url + "train")
+        button = page.locator(".st-key-launch button")
+        wait_until(lambda: button.count() == 1 and app_idle(page), what="the Launch button")
+        box = button.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 800, box
+        assert button.is_enabled()  # the default comparison is valid
+    finally:
+        context.close()

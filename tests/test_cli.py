@@ -96,6 +96,12 @@ def test_rerun_overrides_and_bad_values(tmp_path, store):
     missing = cli("rerun", "99", store=store)
     assert missing.returncode == 2 and "no run 99" in missing.stderr
     assert len(json.loads(cli("list", "--json", store=store).stdout)) == 2  # no bad override started a run
+    # a re-run is a new comparison of its own (it must not change the old one's figures), unless --join
+    joined = json.loads(cli("rerun", "2", "--join", "--json", store=store).stdout.strip().splitlines()[-1])
+    again = json.loads(cli("rerun", "2", "--json", store=store).stdout.strip().splitlines()[-1])
+    groups = {r["id"]: r["group_id"] for r in json.loads(cli("list", "--json", store=store).stdout)}
+    assert summary["group_id"] == groups[2] and groups[2] and groups[2] != groups[1]
+    assert joined["group_id"] == groups[3] == groups[2] and again["group_id"] == groups[4] != groups[2]
 
 
 def test_run_with_seeds_lists_shows_and_reruns_the_job(tmp_path, store):
@@ -199,3 +205,38 @@ def _listening(port: int) -> set[str]:
             if fields[3] == "0A" and int(hexport, 16) == port:
                 addrs.add(addr)
     return addrs
+
+
+def test_list_active_and_cancel_a_running_run(tmp_path, store):
+    import time
+
+    cfg = tmp_path / "long.json"
+    cfg.write_text(json.dumps({"model": {"name": "cnn"}, "epochs": 500, "eval_every": 20,
+                               "algorithm": {"name": "dpsgd"}, "threads": 1}))
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store), "run", str(cfg)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        active = []
+        while time.time() < deadline:  # poll the store until the run trains
+            out = cli("list", "--active", "--json", store=store)
+            active = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
+            if active and active[0]["status"] == "running" and (active[0]["step"] or 0) > 0:
+                break
+            time.sleep(0.2)
+        assert active and active[0]["id"] == 1 and active[0]["status"] == "running", active
+        out = cli("cancel", "1", store=store)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "run 1: cancelled"
+        assert proc.wait(timeout=30) is not None  # the run's process ended
+        listed = json.loads(cli("list", "--json", store=store).stdout)
+        assert listed[0]["status"] == "cancelled" and listed[0]["step"] > 0  # what it logged is kept
+        assert json.loads(cli("list", "--active", "--json", store=store).stdout) == []
+        again = cli("cancel", "1", store=store)
+        assert again.returncode == 0 and "not active (cancelled)" in again.stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    missing = cli("cancel", "99", store=store)
+    assert missing.returncode == 2 and missing.stderr.strip().startswith("error: run_id: no run 99")
+    assert len(missing.stderr.strip().splitlines()) == 1

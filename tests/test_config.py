@@ -118,3 +118,22 @@ def test_seeds_default_to_one_and_stay_out_of_the_canonical_json():
         assert json.loads(r.to_json())["seeds"] == 3
     assert rows[0].to_dict()["seeds"] == 3 and "seed_index" not in rows[0].to_dict()
     assert json.loads(rows[2].to_json())["seed_index"] == 2
+
+
+def test_a_data_dir_that_is_a_file_is_an_error_not_a_fall_back(tmp_path, monkeypatch):
+    from engine.config.run import RunConfig
+    from engine.config.schema import ConfigError
+    from engine.data import DataError, data_dir, load_dataset
+
+    f = tmp_path / "not-a-folder"
+    f.write_text("x")
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict({"data": {"name": "digits", "data_dir": str(f)}}).validate()
+    assert e.value.field == "data.data_dir" and "is a file, not a folder" in str(e.value)
+    with pytest.raises(DataError, match="is a file, not a folder"):
+        load_dataset("mnist", data_dir=str(f))
+    monkeypatch.setenv("PRIVACY_LAB_DATA_DIR", str(f))
+    with pytest.raises(DataError, match="PRIVACY_LAB_DATA_DIR"):
+        data_dir()
+    monkeypatch.setenv("PRIVACY_LAB_DATA_DIR", str(tmp_path / "missing"))
+    assert data_dir() == (tmp_path / "missing").resolve()  # a folder that does not exist yet is fine

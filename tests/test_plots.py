@@ -356,9 +356,14 @@ def hostile_audit() -> dict:
             "baselines": {"pa_ga": 0.1, "pa_gba": {g: 0.12 for g in groups}, "looa_models_per_record": 4,
                           "pa_looa": [{"index": 3, "group": groups[0], "aloo_advantage": 0.2, "looa_advantage": 0.1}]},
         })
+    est = {"value": -1.0, "low": -2.0, "high": -0.5}
+    comparisons = [{"a": algos[0]["key"], "b": algos[1]["key"], "a_label": algos[0]["label"],
+                    "b_label": algos[1]["label"], "delta": est, "delta_unpaired": est,
+                    "groups": {g: est for g in groups}, "reference_gpr": {g: 0.1 for g in groups}, "accuracy": est,
+                    "n_boot": 10, "ci": 0.95}]
     return {"algorithms": algos, "group_names": groups, "group_sizes": {g: 10 for g in groups},
             "threshold": "in_sample", "n_models": 4, "n_train": 20, "group_by": "attribute",
-            "config": {"group_attribute": HOSTILE}}
+            "config": {"group_attribute": HOSTILE}, "comparisons": comparisons}
 
 
 def test_user_text_is_escaped_in_every_audit_figure():
@@ -599,3 +604,14 @@ def test_mean_se_is_the_seed_bands_rule_for_one_group():
     one = mean_se([2.0])
     assert one[0] == 2.0 and math.isnan(one[1]) and one[2] == 1
     assert math.isnan(mean_se([])[0]) and mean_se([])[2] == 0
+
+
+def test_gpr_bars_of_different_algorithms_sit_side_by_side_with_their_own_null_floor():
+    from engine.figures.audit import fig_gpr_bars
+
+    fig = fig_gpr_bars(hostile_audit())
+    bars = [t for t in fig.data if t.type == "bar"]
+    floors = [t for t in fig.data if t.type == "scatter" and t.x is not None and t.x[0] is not None]
+    assert fig.layout.barmode == "group" and len(bars) == 2
+    assert len({b.offsetgroup for b in bars}) == len(bars) and all(b.offsetgroup for b in bars)  # not stacked
+    assert {f.offsetgroup for f in floors} == {b.offsetgroup for b in bars}  # each floor tick on its own bar

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from engine.audit import stats
+from engine.audit import compare, stats
 from engine.audit.design import group_sizes
 from engine.audit.report import AlgorithmReport, AuditReport, json_clean
 from engine.train.records import PlanRecord
@@ -50,9 +50,10 @@ def membership_scores(score: str, losses, confs) -> np.ndarray:
     return np.asarray(confs if score == "logit_confidence" else -np.asarray(losses), dtype=np.float64)
 
 
-def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, np.ndarray]:
+def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> tuple[AlgorithmReport, np.ndarray]:
     """One algorithm's statistics from its models' per-sample losses / confidences on the training set
-    and their test predictions; returns the report and the per-sample advantage."""
+    and their test predictions (and, DP-SGD-S, each model's realised noise multiplier); returns the report and
+    the per-sample advantage (float64)."""
     cfg = setup.config
     run = cfg.run
     mem = setup.membership
@@ -82,6 +83,13 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
                 acc_groups[g] = float(correct[:, sel].mean())
     res["accuracy"] = {"mean": float(acc.mean()), "std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
                        "min": float(acc.min()), "max": float(acc.max()), "groups": acc_groups}
+    ci = compare.accuracy_interval(acc, ci=cfg.confidence)
+    res["accuracy_ci"] = {"value": ci.value, "low": ci.low, "high": ci.high}
+    if realised_noise is not None:  # DP-SGD-S: its noise against DP-SGD's at the same ε
+        res["realised_noise_multiplier"] = float(np.mean(realised_noise))
+        res["dpsgd_noise_multiplier"] = a.info.get("dpsgd_noise_multiplier")
+    if getattr(a, "control_info", None) is not None:
+        res["control"] = a.control_info.to_dict()
     # LiRA (online, fixed variance) on logit-scaled confidence
     lira = stats.lira_scores(confs.astype(np.float64), mem)
     lira_groups, rocs = {}, {}
@@ -109,7 +117,7 @@ def algorithm_report(setup, a, losses, confs, preds) -> tuple[AlgorithmReport, n
     edges = np.linspace(lo, 1.0, _HIST_BINS + 1)
     res["histogram"] = {"edges": edges.tolist(), "counts": {
         g: np.histogram(adv[(groups == g) & np.isfinite(adv)], bins=edges)[0].tolist() for g in setup.group_names}}
-    return AlgorithmReport.from_dict(json_clean(res)), adv.astype(np.float32)
+    return AlgorithmReport.from_dict(json_clean(res)), np.asarray(adv, dtype=np.float64)
 
 
 def _thin_roc(fpr, tpr, points: int = _ROC_POINTS) -> dict:

@@ -42,7 +42,7 @@ def _activation_elems(model, input_shape) -> int:
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     with torch.no_grad():
-        model(torch.zeros((1,) + tuple(input_shape)))
+        model(torch.zeros((1,) + tuple(input_shape), device=next(model.parameters()).device))
     for h in handles:
         h.remove()
     return total

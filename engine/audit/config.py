@@ -9,7 +9,12 @@ models train with, plus the audit's own fields. JSON round-trip; every ConfigErr
      "epsilon": 10.0, "algorithms": [...], "R": 16, "group_by": "attribute", "group_attribute": null,
      "threshold": "held_out", "score": "logit_confidence", "n_boot": 1000, "confidence": 0.95,
      "null_perms": 20,
-     "looa_k": 2, "looa_models": 16, "chunk_models": null, "memory_budget_gib": 1.0, "name": ""}
+     "looa_k": 2, "looa_models": 16, "chunk_models": null, "memory_budget_gib": 1.0, "controls": false,
+     "name": ""}
+
+``controls: true`` (needs ``dpsgd_s`` and ``dpsgd`` among the algorithms) adds DP-SGD-S's two controls after
+the listed algorithms: DP-SGD at the noise multiplier DP-SGD-S realised, and DP-SGD at the ε where its accuracy
+equals DP-SGD-S's (``engine.audit.controls``); both are compared with DP-SGD-S pairwise.
 
 ``run.tiers = null`` means one tier holding everyone at ``epsilon``. A ``run`` object in JSON only
 needs the fields that differ from the audit's defaults (:data:`DEFAULT_RUN`; one level deep:
@@ -77,6 +82,8 @@ class AuditConfig:
     looa_models: int = 16  # PA-LOOA: models with / without each record
     chunk_models: int | None = None  # models trained at once; None: from the memory budget
     memory_budget_gib: float = 1.0  # working set of one training step of a chunk
+    # DP-SGD-S's controls: noise-matched and accuracy-matched DP-SGD, audited on the same splits (paired)
+    controls: bool = False
     name: str = ""
 
     def validate(self) -> "AuditConfig":
@@ -123,6 +130,12 @@ class AuditConfig:
         if self.chunk_models is not None:
             check_int(self.chunk_models, "chunk_models", 1, MAX_CHUNK_MODELS)
         check_positive(self.memory_budget_gib, "memory_budget_gib")
+        if self.controls:
+            names = [a.name for a in self.algorithms]
+            missing = [n for n in ("dpsgd_s", "dpsgd") if n not in names]
+            if missing:
+                raise ConfigError("controls", "the controls compare DP-SGD-S with DP-SGD at its noise and at its "
+                                              f"accuracy: add {' and '.join(repr(n) for n in missing)} to algorithms")
         check_str(self.name, "name", max_len=200)
         return self
 

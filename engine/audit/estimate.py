@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from engine.audit import controls
 from engine.audit.chunks import on_device
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.stacked import StackedModels, sgd_train
@@ -48,8 +49,15 @@ def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
         n_models = setup.n_models + looa
         model_steps += n_models * setup.steps
         total += cache[kind] * n_models * setup.steps
+    pilot = ""
+    if cfg.controls:  # the accuracy-matched control's ε search: at most max_pilot_runs() trainings of a few models
+        dpsgd = next(a for a in setup.algos if a.algo.name == "dpsgd")
+        pilot_steps = controls.max_pilot_runs() * controls.pilot_models(setup.n_models) * setup.steps
+        model_steps += pilot_steps
+        total += per_step[dpsgd.key] * pilot_steps
+        pilot = f" + {pilot_steps:,} for the accuracy-matched control's ε search"
     how = (f"{model_steps:,} model-steps ({len(setup.algos)} algorithms × {setup.n_models + looa} models × "
-           f"{setup.steps} steps) × a per-model-step cost measured on {probe_steps} steps of a {k}-model chunk "
-           f"on {dev}; training only")
+           f"{setup.steps} steps{pilot}) × a per-model-step cost measured on {probe_steps} steps of a {k}-model "
+           f"chunk on {dev}; training only")
     return {"seconds": float(total), "model_steps": int(model_steps),
             "per_model_step_seconds": {key: float(v) for key, v in per_step.items()}, "how": how}

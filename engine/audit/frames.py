@@ -51,8 +51,35 @@ def delta_frame(report) -> pd.DataFrame:
                "claimed ε": ", ".join(f"{c:.3g}" for c in claimed) if claimed else None}
         for g in report.group_names:
             row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
+        if report.comparisons:  # DP-SGD-S: its accuracy cost and its noise beside its Δ
+            base = next((c for c in report.comparisons if c.a == a.key and report.algorithm(c.b).control is None),
+                        None)
+            row["accuracy cost (points)"] = _r(base.accuracy.value, 2) if base is not None else None
+            row["noise × DP-SGD"] = _r(a.noise_ratio, 3)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+COMPARISON_COLUMNS = ["a", "b", "a_label", "b_label", "quantity", "group", "value", "low", "high", "unpaired_low",
+                      "unpaired_high", "resolved"]
+
+
+def comparison_frame(report) -> pd.DataFrame:
+    """One row per paired comparison (a − b) and quantity: Δ (pp), each group's GPR (pp) and accuracy (points),
+    with the paired CI (Δ also with the unpaired one); ``resolved``: the CI excludes 0."""
+    import pandas as pd
+
+    rows = []
+    for c in report.comparisons:
+        parts = [("Δ", None, c.delta, c.delta_unpaired)] + [("GPR", g, e, None) for g, e in c.groups.items()] + \
+            [("accuracy", None, c.accuracy, None)]
+        for quantity, group, e, u in parts:
+            resolved = None if e.low is None or e.high is None else bool(e.low > 0 or e.high < 0)
+            rows.append({"a": c.a, "b": c.b, "a_label": c.a_label, "b_label": c.b_label, "quantity": quantity,
+                         "group": group, "value": _nan(e.value), "low": _nan(e.low), "high": _nan(e.high),
+                         "unpaired_low": _nan(u.low) if u is not None else float("nan"),
+                         "unpaired_high": _nan(u.high) if u is not None else float("nan"), "resolved": resolved})
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 def accuracy_frame(report) -> pd.DataFrame:

@@ -15,7 +15,7 @@ Each is an :class:`~engine.audit.config.AuditConfig` (change it with ``.replace`
 from __future__ import annotations
 
 from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.config.run import AlgorithmConfig
+from engine.config.run import ALGORITHM_LABELS, AlgorithmConfig
 from engine.config.schema import ConfigError
 
 _QUICK_RUN = DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 30.0, "batch_size": 64, "optimizer.lr": 0.5})
@@ -46,3 +46,16 @@ def preset(name: str) -> AuditConfig:
     if name not in PRESETS:
         raise ConfigError("preset", f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def describe(config: AuditConfig) -> str:
+    """What an audit runs, in one line (the page shows it for a preset, whose settings replace the form's)."""
+    run = config.run
+    data = run.data.name + (f" ({run.data.max_train:,} training samples)" if run.data.max_train else "")
+    tiers = f"one tier at ε = {config.epsilon:g}" if run.tiers is None else \
+        f"{len(run.tiers.tiers)} tiers at ε = {', '.join(f'{t.epsilon:g}' for t in run.tiers.tiers)}"
+    algos = ", ".join(ALGORITHM_LABELS.get(a.name, a.name) for a in config.algorithms)
+    return (f"{data}, {run.model.name.upper()}, {run.epochs:g} epochs, lr {run.optimizer.lr:g}, batch {run.batch_size}, "
+            f"C {run.clip_norm:g}; {algos}; {tiers}; 2R = {2 * config.R} models each; GPR by {config.group_by}"
+            + (f"; PA-LOOA on {config.looa_k} records" if config.looa_k else "")
+            + ("; with DP-SGD-S's controls" if config.controls else ""))

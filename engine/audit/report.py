@@ -6,9 +6,13 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
                             null_groups (each group's own null floor), null_delta (the null Δ spread),
                             resolved (Δ's CI above the null Δ spread),
                             baselines (PA-GA, PA-GBA, PA-LOOA), accuracy, lira (per group AUC + ROC),
-                            epsilon (per tier: claimed ε, empirical lower bound), histogram, plan, timing
+                            epsilon (per tier: claimed ε, empirical lower bound), histogram, plan, timing;
+                            control (ControlInfo: a noise- or accuracy-matched DP-SGD control of DP-SGD-S);
+                            DP-SGD-S's realised noise multiplier and noise_ratio vs DP-SGD at the same ε
+      .comparisons          PairedComparison: DP-SGD-S − DP-SGD / − each control, Δ, GPR and accuracy
+                            differences with paired bootstrap CIs (engine.audit.compare)
       .gpr_frame() …        tidy pandas frames (engine.audit.frames): gpr, delta, accuracy, epsilon, roc,
-                            histogram, baselines
+                            histogram, baselines, comparison
       .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
                             (RESULTS_VERSION 2; a running audit's partial summary too)
 
@@ -106,6 +110,84 @@ class Histogram:
 
 
 @dataclass(frozen=True)
+class ControlInfo:
+    """A control of DP-SGD-S (``AuditConfig.controls``): DP-SGD re-planned so that one thing matches DP-SGD-S.
+
+    noise_matched     DP-SGD at the noise multiplier DP-SGD-S realised, z_Δ · mean over steps and models of
+                      max_k C_k / C; its ε is the accountant's for that multiplier (below the audit's target)
+    accuracy_matched  DP-SGD at the ε whose test accuracy equals DP-SGD-S's, found by a bisection in log ε on
+                      ``pilot_models`` models (the audit's first memberships and initialisations)
+    """
+
+    kind: str  # "noise_matched" | "accuracy_matched"
+    of: str  # key of the DP-SGD-S algorithm it controls
+    noise_multiplier: float  # the control's σ (noise std σ · C)
+    epsilon: float  # the accountant's ε for σ (Opacus RDP), every tier
+    target_epsilon: float  # the ε DP-SGD-S (and DP-SGD) are planned for
+    realised_noise_multiplier: float | None = None  # noise-matched: what DP-SGD-S realised
+    target_accuracy: float | None = None  # accuracy-matched: DP-SGD-S's mean test accuracy on the pilot models
+    search: tuple = ()  # accuracy-matched: ((ε, pilot accuracy), …) in the order tried
+    matched: bool | None = None  # accuracy-matched: False when the search bracket held no crossing
+    pilot_models: int | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["search"] = [list(p) for p in self.search]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ControlInfo":
+        d = dict(d)
+        d["search"] = tuple(tuple(p) for p in d.get("search") or ())
+        return _make(cls, d)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Algorithm ``a`` against algorithm ``b`` of the same audit, paired: both trained on the same membership
+    splits from the same initialisations, so every difference is resampled with the same draws (the paired
+    bootstrap of ``engine.audit.compare``). Differences are a − b; Δ and GPR in percentage points, accuracy
+    in points."""
+
+    a: str  # algorithm keys
+    b: str
+    a_label: str
+    b_label: str
+    delta: Estimate  # Δ_a − Δ_b (pp), paired bootstrap CI
+    delta_unpaired: Estimate  # the same difference with independent resamples (what two CIs side by side imply)
+    groups: dict  # group -> Estimate: GPR_a − GPR_b (pp), paired
+    reference_gpr: dict  # group -> GPR_b (fraction): which groups are high-risk under b
+    accuracy: Estimate  # mean test accuracy a − b (points), paired over models (t interval)
+    n_boot: int
+    ci: float
+
+    def to_dict(self) -> dict:
+        e = _estimate_dict
+        return {"a": self.a, "b": self.b, "a_label": self.a_label, "b_label": self.b_label, "delta": e(self.delta),
+                "delta_unpaired": e(self.delta_unpaired), "groups": {g: e(v) for g, v in self.groups.items()},
+                "reference_gpr": dict(self.reference_gpr), "accuracy": e(self.accuracy), "n_boot": self.n_boot,
+                "ci": self.ci}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PairedComparison":
+        e = _estimate
+        return cls(a=d["a"], b=d["b"], a_label=d.get("a_label", d["a"]), b_label=d.get("b_label", d["b"]),
+                   delta=e(d.get("delta")), delta_unpaired=e(d.get("delta_unpaired")),
+                   groups={g: e(v) for g, v in (d.get("groups") or {}).items()},
+                   reference_gpr=dict(d.get("reference_gpr") or {}), accuracy=e(d.get("accuracy")),
+                   n_boot=d.get("n_boot"), ci=d.get("ci"))
+
+
+def _estimate_dict(e: Estimate) -> dict:
+    return {"value": e.value, "low": e.low, "high": e.high}
+
+
+def _estimate(d) -> Estimate:
+    d = d or {}
+    return Estimate(d.get("value"), d.get("low"), d.get("high"))
+
+
+@dataclass(frozen=True)
 class AlgorithmReport:
     key: str
     name: str
@@ -133,6 +215,19 @@ class AlgorithmReport:
     null_delta: Estimate | None = None  # Δ under permuted membership: mean and spread (pp); None in version 1
     null_perms: int | None = None
     resolved: bool | None = None  # Δ's CI low above the null Δ spread's high; None: not computed
+    control: ControlInfo | None = None  # a control of DP-SGD-S (AuditConfig.controls)
+    # DP-SGD-S: the gradient noise multiplier it realised (noise std / C, mean over steps and models) and σ of
+    # DP-SGD at the same ε; their ratio is its extra noise
+    realised_noise_multiplier: float | None = None
+    dpsgd_noise_multiplier: float | None = None
+    accuracy_ci: Estimate | None = None  # mean test accuracy in points, t interval over complementary pairs
+
+    @property
+    def noise_ratio(self) -> float | None:
+        """DP-SGD-S's mean noise std over DP-SGD's at the same ε: z_Δ · mean max_k C_k / (σ · C)."""
+        if self.realised_noise_multiplier is None or not self.dpsgd_noise_multiplier:
+            return None
+        return self.realised_noise_multiplier / self.dpsgd_noise_multiplier
 
     def to_dict(self) -> dict:
         b = self.baselines
@@ -160,9 +255,13 @@ class AlgorithmReport:
                            "confidence": self.epsilon_confidence, "delta": self.epsilon_delta},
                "histogram": {"edges": list(self.histogram.edges),
                              "counts": {g: list(c) for g, c in self.histogram.counts.items()}}}
-        for k in ("train_seconds", "stats_seconds"):
+        for k in ("train_seconds", "stats_seconds", "realised_noise_multiplier", "dpsgd_noise_multiplier"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
+        if self.control is not None:
+            out["control"] = self.control.to_dict()
+        if self.accuracy_ci is not None:
+            out["accuracy_ci"] = _estimate_dict(self.accuracy_ci)
         return out
 
     @classmethod
@@ -202,7 +301,11 @@ class AlgorithmReport:
             train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
             null_groups=dict(null.get("groups") or {}), null_perms=null.get("n_perm"),
             null_delta=None if nd is None else Estimate(nd.get("value"), nd.get("low"), nd.get("high")),
-            resolved=d.get("resolved"))
+            resolved=d.get("resolved"),
+            control=None if d.get("control") is None else ControlInfo.from_dict(d["control"]),
+            realised_noise_multiplier=d.get("realised_noise_multiplier"),
+            dpsgd_noise_multiplier=d.get("dpsgd_noise_multiplier"),
+            accuracy_ci=None if d.get("accuracy_ci") is None else _estimate(d["accuracy_ci"]))
 
     def claimed_epsilons(self) -> tuple:
         """Per tier: the claimed ε, None for every tier of an algorithm without a formal guarantee."""
@@ -232,6 +335,7 @@ class AuditReport:
     partial: bool = False  # a running (or stopped) audit: not every algorithm is there yet
     version: int = RESULTS_VERSION
     score: str | None = None  # logit_confidence | loss; None: a version-1 report (float32 −loss)
+    comparisons: tuple[PairedComparison, ...] = ()  # DP-SGD-S against DP-SGD and its controls, paired
 
     @property
     def audit_config(self):
@@ -277,6 +381,9 @@ class AuditReport:
     def baselines_frame(self):
         return _frames().baselines_frame(self)
 
+    def comparison_frame(self):
+        return _frames().comparison_frame(self)
+
     # --- the store's JSON ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         out = {"kind": "audit", "version": self.version, "config": self.config, "dataset": self.dataset,
@@ -292,6 +399,8 @@ class AuditReport:
             out["partial"] = True
         if self.score is not None:
             out["score"] = self.score
+        if self.comparisons:
+            out["comparisons"] = [c.to_dict() for c in self.comparisons]
         return json_clean(out)
 
     @classmethod
@@ -309,7 +418,16 @@ class AuditReport:
                    config=dict(d.get("config") or {}), steps_per_model=d.get("steps_per_model"),
                    device=d.get("device"), chunk_models=d.get("chunk_models"), seconds=d.get("seconds"),
                    train_seconds=d.get("train_seconds"), stats_seconds=d.get("stats_seconds"),
-                   partial=bool(d.get("partial", False)), version=d.get("version", 1), score=d.get("score"))
+                   partial=bool(d.get("partial", False)), version=d.get("version", 1), score=d.get("score"),
+                   comparisons=tuple(PairedComparison.from_dict(c) for c in d.get("comparisons") or ()))
+
+    def comparison(self, a: str, b: str) -> PairedComparison | None:
+        """The paired comparison of algorithm keys ``a`` against ``b``; None when the audit has none."""
+        return next((c for c in self.comparisons if c.a == a and c.b == b), None)
+
+    def controls_of(self, key: str) -> dict:
+        """The controls of the DP-SGD-S algorithm ``key``: {kind: AlgorithmReport}."""
+        return {a.control.kind: a for a in self.algorithms if a.control is not None and a.control.of == key}
 
 
 def _frames():
@@ -340,69 +458,3 @@ def json_clean(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
-
-
-# ================================================================================================
-# summaries (CLI)
-# ================================================================================================
-
-def compact_summary(results) -> dict:
-    """The headline numbers of an audit (what ``--json`` prints); ``results``: a report or its dict."""
-    r = as_report(results)
-    out = {"dataset": r.dataset, "n_train": r.n_train, "R": r.R, "n_models": r.n_models, "threshold": r.threshold,
-           "group_by": r.group_by, "score": r.score, "seconds": r.seconds, "train_seconds": r.train_seconds,
-           "stats_seconds": r.stats_seconds}
-    out["algorithms"] = [{
-        "key": a.key, "label": a.label, "formal_dp": a.formal_dp, "accuracy": a.accuracy.mean,
-        "gpr": {g: e.value for g, e in a.gpr.items()}, "gpr_ci": {g: [e.low, e.high] for g, e in a.gpr.items()},
-        "delta_pp": a.delta.value, "delta_ci": [a.delta.low, a.delta.high], "null_floor": a.null_floor,
-        "null_floor_groups": dict(a.null_groups),
-        "null_delta": None if a.null_delta is None else [a.null_delta.low, a.null_delta.high],
-        "resolved": a.resolved, "pa_ga": a.baselines.pa_ga, "lira_auc": {g: v.auc for g, v in a.lira.items()},
-        "epsilon": [{"tier": t.name, "claimed": c, "lower_bound": t.lower_bound}
-                    for t, c in zip(a.epsilon, a.claimed_epsilons())],
-    } for a in r.algorithms]
-    return out
-
-
-def summary_table(results) -> str:
-    """The audit as a text table (``python -m engine audit`` / ``show``); ``results``: a report or its dict."""
-    r = as_report(results)
-    groups = r.group_names
-    lines = [f"PA-ALOOA on {r.dataset} (n={r.n_train}, 2R={r.n_models} models per algorithm, threshold "
-             f"{r.threshold}, score {r.score or 'loss (float32)'}, groups by {r.group_by})"
-             + ("  [partial]" if r.partial else "")]
-    lines.append(f"{'algorithm':<22} {'acc':>6} " + " ".join(f"{('GPR ' + g)[:14]:>14}" for g in groups)
-                 + f" {'Δ pp [CI]':>20} {'null Δ':>13} {'resolved':>8} {'ε LB / claimed':>18}")
-    for a in r.algorithms:
-        d, nd = a.delta, a.null_delta
-        eps = ", ".join(f"{_f(t.lower_bound, '.2f')}/{_f(c, '.2f')}" for t, c in zip(a.epsilon, a.claimed_epsilons()))
-        lines.append(f"{a.label[:22]:<22} {_f(a.accuracy.mean, '.3f'):>6} "
-                     + " ".join(f"{_gpr_cell(a, g):>14}" for g in groups)
-                     + f" {_f(d.value, '.2f')} [{_f(d.low, '.2f')}, {_f(d.high, '.2f')}]".rjust(21)
-                     + f" {_spread(nd):>13}"
-                     + f" {_yes_no(a.resolved):>8} {eps:>18}")
-    lines.append("GPR cells: the group's GPR / its own null floor (permuted membership); claimed ε — : no formal "
-                 "guarantee; resolved: Δ's CI above the null Δ spread")
-    if r.seconds is not None:
-        lines.append(f"{r.seconds:.1f} s ({_f(r.train_seconds, '.1f')} s training, "
-                     f"{_f(r.stats_seconds, '.1f')} s statistics)")
-    return "\n".join(lines)
-
-
-def _f(x, spec):
-    return "—" if x is None else format(x, spec)
-
-
-def _gpr_cell(a: AlgorithmReport, g: str) -> str:
-    gpr = _f(a.gpr[g].value if g in a.gpr else None, ".4f")
-    floor = a.null_groups.get(g, a.null_floor if not a.null_groups else None)
-    return f"{gpr}/{_f(floor, '.3f')}"
-
-
-def _spread(e: Estimate | None) -> str:
-    return "—" if e is None else f"[{_f(e.low, '.2f')}, {_f(e.high, '.2f')}]"
-
-
-def _yes_no(x) -> str:
-    return "—" if x is None else ("yes" if x else "NO")

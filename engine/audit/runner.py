@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit import stats
+from engine.audit import compare, controls, stats
 from engine.audit.analysis import algorithm_report, empty_report, membership_scores, plan_table
 from engine.audit.chunks import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, on_device,
                                  per_model_step_bytes)
@@ -55,6 +55,7 @@ from engine.audit.report import AuditReport, Baselines, LooaRecord
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
+from engine.dp import accounting
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.prepare import PrivacyPlan, prepare_data, prepare_privacy, total_steps
 from engine.dp.stacked import StackedModels, sgd_train
@@ -73,6 +74,10 @@ class AlgoSetup:
     label: str
     privacy: PrivacyPlan  # engine.dp.prepare's plan and what derives from it (the same as a run's)
     claimed: list  # per tier: ε the plan guarantees (None when non-private)
+    control: str | None = None  # a control of DP-SGD-S (engine.audit.controls.KINDS)
+    # a control is planned once DP-SGD-S has trained (until then ``privacy`` is DP-SGD's, for the estimate only)
+    resolved: bool = True
+    control_info: object = None  # the ControlInfo of a resolved control
 
     plan = property(lambda self: self.privacy.plan)
     sample_rates = property(lambda self: self.privacy.sample_rates)  # per training sample
@@ -95,6 +100,8 @@ class AuditSetup:
     device: torch.device
     chunk_models: int
     budget_bytes: int
+    data: object = None  # engine.dp.prepare.PreparedData (the controls plan with it)
+    tiers_config: object = None  # the resolved TiersConfig
 
     @property
     def n(self) -> int:
@@ -131,13 +138,20 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     except ConfigError as e:
         raise e.under("run.") from None
     looa = (config.looa_k + 1) * config.looa_models if config.looa_k else 0
-    check_work((2 * config.R + looa) * len(config.algorithms) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
+    n_algos = len(config.algorithms) + (len(controls.KINDS) if config.controls else 0)
+    pilot = controls.max_pilot_runs() * controls.pilot_models(2 * config.R) if config.controls else 0
+    check_work(((2 * config.R + looa) * n_algos + pilot) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
                allow_large=run.allow_large, what="model-steps")
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
     membership = stats.complementary_membership(n, config.R, seed=run.seed)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes))
+    if config.controls:  # planned after DP-SGD-S has trained (resolve_control); DP-SGD's plan stands in until then
+        dpsgd = next(a for a in algos if a.algo.name == "dpsgd")
+        for kind in controls.KINDS:
+            algos.append(dataclasses.replace(dpsgd, key=controls.KEYS[kind], algo=controls.ALGORITHM,
+                                             label=controls.LABELS[kind], control=kind, resolved=False))
     budget = int(config.memory_budget_gib * (1 << 30)) if config.memory_budget_gib else DEFAULT_BUDGET_BYTES
     expected_batch = max(a.plan.expected_batch_size if a.plan is not None else run.batch_size for a in algos)
     on_cpu = device.type == "cpu"  # CPU: cache-sized chunks; GPU: as many models as the budget holds
@@ -146,13 +160,14 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
         cache_bytes=CACHE_TARGET_BYTES if on_cpu else None)
     return AuditSetup(config=config, dataset=ds, tiers=tiers, groups=groups, group_names=group_names,
                       test_groups=test_groups, membership=membership, steps=steps, half_tier_sizes=half_sizes,
-                      algos=algos, device=device, chunk_models=int(chunk), budget_bytes=budget)
+                      algos=algos, device=device, chunk_models=int(chunk), budget_bytes=budget, data=data,
+                      tiers_config=tiers_cfg)
 
 
-def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes) -> AlgoSetup:
+def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes, *, label=None) -> AlgoSetup:
     """One algorithm's privacy preparation: engine.dp.prepare's, planned once for the half-size tiers."""
     field_prefix = f"algorithms[{k}]"
-    label = ALGORITHM_LABELS.get(algo.name, algo.name)
+    label = label or ALGORITHM_LABELS.get(algo.name, algo.name)
     if algo.name == "ino":
         label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
     rc = config.run_for(algo, tiers_cfg)
@@ -178,9 +193,10 @@ def preview_audit(config: AuditConfig, *, estimate: bool = False) -> dict:
            "group_names": s.group_names, "group_sizes": group_sizes(s.groups, s.group_names),
            "tier_names": list(s.tiers.names), "tier_sizes": list(s.tiers.sizes), "device": str(s.device),
            "looa_models": (config.looa_k + 1) * config.looa_models if config.looa_k else 0, "algorithms": []}
-    for a in s.algos:
+    for a in s.algos:  # a control is planned from what DP-SGD-S realises: no plan before the audit runs
         out["algorithms"].append({"key": a.key, "label": a.label, "formal_dp": a.formal_dp,
-                                  "plan": plan_table(s, a)})
+                                  "plan": plan_table(s, a) if a.resolved else None,
+                                  **({"control": a.control} if a.control is not None else {})})
     if estimate:
         out["estimate"] = estimate_runtime(s)
     return out
@@ -235,6 +251,16 @@ class _Checkpoints:
         if self.active:
             self.store.put_artifact(self.run_id, key, _npz(**arrays))
 
+    def get_json(self, key: str):
+        if not self.active:
+            return None
+        blob = self.store.get_artifact(self.run_id, key)
+        return None if blob is None else json.loads(blob.decode())
+
+    def put_json(self, key: str, value) -> None:
+        if self.active:
+            self.store.put_artifact(self.run_id, key, json.dumps(value, sort_keys=True).encode())
+
 
 def _migrated(config_dict):
     """A stored audit config in today's shape (checkpoints written before the nested config still match)."""
@@ -285,19 +311,90 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     bar = _bar(total) if progress else None
     prog = _Progress(life, total, bar)
     report = empty_report(setup)
-    for a in setup.algos:
-        res, adv = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
-        report = dataclasses.replace(report, algorithms=report.algorithms + (res,), seconds=time.time() - started)
+    results: dict[str, AlgoResult] = {}
+    for k, a in enumerate(setup.algos):
+        if not a.resolved:
+            a = setup.algos[k] = _resolve_control(setup, a, results, ckpt, should_stop)
+        results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+        report = dataclasses.replace(report, algorithms=report.algorithms + (got.report,),
+                                     seconds=time.time() - started)
         if life.active:
             life.store.set_summary(life.run_id, dataclasses.replace(report, partial=True).to_dict())
-            life.store.put_artifact(life.run_id, f"advantage/{a.key}", npy_bytes(adv))
+            life.store.put_artifact(life.run_id, f"advantage/{a.key}", npy_bytes(got.advantage.astype(np.float32)))
     if bar is not None:
         bar.close()
+    report = dataclasses.replace(report, comparisons=_comparisons(setup, results))
     report = dataclasses.replace(report, seconds=time.time() - started,
                                  train_seconds=sum(r.train_seconds for r in report.algorithms),
                                  stats_seconds=sum(r.stats_seconds for r in report.algorithms))
     life.finish(report.to_dict())
     return report
+
+
+def _resolve_control(setup: AuditSetup, a: AlgoSetup, results: dict, ckpt, should_stop) -> AlgoSetup:
+    """Plan the control ``a`` from what DP-SGD-S (already trained: the controls come last) realised."""
+    s = next(x for x in setup.algos if x.algo.name == "dpsgd_s" and x.control is None)
+    dpsgd = next(x for x in setup.algos if x.algo.name == "dpsgd" and x.control is None)
+    if a.control == "noise_matched":
+        realised = results[s.key].realised_noise
+        privacy, info = controls.noise_matched(dpsgd.privacy, float(np.mean(realised)) if realised is not None
+                                               else math.nan, of=s.key)
+    else:
+        privacy, info = _accuracy_match(setup, s, dpsgd, results, ckpt, should_stop)
+    return dataclasses.replace(a, privacy=privacy, claimed=[float(e) for e in privacy.plan.epsilons], resolved=True,
+                               control_info=info)
+
+
+def _dpsgd_at(setup: AuditSetup, epsilon: float) -> PrivacyPlan:
+    """DP-SGD's privacy preparation with every tier at ``epsilon`` (the accuracy-matched control's candidates)."""
+    rc = setup.config.run_for(controls.ALGORITHM, controls.tiers_at(setup.tiers_config, epsilon))
+    try:
+        return prepare_privacy(rc, setup.data, steps=setup.steps, tier_sizes=setup.half_tier_sizes, field="controls")
+    except ConfigError as e:
+        raise ConfigError("controls", f"accuracy-matched DP-SGD at ε = {epsilon:.4g}: {e.message}") from None
+
+
+def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: dict, ckpt, should_stop):
+    """The accuracy-matched control: the ε search on the pilot models (``controls.search_accuracy_match``),
+    kept as an artifact so that a resumed audit trains the same control."""
+    cfg = setup.config
+    pilot = controls.pilot_models(setup.n_models)
+    target = float(results[s.key].accuracy[:pilot].mean())
+    eps0 = float(min(dpsgd.privacy.plan.target_epsilons))
+    y_test = setup.dataset.y_test.numpy()
+    seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(pilot)]  # the audit's first models' initialisations
+
+    def accuracy_at(epsilon: float) -> float:
+        candidate = dataclasses.replace(dpsgd, privacy=_dpsgd_at(setup, epsilon))
+        _, _, pred, _ = _train_chunk(setup, candidate, setup.membership[:pilot], seeds,
+                                     derived_seed(cfg.run.seed, 5), None, should_stop)
+        return float((pred == y_test[None, :]).mean())
+
+    saved = ckpt.get_json("control/accuracy_matched/search")
+    if saved is None:
+        eps, trace, matched = controls.search_accuracy_match(
+            accuracy_at, target, eps0, floor=2 * accounting.epsilon_floor(cfg.run.delta))
+        ckpt.put_json("control/accuracy_matched/search", {"epsilon": eps, "trace": trace, "matched": matched})
+    else:
+        eps, trace, matched = saved["epsilon"], saved["trace"], saved["matched"]
+    privacy = _dpsgd_at(setup, eps)
+    return privacy, controls.accuracy_matched_info(privacy, of=s.key, target_epsilon=eps0, target_accuracy=target,
+                                                   trace=trace, matched=matched, pilot=pilot)
+
+
+def _comparisons(setup: AuditSetup, results: dict) -> tuple:
+    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (``engine.audit.compare``)."""
+    cfg = setup.config
+    base = [a for a in setup.algos if a.algo.name == "dpsgd" and a.control is None][:1]
+    out = []
+    for i, s in enumerate(a for a in setup.algos if a.algo.name == "dpsgd_s"):
+        refs = base + [a for a in setup.algos if a.control_info is not None and a.control_info.of == s.key]
+        for j, b in enumerate(refs):
+            ra, rb = results[s.key], results[b.key]
+            out.append(compare.compare(ra.report, rb.report, ra.advantage, rb.advantage, ra.accuracy, rb.accuracy,
+                                       setup.groups, n_boot=cfg.n_boot, ci=cfg.confidence,
+                                       seed=derived_seed(cfg.run.seed, 6, i, j)))
+    return tuple(out)
 
 
 def _bar(total):
@@ -309,7 +406,8 @@ def _bar(total):
 def _run_plan(setup: AuditSetup) -> dict:
     return {"kind": "audit", "steps_per_model": setup.steps, "n_models": setup.n_models, "n_train": setup.n,
             "chunk_models": setup.chunk_models, "tier_names": list(setup.tiers.names),
-            "algorithms": {a.key: plan_table(setup, a) for a in setup.algos},
+            "algorithms": {a.key: plan_table(setup, a) if a.resolved else None for a in setup.algos},
+            "controls": {a.key: a.control for a in setup.algos if a.control is not None},
             # the Runs page's "formal DP": only when every algorithm of the audit has a formal guarantee
             "formal_dp": all(a.formal_dp for a in setup.algos),
             "no_formal_dp": [a.label for a in setup.algos if not a.formal_dp]}
@@ -326,15 +424,17 @@ def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seed
     mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
     gen = torch.Generator(device=dev).manual_seed(gen_seed)
     sgd_train(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr, gen=gen,
-              should_stop=should_stop, on_step=lambda _s: prog.advance())
+              should_stop=should_stop, on_step=None if prog is None else (lambda _s: prog.advance()))
     chunk = _eval_chunk(setup, len(init_seeds))
     if score_idx is not None:  # PA-LOOA: only the target records matter
         ix = torch.as_tensor(score_idx, device=dev)
         losses, confs, _ = ens.score(x[ix], y[ix], chunk=chunk)
-        return losses, confs, None
+        return losses, confs, None, None
     losses, confs, _ = ens.score(x, y, chunk=chunk)
     _, _, pred = ens.score(on_device(ds.x_test, dev), on_device(ds.y_test, dev), chunk=chunk)
-    return losses, confs, pred
+    # DP-SGD-S: each model's realised noise multiplier z_Δ · mean_t max_k C_k / C (the noise-matched control's)
+    realised = mech.realised_noise_multiplier().cpu().numpy() if hasattr(mech, "realised_noise_multiplier") else None
+    return losses, confs, pred, realised
 
 
 def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
@@ -344,39 +444,62 @@ def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
     return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
 
 
-def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog, should_stop):
-    """Train (or load) the algorithm's 2R models chunk by chunk; returns (AlgorithmReport, per-sample advantage)."""
+@dataclass
+class AlgoResult:
+    """One algorithm's report and what the paired comparisons and the controls need from its models."""
+
+    report: object  # AlgorithmReport
+    advantage: np.ndarray  # (n,) per-sample advantage, float64
+    accuracy: np.ndarray  # (2R,) test accuracy per model
+    realised_noise: np.ndarray | None  # (2R,) DP-SGD-S: each model's realised noise multiplier
+
+
+def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog,
+                     should_stop) -> AlgoResult:
+    """Train (or load) the algorithm's 2R models chunk by chunk, then its statistics."""
+    if not a.resolved:
+        raise RuntimeError(f"internal error: the control {a.key} was not planned before training")
     cfg = setup.config
     n, M = setup.n, setup.n_models
     k_algo = [x.key for x in setup.algos].index(a.key)
     t0 = time.time()
     losses = np.empty((M, n), dtype=np.float64)
     confs = np.empty((M, n), dtype=np.float64)
-    preds = []
+    preds, noise = [], []
+    tracks_noise = a.algo.name == "dpsgd_s"
     for c, (lo, hi) in enumerate(layout[f"{a.key}/aloo"]):
         key = f"chunk/{a.key}/aloo/{c}"
         got = ckpt.get(key)
+        if got is not None and tracks_noise and "noise" not in got and cfg.controls:
+            got = None  # a checkpoint from before the realised noise was kept: the controls need it, trained again
         if got is None:
             seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
-            l, cf, p = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
-                                    derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
-            ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16))
-            got = {"losses": l, "confs": cf, "preds": p}
+            l, cf, p, z = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
+                                       derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
+            ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16), **({} if z is None else {"noise": z}))
+            got = {"losses": l, "confs": cf, "preds": p, **({} if z is None else {"noise": z})}
         else:
             prog.advance(setup.steps)
         losses[lo:hi], confs[lo:hi] = got["losses"], got["confs"]
         preds.append(np.asarray(got["preds"]))
+        noise.append(got.get("noise"))
     train_seconds = time.time() - t0
     t1 = time.time()
-    res, adv = algorithm_report(setup, a, losses, confs, np.concatenate(preds, 0))
+    preds = np.concatenate(preds, 0)
+    realised = np.concatenate(noise).astype(np.float64) if tracks_noise and all(z is not None for z in noise) \
+        else None
+    res, adv = algorithm_report(setup, a, losses, confs, preds, realised_noise=realised)
     stats_seconds = time.time() - t1
     # PA-LOOA on the records the ALOOA advantage ranks riskiest (outside model 0's half)
     if cfg.looa_k:
         t2 = time.time()
-        res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv, layout, ckpt, prog, should_stop,
+        res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv.astype(np.float32), layout, ckpt,
+                                                       prog, should_stop,
                                                        k_algo))
         train_seconds += time.time() - t2
-    return dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds), adv
+    accuracy = (preds == setup.dataset.y_test.numpy()[None, :]).mean(1)
+    return AlgoResult(report=dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds),
+                      advantage=adv, accuracy=accuracy, realised_noise=realised)
 
 
 def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo) -> Baselines:
@@ -391,8 +514,8 @@ def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, 
         got = ckpt.get(key)
         if got is None or "confs" not in got:  # version-1 LOOA chunks hold losses only: trained again
             seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
-            l, cf, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
-                                    prog, should_stop, score_idx=targets)
+            l, cf, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
+                                       prog, should_stop, score_idx=targets)
             ckpt.put(key, losses=l, confs=cf)
             got = {"losses": l, "confs": cf}
         else:

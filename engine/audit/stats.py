@@ -14,11 +14,17 @@ Conventions used throughout
   two (``threshold="held_out"``, :func:`per_group_epsilon_lower_bound`) detect
   this pair structure and split whole pairs, which stratifies every sample
   (each half holds the same number of members and non-members for it).
+
+Implementation: the threshold searches sort each sample's scores once (``_Sorted``) and reuse that order
+for both held-out halves and for every permutation of the null (a subset's best rule is found on the full
+order), with exact integer objectives, so the numbers are those of one sort per half and per permutation;
+the random draws are the same calls, in the same order, as in the straightforward implementation.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Hashable
 
 import numpy as np
@@ -89,6 +95,14 @@ def _is_paired(membership: np.ndarray) -> bool:
     return M >= 2 and M % 2 == 0 and bool(np.all(membership[0::2] != membership[1::2]))
 
 
+def _split_pairs(R: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random split of ``R`` complementary pairs into two halves (pair indices)."""
+    if R < 2:
+        raise ValueError("need at least 2 complementary pairs (2R >= 4) to split models")
+    perm = rng.permutation(R)
+    return np.sort(perm[: R // 2]), np.sort(perm[R // 2:])
+
+
 def _split_models(membership: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Random split of model indices into two halves.
 
@@ -98,11 +112,7 @@ def _split_models(membership: np.ndarray, rng: np.random.Generator) -> tuple[np.
     """
     M = membership.shape[0]
     if _is_paired(membership):
-        R = M // 2
-        if R < 2:
-            raise ValueError("need at least 2 complementary pairs (2R >= 4) to split models")
-        perm = rng.permutation(R)
-        a, b = np.sort(perm[: R // 2]), np.sort(perm[R // 2:])
+        a, b = _split_pairs(M // 2, rng)
         pa = np.stack([2 * a, 2 * a + 1], axis=1).ravel()
         pb = np.stack([2 * b, 2 * b + 1], axis=1).ravel()
         return pa, pb
@@ -112,84 +122,344 @@ def _split_models(membership: np.ndarray, rng: np.random.Generator) -> tuple[np.
     return np.sort(perm[: M // 2]), np.sort(perm[M // 2:])
 
 
-def _best_threshold_chunk(s: np.ndarray, m: np.ndarray, want_threshold: bool):
-    """Best "score >= t" rule per row.  ``s``, ``m``: (k, M) — one row per sample.
+# Elements per block of a sorted layout (:class:`_Sorted`): a block's temporaries stay in the CPU's cache.
+_BLOCK_ELEMS = 1 << 17
 
-    Returns (adv, threshold or None).  adv is NaN where a row has no members or
-    no non-members.  The threshold is a value strictly between two distinct
-    consecutive scores (the midpoint when representable), +inf for the empty
-    rule (encoded as NaN, which no score reaches — robust to +inf scores);
-    among equally good rules the highest threshold wins.
+
+class _Sorted:
+    """Each row of ``rows`` — ``(u, L)``: one unit (a sample, or a model) and its ``L`` scores — sorted in
+    descending order, once; every threshold search on these scores (both held-out halves, every permutation
+    of the membership, every group) reuses the sort.
+
+    A search over a subset H of a row's elements (a half of the models, a group of samples) runs on the row's
+    full order: cumulative member / non-member counts of H over all ``L`` positions hold, at each position, the
+    counts of H's last element at or before it, so the first maximum over *run ends* (the last position of each
+    run of equal scores) is the first maximum over H's own admissible rules (the last H element of each run of
+    equal scores) — the rule a sort of H alone finds, with the same scores around it. Tied scores are
+    classified together either way, so the order of the sort within ties does not matter.
     """
-    k, M = s.shape
-    order = np.argsort(-s, axis=1, kind="stable")
-    ss = np.take_along_axis(s, order, axis=1)
-    mm = np.take_along_axis(m, order, axis=1)
-    P = mm.sum(axis=1)
-    N = M - P
-    P = P.astype(np.int64)
-    N = N.astype(np.int64)
-    tp = np.cumsum(mm, axis=1, dtype=np.int64)
-    # position j (0-based, "include the top j+1 scores") -> fp = j+1-tp
-    fp = np.arange(1, M + 1, dtype=np.int64)[None, :] - tp
-    # exact integer objective: (TPR - FPR) * P * N = tp*N - fp*P  (so equally
-    # good rules tie exactly and the tie-break below is deterministic)
-    val = tp * N[:, None]
-    val -= fp * P[:, None]
-    valid = np.empty((k, M), dtype=bool)
-    valid[:, :-1] = ss[:, :-1] != ss[:, 1:]
-    valid[:, -1] = True
-    val[~valid] = np.iinfo(np.int64).min
-    j = np.argmax(val, axis=1)
-    best = val[np.arange(k), j]
-    empty = best <= 0  # the empty rule (t=+inf) gives 0 and wins ties
-    bad = (P == 0) | (N == 0)
+
+    def __init__(self, rows: np.ndarray, keep_values: bool = True):
+        u, L = rows.shape
+        self.u, self.L = u, L
+        step = max(1, _BLOCK_ELEMS // max(L, 1))
+        self.blocks = [(a, min(u, a + step)) for a in range(0, u, step)]
+        self.ss = np.empty((u, L)) if keep_values else None  # the sorted scores (thresholds need them)
+        self.idx: list[np.ndarray] = []  # per block: flat index of each sorted position into a (rows, L) source
+        self.notend: list = []  # per block: None (no ties) or (rows with ties, mask of positions ending no run)
+        self._pidx: list[np.ndarray] | None = None
+        idt = np.int32 if u * L < 2**31 else np.intp  # (np.take widens it as it goes: a little slower, half the memory)
+        for a, b in self.blocks:
+            r = np.ascontiguousarray(rows[a:b], dtype=np.float64)
+            o = np.argsort(-r, axis=1)
+            ss = np.take_along_axis(r, o, axis=1)
+            if keep_values:
+                self.ss[a:b] = ss
+            o += (np.arange(b - a, dtype=o.dtype) * L)[:, None]
+            self.idx.append(o.astype(idt, copy=False))
+            self.notend.append(self._ties(ss))
+        # cumulative counts are packed as (objective) * K - (elements so far), elements < K
+        self.K = 1 << int(L).bit_length()
+
+    @staticmethod
+    def _ties(ss: np.ndarray):
+        tie = ss[:, :-1] == ss[:, 1:]
+        tied = np.flatnonzero(tie.any(axis=1))
+        if not tied.size:
+            return None
+        mask = np.zeros((tied.size, ss.shape[1]), dtype=bool)
+        mask[:, :-1] = tie[tied]
+        return tied, mask
+
+    def sorts(self, rows: np.ndarray) -> bool:
+        """Whether this order still sorts ``rows`` (same shape; the same scores, or without kept values: scores
+        in the same order with the same ties, all a search without thresholds depends on)."""
+        if rows.shape != (self.u, self.L):
+            return False
+        for k, (a, b) in enumerate(self.blocks):
+            v = np.take(np.ascontiguousarray(rows[a:b], dtype=np.float64).reshape(-1), self.idx[k])
+            if self.ss is not None:
+                if not np.array_equal(v, self.ss[a:b]):
+                    return False
+                continue
+            if not (v[:, :-1] >= v[:, 1:]).all():
+                return False
+            ties, kept = self._ties(v), self.notend[k]
+            if (ties is None) != (kept is None) or (ties is not None and not (
+                    np.array_equal(ties[0], kept[0]) and np.array_equal(ties[1], kept[1]))):
+                return False
+        return True
+
+    def pair_idx(self, k: int) -> np.ndarray:
+        """Block ``k``'s flat index into a ``(rows, L // 2)`` source of the complementary pairs (model // 2)."""
+        if self._pidx is None:
+            self._pidx = [(o >> 1).astype(np.intp) for o in self.idx]  # (i*L + model) // 2 = i*L/2 + model // 2
+        return self._pidx[k]
+
+    def rows_coder(self, mem_rows: np.ndarray, extra: np.ndarray | None = None):
+        """Fills block ``k`` of the code (sorted order): bit 0 = ``mem_rows`` (``(u, L)`` bool), plus ``extra``
+        (``(L,)`` int8, in the rows' own order)."""
+        def fill(k, a, b, out):
+            src = np.ascontiguousarray(mem_rows[a:b]).view(np.int8)
+            if extra is not None:
+                src = src + extra
+            np.take(src.reshape(-1), self.idx[k], out=out)
+        return fill
+
+    def flip_coder(self, m_sorted: np.ndarray, pairs: np.ndarray):
+        """Like :meth:`rows_coder` for the membership ``m`` with each complementary pair's member swapped where
+        bit 0 of ``pairs`` (``(u, L/2)`` int8: unit, pair) is set, given ``m`` in sorted order (``m_sorted``);
+        the other bits of ``pairs`` are kept (bit 1: the pair is in half A)."""
+        def fill(k, a, b, out):
+            np.take(pairs[a:b].reshape(-1), self.pair_idx(k), out=out)
+            out ^= m_sorted[a:b]
+        return fill
+
+
+_SORTED: list = []  # [layout, weak reference to the scores array, its _Sorted]: the last one built
+
+
+def _sorted_of(s: np.ndarray, layout: str) -> _Sorted:
+    """``_Sorted`` of the scores ``s`` (``(M, n)``) by sample (``layout="samples"``: each sample's models) or by
+    model (``"models"``: each model's samples, without the sorted values). The last one built is kept while its
+    array lives, and reused when the same array comes back with the same contents (checked: the kept order must
+    still sort it), so ``sample_advantage`` / ``null_distribution`` and ``pa_ga`` / ``pa_gba`` sort once."""
+    rows = s.T if layout == "samples" else s
+    if _SORTED and _SORTED[0] == layout and _SORTED[1]() is s and _SORTED[2].sorts(rows):
+        return _SORTED[2]
+    _SORTED.clear()  # frees the last one before sorting again
+    srt = _Sorted(rows, keep_values=layout == "samples")
+    try:
+        ref = weakref.ref(s, lambda r: _SORTED.clear() if _SORTED and _SORTED[1] is r else None)
+    except TypeError:
+        return srt
+    _SORTED[:] = [layout, ref, srt]
+    return srt
+
+
+class _Work:
+    """Per-block scratch arrays of one pass over a :class:`_Sorted` (reused block after block)."""
+
+    def __init__(self, srt: "_Sorted", n_x: int):
+        C = max((b - a for a, b in srt.blocks), default=0)
+        L, K = srt.L, srt.K
+        self.dt = np.int32 if (L + 1) * K < 2**31 else np.int64
+        self.bit = np.empty((C, L), dtype=np.int8)
+        self.e = np.empty((C, L), dtype=self.dt)
+        self.x = [np.empty((C, L), dtype=self.dt) for _ in range(n_x)]
+
+
+def _weights(code: np.ndarray, cm: int, cn: int, P: np.ndarray, N: np.ndarray, K: int, out: np.ndarray):
+    """Weights whose cumulative sums pack, at each position, ``(tp * N - fp * P) / g * K - (tp + fp)`` of the
+    elements coded ``cm`` (members) / ``cn`` (non-members): ``g = P`` where every row has ``P == N`` (-> True),
+    else 1 (int64; -> False)."""
+    C = code.shape[0]
+    if np.array_equal(P, N):
+        lut = np.zeros(4, dtype=out.dtype)
+        lut[cm], lut[cn] = K - 1, -K - 1
+        np.take(lut, code, out=out)
+        return out, True
+    lut = np.zeros((C, 4), dtype=np.int64)
+    lut[:, cm], lut[:, cn] = N * K - 1, -P * K - 1
+    return np.take(lut.reshape(-1), code + (np.arange(C) * 4)[:, None]), False
+
+
+def _halves_pm1(code: np.ndarray, K: int, w: _Work, C: int):
+    """The weights of :func:`_weights` for both halves at once (every row balanced in both): members of A
+    (code 3) K - 1, non-members of A (code 2) -K - 1, in x[0]; the same for B (codes 1, 0) in x[1]."""
+    bit, e = w.bit[:C], w.e[:C]
+    xa, xb = w.x[0][:C], w.x[1][:C]
+    np.bitwise_and(code, 1, out=bit)
+    np.multiply(bit, 2 * K, out=e, dtype=w.dt)
+    e -= K + 1  # K - 1 for members, -K - 1 for non-members
+    np.right_shift(code, 1, out=bit)  # 1 in A
+    np.multiply(e, bit, out=xa, dtype=w.dt)
+    np.subtract(e, xa, out=xb)
+    return xa, xb
+
+
+_INT_MIN = {4: np.iinfo(np.int32).min, 8: np.iinfo(np.int64).min}
+
+
+def _best_run_end(srt: _Sorted, k: int, x: np.ndarray) -> np.ndarray:
+    """Cumulates the weights ``x`` (in place) and finds per row the first run end where the packed objective
+    is largest (the first maximum of ``tp * N - fp * P``: exact integers, so equally good rules tie exactly;
+    among them the highest threshold wins)."""
+    np.cumsum(x, axis=1, out=x)
+    ne = srt.notend[k]
+    if ne is not None:  # only run ends are rules
+        tied, mask = ne
+        sub = x[tied]
+        sub[mask] = _INT_MIN[x.dtype.itemsize]
+        x[tied] = sub
+    return np.argmax(x, axis=1)
+
+
+def _decode(x: np.ndarray, K: int, P: np.ndarray, N: np.ndarray, pm1: np.ndarray):
+    """(tp, fp) from packed cumulative counts (``pm1``: per row, whether the weights were the balanced ones)."""
+    x = x.astype(np.int64)
+    cnt = (-x) % K
+    d = (x + cnt) // K
+    tp = np.where(pm1, (cnt + d) // 2, (d + P * cnt) // np.maximum(N + P, 1))
+    return tp, cnt - tp
+
+
+def _advantage(best: np.ndarray, P: np.ndarray, N: np.ndarray) -> np.ndarray:
+    """TPR - FPR of the best rule (0 for the empty rule; NaN without members or non-members)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        adv = np.where(empty, 0.0, best / (P * N).astype(np.float64))
-    adv[bad] = np.nan
-    if not want_threshold:
-        return adv, None
-    rows = np.arange(k)
+        adv = np.where(best <= 0, 0.0, best / (P * N).astype(np.float64))
+    adv[(P == 0) | (N == 0)] = np.nan
+    return adv
+
+
+def _threshold(ss: np.ndarray, code: np.ndarray, j: np.ndarray, empty: np.ndarray, cm: int, cn: int):
+    """The rule's threshold, strictly between its lowest included score (``ss[j]``) and the subset's next
+    distinct score (the midpoint when representable); -inf for "all included"; NaN for the empty rule ("score
+    >= nan" is never true; it wins ties: among equally good rules the highest threshold wins). -> (t, next)."""
+    rows = np.arange(ss.shape[0])
     hi = ss[rows, j]
-    lo = np.where(j + 1 < M, ss[rows, np.minimum(j + 1, M - 1)], -np.inf)
+    nxt = _next_in(code, j, cm, cn)
+    has = nxt >= 0
+    lo = np.where(has, ss[rows, np.maximum(nxt, 0)], -np.inf)
     with np.errstate(invalid="ignore", over="ignore"):
         mid = 0.5 * hi + 0.5 * lo
     t = np.where(np.isfinite(lo) & (mid > lo) & (mid <= hi), mid, hi)
-    t = np.where(j + 1 >= M, -np.inf, t)  # all included
-    t = np.where(empty, np.nan, t)  # empty rule: "score >= nan" is never true
-    return adv, t
+    t = np.where(has, t, -np.inf)
+    return np.where(empty, np.nan, t), nxt
 
 
-def _best_threshold(scores: np.ndarray, membership: np.ndarray, want_threshold: bool = False):
-    """Column-wise best threshold over models.  (M, n) -> (n,) advantage [, threshold]."""
-    M, n = scores.shape
-    adv = np.empty(n)
-    thr = np.empty(n) if want_threshold else None
-    step = max(1, _CHUNK_ELEMS // max(M, 1))
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        s = np.ascontiguousarray(scores[:, a:b].T)
-        m = np.ascontiguousarray(membership[:, a:b].T)
-        r, t = _best_threshold_chunk(s, m, want_threshold)
-        adv[a:b] = r
-        if want_threshold:
-            thr[a:b] = t
-    return (adv, thr) if want_threshold else adv
+def _next_in(code: np.ndarray, j: np.ndarray, cm: int, cn: int) -> np.ndarray:
+    """Per row, the first position after ``j`` coded ``cm`` or ``cn`` (-1 where none)."""
+    u, L = code.shape
+    flat = code.reshape(-1)
+    nxt = np.full(u, -1, dtype=np.intp)
+    rows, at = np.arange(u), np.arange(u) * L + j + 1  # flat positions
+    end = (rows + 1) * L
+    while rows.size:  # one position per step: runs of other codes are short
+        inside = at < end
+        rows, at, end = rows[inside], at[inside], end[inside]
+        v = flat[at]
+        hit = (v == cm) | (v == cn)
+        nxt[rows[hit]] = at[hit] - rows[hit] * L
+        miss = ~hit
+        rows, at, end = rows[miss], at[miss] + 1, end[miss]
+    return nxt
 
 
-def _eval_threshold(scores: np.ndarray, membership: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """TPR - FPR of per-column rule "score >= t[i]" over the models (rows).
-    ``t[i] = NaN`` encodes the empty rule."""
-    with np.errstate(invalid="ignore"):
-        pred = scores >= t[None, :]
-    P = membership.sum(axis=0)
-    N = membership.shape[0] - P
-    tp = (pred & membership).sum(axis=0)
-    fp = (pred & ~membership).sum(axis=0)
+def _scored(ss, code, j, t, pre, cm, cn, P, N):
+    """(tp, fp) of the rule "score >= t" on the elements coded ``cm`` / ``cn``, given their counts ``pre``
+    among the first ``j + 1`` positions (``t <= ss[j]``; after ``j``, the scores >= t belong to them)."""
+    tp, fp = pre[0].copy(), pre[1].copy()
+    u, L = ss.shape
+    sflat, cflat = ss.reshape(-1), code.reshape(-1)
+    rows = np.flatnonzero(np.isfinite(t))
+    at = rows * L + j[rows] + 1
+    end = (rows + 1) * L
+    tt = t[rows]
+    while rows.size:  # one position per step, while the scores reach t
+        more = at < end
+        more[more] = sflat[at[more]] >= tt[more]
+        rows, at, end, tt = rows[more], at[more], end[more], tt[more]
+        v = cflat[at]
+        tp[rows] += v == cm
+        fp[rows] += v == cn
+        at = at + 1
+    empty, every = np.isnan(t), np.isneginf(t)
+    tp[empty], fp[empty] = 0, 0
+    tp[every], fp[every] = P[every], N[every]
+    return tp, fp
+
+
+def _rate_gap(tp, fp, P, N) -> np.ndarray:
+    """TPR - FPR (NaN without members or non-members)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         out = tp / P - fp / N
     out[(P == 0) | (N == 0)] = np.nan
     return out
+
+
+def _in_sample(srt: _Sorted, coder, *, subset: bool = False, balanced: bool = False, want_threshold: bool = False):
+    """Best in-sample rule per row of ``srt`` over all its elements (``coder``: bit 0 = member) or over the
+    subset with bit 1 set. ``balanced``: as many members as non-members in every row (skips the count).
+    -> adv [, threshold]."""
+    u, L = srt.u, srt.L
+    cm, cn = (3, 2) if subset else (1, 0)
+    P, N, raw = (np.empty(u, dtype=np.int64) for _ in range(3))
+    pm1 = np.empty(u, dtype=bool)
+    j = np.empty(u, dtype=np.intp)
+    code = np.empty((u, L), dtype=np.int8) if want_threshold else None
+    w = _Work(srt, 1)
+    for k, (a, b) in enumerate(srt.blocks):
+        C = b - a
+        c = code[a:b] if want_threshold else w.bit[:C]
+        coder(k, a, b, c)
+        if balanced:
+            P[a:b] = N[a:b] = L // 2
+        else:
+            P[a:b] = np.count_nonzero(c == cm, axis=1)
+            N[a:b] = (L - P[a:b]) if not subset else np.count_nonzero(c == cn, axis=1)
+        x, pm1[a:b] = _weights(c, cm, cn, P[a:b], N[a:b], srt.K, w.x[0][:C])
+        j[a:b] = jk = _best_run_end(srt, k, x)
+        raw[a:b] = x[np.arange(C), jk]
+    tp, fp = _decode(raw, srt.K, P, N, pm1)
+    best = tp * N - fp * P
+    adv = _advantage(best, P, N)
+    if not want_threshold:
+        return adv
+    return adv, _threshold(srt.ss, code, j, best <= 0, cm, cn)[0]
+
+
+def _held_out(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> np.ndarray:
+    """Held-out advantage per row of ``srt`` (the samples; ``L`` = the models): the rule chosen on half A
+    (``coder``: bit 0 = member, bit 1 = model in A; ``nA`` models) scored on half B and the other way round,
+    averaged. ``balanced``: every row has as many members as non-members in each half (whole pairs)."""
+    u, L = srt.u, srt.L
+    K = srt.K
+    code = np.empty((u, L), dtype=np.int8)
+    sizes = {"A": nA, "B": L - nA}
+    cms = {"A": (3, 2), "B": (1, 0)}
+    P, N, j = {}, {}, {}
+    for h in "AB":
+        if balanced:
+            P[h] = N[h] = np.full(u, sizes[h] // 2, dtype=np.int64)
+        else:
+            P[h], N[h] = np.empty(u, dtype=np.int64), np.empty(u, dtype=np.int64)
+        j[h] = np.empty(u, dtype=np.intp)
+    raw = {(h, o): np.empty(u, dtype=np.int64) for h in "AB" for o in "AB"}  # h's packed counts at o's rule
+    pm1 = {h: np.full(u, True) for h in "AB"}
+    w = _Work(srt, 2)
+    for k, (a, b) in enumerate(srt.blocks):
+        C = b - a
+        c = code[a:b]
+        coder(k, a, b, c)
+        if balanced:
+            xs = dict(zip("AB", _halves_pm1(c, K, w, C)))
+        else:
+            xs = {}
+            for i, h in enumerate("AB"):
+                P[h][a:b] = np.count_nonzero(c == cms[h][0], axis=1)
+                N[h][a:b] = sizes[h] - P[h][a:b]
+                xs[h], pm1[h][a:b] = _weights(c, *cms[h], P[h][a:b], N[h][a:b], K, w.x[i][:C])
+        for h in "AB":
+            j[h][a:b] = _best_run_end(srt, k, xs[h])
+        rows = np.arange(C)
+        for h in "AB":
+            for o in "AB":
+                raw[h, o][a:b] = xs[h][rows, j[o][a:b]]
+    out = 0.0
+    for h, o in (("A", "B"), ("B", "A")):  # h's rule on o
+        tp, fp = _decode(raw[h, h], K, P[h], N[h], pm1[h])
+        t, _ = _threshold(srt.ss, code, j[h], tp * N[h] - fp * P[h] <= 0, *cms[h])
+        pre = _decode(raw[o, h], K, P[o], N[o], pm1[o])  # o's counts among the first j[h] + 1 positions
+        tp, fp = _scored(srt.ss, code, j[h], t, pre, *cms[o], P[o], N[o])
+        out = out + _rate_gap(tp, fp, P[o], N[o])
+    return 0.5 * out
+
+
+def _best_threshold(scores: np.ndarray, membership: np.ndarray, want_threshold: bool = False):
+    """Column-wise best threshold over models.  (M, n) -> (n,) advantage [, threshold]."""
+    srt = _Sorted(scores.T)
+    return _in_sample(srt, srt.rows_coder(membership.T), want_threshold=want_threshold)
 
 
 # --------------------------------------------------------------------------- #
@@ -245,17 +515,15 @@ def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0
     """
     s, m = _as_pair(scores, membership)
     if threshold == "in_sample":
-        return _best_threshold(s, m)
+        srt = _sorted_of(s, "samples")
+        return _in_sample(srt, srt.rows_coder(m.T))
     if threshold != "held_out":
         raise ValueError(f"threshold must be 'in_sample' or 'held_out', got {threshold!r}")
-    rng = np.random.default_rng(seed)
-    ia, ib = _split_models(m, rng)
-    sa, ma, sb, mb = s[ia], m[ia], s[ib], m[ib]
-    _, ta = _best_threshold(sa, ma, want_threshold=True)
-    _, tb = _best_threshold(sb, mb, want_threshold=True)
-    ab = _eval_threshold(sb, mb, ta)
-    ba = _eval_threshold(sa, ma, tb)
-    return 0.5 * (ab + ba)
+    ia, _ = _split_models(m, np.random.default_rng(seed))
+    srt = _sorted_of(s, "samples")
+    inA = np.zeros(m.shape[0], dtype=np.int8)
+    inA[ia] = 2
+    return _held_out(srt, srt.rows_coder(m.T, inA), ia.size, balanced=_is_paired(m))
 
 
 # --------------------------------------------------------------------------- #
@@ -375,16 +643,54 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
         raise ValueError("ci must be in (0, 1)")
     s, m = _as_pair(scores, membership)
     values, idx = _group_index(groups, s.shape[1])
+    if int(n_perm) > 0 and threshold not in ("in_sample", "held_out"):
+        raise ValueError(f"threshold must be 'in_sample' or 'held_out', got {threshold!r}")
     rng = np.random.default_rng(seed)
+    M = m.shape[0]
+    paired = _is_paired(m)
+    if int(n_perm) > 0:  # one sort for every permutation
+        srt = _sorted_of(s, "samples")
+        if paired:  # a permutation swaps members within pairs: code it from m's own sorted order
+            m_sorted = np.empty((srt.u, M), dtype=np.int8)
+            fill = srt.rows_coder(m.T)
+            for k, (a, b) in enumerate(srt.blocks):
+                fill(k, a, b, m_sorted[a:b])
+            flip = np.empty((M // 2, m.shape[1]), dtype=bool)
+            pairs = np.empty((m.shape[1], M // 2), dtype=np.int8)  # per sample and pair: flip + 2 * (pair in A)
+            buf = np.empty((max(1, _BLOCK_ELEMS // max(m.shape[1], 1)), m.shape[1]))
     floors, gprs, deltas = [], [], []
     for _ in range(int(n_perm)):
-        mp = _permute_membership(m, rng)
-        adv = sample_advantage(s, mp, threshold=threshold, seed=int(rng.integers(2**63 - 1)))
+        # the draws of _permute_membership(m, rng), then of sample_advantage(s, mp, seed=split_seed)
+        if paired:  # rng.random((M // 2, n)) < 0.5, drawn a few rows at a time (the same numbers)
+            for r0 in range(0, M // 2, buf.shape[0]):
+                r1 = min(M // 2, r0 + buf.shape[0])
+                np.less(rng.random(out=buf[: r1 - r0]), 0.5, out=flip[r0:r1])
+        else:
+            mp = _permute_membership(m, rng)
+        split_seed = int(rng.integers(2**63 - 1))
+        if threshold == "in_sample":
+            if paired:
+                np.copyto(pairs, flip.T.view(np.int8))
+            coder = srt.flip_coder(m_sorted, pairs) if paired else srt.rows_coder(mp.T)
+            adv = _in_sample(srt, coder, balanced=paired)
+        elif paired:  # the permuted membership keeps the pairs: whole pairs go to one half
+            a_pairs, _ = _split_pairs(M // 2, np.random.default_rng(split_seed))
+            inA = np.zeros(M // 2, dtype=np.int8)
+            inA[a_pairs] = 2
+            np.add(flip.T.view(np.int8), inA, out=pairs)
+            adv = _held_out(srt, srt.flip_coder(m_sorted, pairs), 2 * a_pairs.size, balanced=True)
+        else:
+            ia, _ = _split_models(mp, np.random.default_rng(split_seed))
+            inA = np.zeros(M, dtype=np.int8)
+            inA[ia] = 2
+            adv = _held_out(srt, srt.rows_coder(mp.T, inA), ia.size)
         floors.append(np.nanmean(adv))
         with np.errstate(invalid="ignore"):
             g = [np.nanmean(adv[ix]) if np.isfinite(adv[ix]).any() else np.nan for ix in idx]
         gprs.append(g)
         deltas.append(gpr_delta(dict(zip(values, g))))
+    if int(n_perm) > 0:
+        srt._pidx = None  # the permutations' index: not kept
     gprs_a = np.asarray(gprs, dtype=np.float64).reshape(len(floors), len(values))
     d = np.asarray(deltas, dtype=np.float64)
     d = d[np.isfinite(d)]
@@ -416,7 +722,8 @@ def pa_ga(scores, membership) -> float:
     """Global attack: one threshold per model shared by all samples (chosen
     in-sample to maximise TPR - FPR over that model's samples); mean over models."""
     s, m = _as_pair(scores, membership)
-    return float(np.nanmean(_best_threshold(s.T, m.T)))
+    srt = _sorted_of(s, "models")
+    return float(np.nanmean(_in_sample(srt, srt.rows_coder(m))))
 
 
 def pa_gba(scores, membership, groups) -> dict:
@@ -424,9 +731,12 @@ def pa_gba(scores, membership, groups) -> dict:
     mean over models of TPR - FPR, per group."""
     s, m = _as_pair(scores, membership)
     values, idx = _group_index(groups, s.shape[1])
+    srt = _sorted_of(s, "models")  # each model's scores sorted once; a group is a subset of them
     out = {}
     for v, ix in zip(values, idx):
-        adv = _best_threshold(s[:, ix].T, m[:, ix].T)
+        sub = np.zeros(s.shape[1], dtype=np.int8)
+        sub[ix] = 2
+        adv = _in_sample(srt, srt.rows_coder(m, sub), subset=True)
         out[v] = float(np.nanmean(adv)) if np.isfinite(adv).any() else float("nan")
     return out
 
@@ -463,25 +773,37 @@ def lira_scores(conf, membership) -> np.ndarray:
     sigma)``; NaN where a leave-one-out mean has no models.
     """
     c, m = _as_pair(conf, membership)
-    mf = m.astype(np.float64)
-    n_in = mf.sum(axis=0)
-    n_out = m.shape[0] - n_in
-    s_in = (c * mf).sum(axis=0)
-    s_out = c.sum(axis=0) - s_in
+    M, n = c.shape
+    step = max(1, _BLOCK_ELEMS // max(M, 1))
+    blocks = [(a, min(n, a + step)) for a in range(0, n, step)]
+    n_in, s_in, s_out = np.empty(n), np.empty(n), np.empty(n)
+    ok_count, sq_sum = 0, 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        mu_in_full = s_in / n_in
-        mu_out_full = s_out / n_out
-        resid = np.where(m, c - mu_in_full, c - mu_out_full)
-        ok = ~np.isnan(resid)
-        dof = ok.sum() - np.count_nonzero(n_in > 0) - np.count_nonzero(n_out > 0)
-        var = float(np.nansum(resid**2) / max(dof, 1))
+        for a, b in blocks:  # per-sample sums and the pooled residuals, by blocks of samples
+            cb, mb = c[:, a:b], m[:, a:b]
+            mf = mb.astype(np.float64)
+            n_in[a:b] = mf.sum(axis=0)
+            s_in[a:b] = (cb * mf).sum(axis=0)
+            s_out[a:b] = cb.sum(axis=0) - s_in[a:b]
+            mu_in_full = s_in[a:b] / n_in[a:b]
+            mu_out_full = s_out[a:b] / (M - n_in[a:b])
+            resid = np.where(mb, cb - mu_in_full, cb - mu_out_full)
+            ok_count += int(np.count_nonzero(~np.isnan(resid)))
+            sq_sum += float(np.nansum(resid**2))
+        n_out = M - n_in
+        dof = ok_count - np.count_nonzero(n_in > 0) - np.count_nonzero(n_out > 0)
+        var = float(sq_sum / max(dof, 1))
         var = max(var, 1e-30)
-        li_n_in = n_in[None, :] - mf
-        li_n_out = n_out[None, :] - (1.0 - mf)
-        mu_in = (s_in[None, :] - c * mf) / li_n_in
-        mu_out = (s_out[None, :] - c * (1.0 - mf)) / li_n_out
-        out = ((c - mu_out) ** 2 - (c - mu_in) ** 2) / (2.0 * var)
-    out[(li_n_in <= 0) | (li_n_out <= 0)] = np.nan
+        out = np.empty((M, n))
+        for a, b in blocks:
+            cb, mf = c[:, a:b], m[:, a:b].astype(np.float64)
+            li_n_in = n_in[None, a:b] - mf
+            li_n_out = n_out[None, a:b] - (1.0 - mf)
+            mu_in = (s_in[None, a:b] - cb * mf) / li_n_in
+            mu_out = (s_out[None, a:b] - cb * (1.0 - mf)) / li_n_out
+            o = ((cb - mu_out) ** 2 - (cb - mu_in) ** 2) / (2.0 * var)
+            o[(li_n_in <= 0) | (li_n_out <= 0)] = np.nan
+            out[:, a:b] = o
     return out
 
 
@@ -489,21 +811,52 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     """ROC of "positive if score >= t" over distinct thresholds (NaN scores
     dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
     s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels).astype(bool).ravel()
+    y = np.asarray(labels).astype(bool, copy=False).ravel()
     if s.shape != y.shape:
         raise ValueError("scores and labels must have the same size")
     keep = ~np.isnan(s)
-    s, y = s[keep], y[keep]
-    P, N = int(y.sum()), int((~y).sum())
+    pos_sel = keep & y
+    P = int(np.count_nonzero(pos_sel))
+    N = int(np.count_nonzero(keep)) - P
     if P == 0 or N == 0:
         raise ValueError("need both positive and negative labels")
-    order = np.argsort(-s, kind="stable")
-    s, y = s[order], y[order]
-    tp = np.cumsum(y)
-    fp = np.cumsum(~y)
-    last = np.r_[s[:-1] != s[1:], True]
-    tpr = np.r_[0.0, tp[last] / P]
-    fpr = np.r_[0.0, fp[last] / N]
+    both = np.empty(P + N)
+    np.compress(pos_sel, s, out=both[:P])
+    keep &= ~y
+    np.compress(keep, s, out=both[P:])
+    del keep, pos_sel
+    pos, neg = both[:P], both[P:]
+    pos.sort()  # positives and negatives sorted apart, then merged piece by piece, from the top
+    neg.sort()
+    # pieces: cut at every _BLOCK_ELEMS-th value of either side (equal scores stay in one piece)
+    cuts = np.unique(np.concatenate([pos[_BLOCK_ELEMS::_BLOCK_ELEMS], neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
+    pcut = np.r_[0, np.searchsorted(pos, cuts, side="left"), P]
+    ncut = np.r_[0, np.searchsorted(neg, cuts, side="left"), N]
+    tpr, fpr = np.empty(P + N + 1), np.empty(P + N + 1)  # at most one point per score, shrunk at the end
+    tpr[0] = fpr[0] = 0.0
+    tp0 = done = 0
+    w = 1  # points written
+    for k in range(cuts.size, -1, -1):  # pieces in descending order of scores
+        p0, p1, n0, n1 = pcut[k], pcut[k + 1], ncut[k], ncut[k + 1]
+        if p1 == p0 and n1 == n0:
+            continue
+        piece = np.concatenate([pos[p0:p1], neg[n0:n1]])
+        order = np.argsort(piece, kind="stable")[::-1]  # descending; the order within ties does not matter
+        v = piece[order]
+        last = np.empty(v.size, dtype=bool)  # the last position of each run of equal scores
+        np.not_equal(v[:-1], v[1:], out=last[:-1])
+        last[-1] = True  # pieces end between distinct scores
+        tp = np.cumsum(order < p1 - p0)
+        tp += tp0
+        tp0 = int(tp[-1])
+        at = np.flatnonzero(last)
+        tp = tp[at]
+        np.divide(tp, P, out=tpr[w:w + at.size])
+        np.divide(at + (done + 1) - tp, N, out=fpr[w:w + at.size])
+        done += v.size
+        w += at.size
+    tpr.resize(w, refcheck=False)
+    fpr.resize(w, refcheck=False)
     return fpr, tpr
 
 
@@ -603,14 +956,38 @@ def per_group_epsilon_lower_bound(
     ia, ib = _split_models(m, rng)
     alpha = (1.0 - confidence) / 2.0
     out = {}
+    step = max(1, _BLOCK_ELEMS // max(s.shape[1], 1))
     for v, ix in zip(values, idx):
-        sa, ma = s[np.ix_(ia, ix)].ravel(), m[np.ix_(ia, ix)].ravel()
-        sb, mb = s[np.ix_(ib, ix)].ravel(), m[np.ix_(ib, ix)].ravel()
-        pos_a, neg_a = np.sort(sa[ma]), np.sort(sa[~ma])
-        uniq = np.unique(sa)
-        if uniq.size > max_thresholds:
-            uniq = np.unique(uniq[np.linspace(0, uniq.size - 1, max_thresholds).round().astype(int)])
-        cand = uniq  # rule: member if score >= t
+        full = ix.size == s.shape[1]
+
+        def rows(models):  # (scores, membership) of the group's samples, a few models at a time
+            for r in range(0, models.size, step):
+                sel = models[r:r + step]
+                yield (s[sel], m[sel]) if full else (s[np.ix_(sel, ix)], m[np.ix_(sel, ix)])
+
+        P_a = int(np.count_nonzero(m[ia] if full else m[np.ix_(ia, ix)]))
+        both = np.empty(ia.size * ix.size)  # half A's member scores, then its non-member scores
+        pp, pn = 0, P_a
+        for sr, mr in rows(ia):
+            k = int(np.count_nonzero(mr))
+            np.compress(mr.ravel(), sr.ravel(), out=both[pp:pp + k])
+            np.compress(~mr.ravel(), sr.ravel(), out=both[pn:pn + mr.size - k])
+            pp, pn = pp + k, pn + mr.size - k
+        pos_a, neg_a = both[:P_a], both[P_a:]
+        pos_a.sort()
+        neg_a.sort()
+        merged = np.sort(both, kind="stable")  # the sorted scores of half A: a merge of two sorted runs
+        new_value = merged[1:] != merged[:-1]
+        n_uniq = int(np.count_nonzero(new_value)) + 1 if merged.size else 0
+        if n_uniq > max_thresholds:  # np.unique(sa) at evenly spaced ranks
+            pick = np.linspace(0, n_uniq - 1, max_thresholds).round().astype(int)
+            if n_uniq < merged.size:
+                pick = np.flatnonzero(np.r_[True, new_value])[pick]
+            cand = np.unique(merged[pick])
+        else:
+            cand = merged[np.r_[True, new_value]] if merged.size else merged
+        del merged, new_value
+        # rule: member if score >= t
         tp_a = pos_a.size - np.searchsorted(pos_a, cand, side="left")
         fp_a = neg_a.size - np.searchsorted(neg_a, cand, side="left")
         if pos_a.size and neg_a.size:
@@ -620,11 +997,15 @@ def per_group_epsilon_lower_bound(
             t = float(cand[int(np.argmax(eps_a))])
         else:
             t = float("inf")
-        pred = sb >= t
-        tp = int(np.count_nonzero(pred & mb))
-        fn = int(np.count_nonzero(~pred & mb))
-        fp = int(np.count_nonzero(pred & ~mb))
-        tn = int(np.count_nonzero(~pred & ~mb))
+        del both, pos_a, neg_a
+        tp = fp = P_b = N_b = 0
+        for sr, mr in rows(ib):  # counted on half B only
+            pred = sr >= t
+            k = int(np.count_nonzero(mr))
+            P_b, N_b = P_b + k, N_b + mr.size - k
+            tp += int(np.count_nonzero(pred & mr))
+            fp += int(np.count_nonzero(pred)) - int(np.count_nonzero(pred & mr))
+        fn, tn = P_b - tp, N_b - fp
         if tp + fn and fp + tn:
             eps = epsilon_lower_bound(tp, fn, fp, tn, delta=delta, confidence=confidence)
             tpr, fpr = tp / (tp + fn), fp / (fp + tn)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +105,10 @@ class DataConfig:
         check_choice(self.name, "data.name", tuple(dataset_names()))
         if self.data_dir is not None:
             check_str(self.data_dir, "data.data_dir", max_len=MAX_PATH_CHARS, nonempty=True)
+            folder = os.path.expanduser(self.data_dir)
+            if os.path.exists(folder) and not os.path.isdir(folder):  # never a silent fall-back to the shipped copy
+                raise ConfigError("data.data_dir", f"{self.data_dir!r} is a file, not a folder: give the folder that "
+                                                   "holds mnist/, adult/ …")
         if self.max_train is not None:
             check_int(self.max_train, "data.max_train", 2, 10**9)
 

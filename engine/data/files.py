@@ -46,15 +46,19 @@ _CHUNK = 1 << 20
 def data_dir(explicit: str | os.PathLike | None = None) -> Path:
     """Root data folder: ``explicit`` > env ``PRIVACY_LAB_DATA_DIR`` > ``~/.cache/privacy-imbalance-lab/data``.
 
-    Relative paths are resolved against the current working directory. The folder need not exist.
+    Relative paths are resolved against the current working directory. The folder need not exist; a file
+    in its place is a DataError (not a silent fall-back to the shipped copies).
     """
     if explicit is not None and str(explicit) != "":
-        p = Path(explicit)
+        p, source = Path(explicit), "the data folder"
     elif os.environ.get(ENV_VAR):
-        p = Path(os.environ[ENV_VAR])
+        p, source = Path(os.environ[ENV_VAR]), f"${ENV_VAR}"
     else:
-        p = DEFAULT_DATA_DIR
-    return p.expanduser().resolve()
+        p, source = DEFAULT_DATA_DIR, "the default data folder"
+    p = p.expanduser().resolve()
+    if p.exists() and not p.is_dir():
+        raise DataError(f"{source} {p} is a file, not a folder: give the folder that holds mnist/, adult/ …")
+    return p
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ __all__ = [
     "TierAccountant",
     "adaptive_clipping_noise_multiplier",
     "plan_with_release",
+    "plan_at_noise",
     "release_noise_multiplier_default",
     "epsilon_floor",
     "clear_caches",
@@ -568,6 +569,22 @@ def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
     return dataclasses_replace(p, noise_multiplier=float(z), noise_std=float(z * C),
                                epsilons=(float(eps),) * len(p.epsilons),
                                release_noise_multipliers=p.release_noise_multipliers + (float(release_noise_multiplier),))
+
+
+def plan_at_noise(p: Plan, noise_multiplier: float) -> Plan:
+    """``p`` (a DP-SGD plan: one sample rate, one clip, no one-off release) trained at the noise multiplier
+    ``noise_multiplier`` instead of its own: noise std z · C, and ``epsilons`` the ε that z spends in T steps
+    (Opacus), whatever the targets were — above them when z is below p's σ (the caller says so). The
+    noise-matched control of DP-SGD-S (``engine.audit.controls``) is this."""
+    if len(set(p.sample_rates)) != 1 or len(set(p.clip_norms)) != 1 or p.release_noise_multipliers:
+        raise PlanError("a plan at a given noise multiplier needs a DP-SGD plan (one sample rate and clip, "
+                        "no one-off release)")
+    z = float(noise_multiplier)
+    if not (math.isfinite(z) and z > 0):
+        raise PlanError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+    eps = epsilon(sample_rate=float(p.sample_rates[0]), noise_multiplier=z, steps=p.steps, delta=p.delta)
+    return dataclasses_replace(p, noise_multiplier=z, noise_std=z * float(p.clip_norms[0]),
+                               epsilons=(float(eps),) * len(p.epsilons))
 
 
 # --------------------------------------------------------------------------------------

@@ -186,6 +186,10 @@ class GroupAdaptive(Mechanism):
         self.quantile_lr, self.count_noise_std = float(quantile_lr), float(count_noise_std)
         self._batch_clips = None  # the reference rule's clips of the current batch
         self._counts_gen = None  # the count release's noise stream (``_count_generator``)
+        # Σ over the steps so far of each model's max_k C_k (the noise std is noise_multiplier times it), and the
+        # steps counted: what the noise-matched control of DP-SGD-S is matched to (``realised_noise_multiplier``)
+        self._max_clip_sum = torch.zeros(self.n_models, dtype=torch.float64, device=self.device)
+        self._steps_seen = 0
 
     def group_clips(self) -> torch.Tensor:
         """(M, K) current clip norm of each group."""
@@ -227,7 +231,15 @@ class GroupAdaptive(Mechanism):
     def noise_std(self):
         return self.noise_multiplier * self.group_clips().max(dim=1).values
 
+    def realised_noise_multiplier(self) -> torch.Tensor:
+        """(M,) each model's noise std divided by the base clip C, averaged over the steps observed so far:
+        noise_multiplier · mean_t max_k C_k(t) / C (nan before the first step)."""
+        return self.noise_multiplier * self._max_clip_sum / (self.base_clip * max(self._steps_seen, 0) or math.nan)
+
     def observe(self, idx, norms, mask, gen):
+        # this step's clips, before they move: those set this step's noise std (dp_step read noise_std() already)
+        self._max_clip_sum += self.group_clips().max(dim=1).values
+        self._steps_seen += 1
         if self.clip_rule == "reference":  # its clips come from each batch (see_batch), nothing to track
             return
         g = self.groups[idx]  # (M, L)

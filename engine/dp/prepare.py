@@ -116,6 +116,8 @@ class GroupClipSetup:
     group_size_source: str  # "declared" | "released"
     group_size_noise_std: float | None  # σ of the one-off release (None: declared)
     expected_group_batch: np.ndarray  # (K,) public expected count of group k in one model's batch
+    dpsgd_noise_multiplier: float  # σ of plain DP-SGD at the same ε (its plan before the releases raise it):
+    #                                DP-SGD adds σ·C, DP-SGD-S z_Δ · max_k C_k (engine.train.records.GroupClipPlan)
 
 
 @dataclass
@@ -160,7 +162,7 @@ class PrivacyPlan:
             return {}
         a = self.algorithm
         private_counts = a.clip_rule == "quantile" and a.private_quantile
-        return {"gradient_noise_multiplier": s.noise_multiplier,
+        return {"gradient_noise_multiplier": s.noise_multiplier, "dpsgd_noise_multiplier": s.dpsgd_noise_multiplier,
                 "count_noise_std": s.count_noise_std if private_counts else None,
                 "clip_rule": a.clip_rule, "base_clip": s.base_clip, "c_min": a.c_min, "c_max": a.c_max,
                 "clip_groups": list(s.group_names), "group_sizes": [float(v) for v in s.group_sizes],
@@ -201,8 +203,11 @@ def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes,
     ``group_sizes``, else released once with Gaussian noise of std σ_N and composed into the plan, whose
     noise multiplier is raised so the total still meets ε); each group's public expected per-step count
     q · N_k · (planned size / training-set size) — refused below 1 —; z_Δ (Andrew et al. 2021) and the
-    count noise σ_b (default: max(expected batch / 20, 1.64 z, 1), so z_Δ ≤ 1.05 z). Returns (the plan it trains with, the set-up)."""
+    count noise σ_b (default: max(expected batch / 20, 1.64 z, 1), so z_Δ ≤ 1.05 z). ``plan`` is plain DP-SGD's
+    plan at the same ε: its noise multiplier σ is kept (``dpsgd_noise_multiplier``), the yardstick of DP-SGD-S's
+    noise. Returns (the plan it trains with, the set-up)."""
     algo = config.algorithm
+    dpsgd_sigma = float(plan.noise_multiplier)  # before plan_with_release raises it
     groups, names, _ = sample_groups(algo.group_by, data.dataset, data.tiers, attribute=group_attribute,
                                      field=f"{field}.group_by")
     if algo.group_sizes is not None:
@@ -234,7 +239,8 @@ def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes,
     return plan, GroupClipSetup(groups=groups, group_names=names, noise_multiplier=float(z),
                                 count_noise_std=float(sigma_b), initial_clip=float(algo.initial_clip or config.clip_norm),
                                 base_clip=float(config.clip_norm), group_sizes=public, group_size_source=source,
-                                group_size_noise_std=sigma_n, expected_group_batch=expected)
+                                group_size_noise_std=sigma_n, expected_group_batch=expected,
+                                dpsgd_noise_multiplier=dpsgd_sigma)
 
 
 def sample_groups(group_by: str, dataset, tiers, *, attribute: str | None = None, field: str = "algorithm.group_by"):

@@ -19,13 +19,15 @@ from engine.audit.report import AuditReport, as_report
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
                                      fig_table, group_color)
 
-AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines")
+AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines",
+                 "paired_differences")
 NO_RESULTS = "No audit results yet"
 
 
 def _colors(report: AuditReport) -> dict:
     """Escaped algorithm label → colour."""
-    return {esc(a.label): algo_color(a.name, k) for k, a in enumerate(report.algorithms)}
+    return {esc(a.label): algo_color(a.key if a.control is not None else a.name, k)
+            for k, a in enumerate(report.algorithms)}
 
 
 def _group_title(report: AuditReport) -> str:
@@ -56,7 +58,8 @@ def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> 
     fig = _top(title, theme)
     colors = _colors(report)
     for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
-        fig.add_trace(go.Bar(x=g["group"], y=g["gpr"], name=label, marker_color=colors.get(label),
+        # offsetgroup: each algorithm's bar beside the others' (not on top), its CI and null floor tick on it
+        fig.add_trace(go.Bar(x=g["group"], y=g["gpr"], name=label, marker_color=colors.get(label), offsetgroup=label,
                              error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).clip(lower=0),
                                           arrayminus=(g["gpr"] - g["low"]).clip(lower=0), thickness=1.5, width=4),
                              customdata=np.stack([g["low"], g["high"], g["n"].fillna(0)], axis=1),
@@ -212,6 +215,46 @@ def fig_baselines(results, *, theme: str = "light",
     return _table(as_report(results).baselines_frame(), title, theme)
 
 
+def fig_paired_differences(results, *, theme: str = "light",
+                           title: str = "DP-SGD-S against DP-SGD and its controls: paired differences (a − b)") -> go.Figure:
+    """One row per comparison: Δ_a − Δ_b and each group's GPR_a − GPR_b (pp), paired CIs; the unpaired Δ CI
+    drawn faint behind; a zero line. Left of zero: DP-SGD-S lowers it."""
+    report = as_report(results)
+    df = report.comparison_frame()
+    df = df[df["quantity"] != "accuracy"]
+    if df.empty:
+        return empty_figure(title, theme, "no paired comparisons: audit DP-SGD-S and DP-SGD together (add controls "
+                                          "for the noise- and accuracy-matched DP-SGD)", legend="top")
+    df = escape_columns(df, "b_label", "group")
+    df["row"] = np.where(df["quantity"] == "Δ", "Δ", "GPR " + df["group"].astype(str))
+    fig = _top(title, theme)
+    colors = _colors(report)
+    labels = {esc(a.key): esc(a.label) for a in report.algorithms}
+    for b, d in df.groupby("b", sort=False):
+        label = labels.get(esc(b), esc(b))
+        color = colors.get(label)
+        u = d[d["quantity"] == "Δ"]
+        fig.add_trace(go.Scatter(x=u["value"], y=u["row"], mode="markers", showlegend=False, hoverinfo="skip",
+                                 orientation="h",
+                                 marker=dict(size=1, color=color), opacity=0.35, offsetgroup=label,
+                                 error_x=dict(type="data", symmetric=False, array=u["unpaired_high"] - u["value"],
+                                              arrayminus=u["value"] - u["unpaired_low"], thickness=8, width=0)))
+        fig.add_trace(go.Scatter(x=d["value"], y=d["row"], mode="markers", name=f"− {label}", offsetgroup=label,
+                                 orientation="h",  # with scattermode "group": one row per comparison within a quantity
+                                 marker=dict(size=11, color=color, symbol="diamond"),
+                                 error_x=dict(type="data", symmetric=False, array=d["high"] - d["value"],
+                                              arrayminus=d["value"] - d["low"], thickness=2, width=6),
+                                 customdata=np.stack([d["low"], d["high"]], axis=1),
+                                 hovertemplate="%{y}: %{x:+.2f} pp [%{customdata[0]:+.2f}, %{customdata[1]:+.2f}]"
+                                               "<extra>DP-SGD-S − " + label + "</extra>"))
+    fig.add_vline(x=0, line=dict(color="#555", width=1))
+    fig.update_layout(scattermode="group", xaxis_title="difference (pp): left of 0, DP-SGD-S lower",
+                      yaxis=dict(type="category", autorange="reversed"))
+    fig.update_layout(title_text=(fig.layout.title.text or "") + "<br><sub>paired bootstrap CIs (thin); the unpaired "
+                      "Δ CI (thick, faint) is what two independent CIs would imply</sub>")
+    return fig
+
+
 def build_audit_figures(results, *, theme: str = "light", names=None) -> list[FigureSpec]:
     """Every audit figure with the data it shows (for the UI, CSV/PNG export and presentation packs)."""
     report = as_report(results)
@@ -221,7 +264,8 @@ def build_audit_figures(results, *, theme: str = "light", names=None) -> list[Fi
                "epsilon_bounds": ("ε lower bounds", fig_epsilon_bounds, report.epsilon_frame),
                "lira_roc": ("LiRA ROC", fig_lira_roc, report.roc_frame),
                "advantage_hist": ("Advantage histogram", fig_advantage_hist, report.histogram_frame),
-               "baselines": ("Baselines", fig_baselines, report.baselines_frame)}
+               "baselines": ("Baselines", fig_baselines, report.baselines_frame),
+               "paired_differences": ("Paired differences", fig_paired_differences, report.comparison_frame)}
     out = []
     for name in (list(names) if names is not None else list(AUDIT_FIGURES)):
         if name not in figures:

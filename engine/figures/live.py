@@ -7,10 +7,10 @@ tiers or classes or the figure options changed, or when a figure's plan
 a new note. Otherwise each curve figure's plan is computed from the tidy frames (cheap: no Plotly objects)
 and only its data parts are written into the kept figure in place: every trace's x/y arrays (the old
 arrays plus the new evaluations), the MID spans' ends, the clipped y ranges and the note texts; the
-FigureSpec gets the new data frame. Figures that are not curves (tables, bars) are built again on every
-data change. The patched figure equals a freshly built one (tests/test_live_figures.py). Each stored
-evaluation is converted to its record (``engine.train.records.EvalRecord``) once: a refresh converts only
-the new ones (a structural refresh keeps the records of the runs whose own status and tiers did not change).
+FigureSpec gets the new data frame. Figures that are not curves (tables, bars, DP-SGD-S's group clips) are
+built again on every data change. The patched figure equals a freshly built one (tests/test_live_figures.py).
+Each stored evaluation is converted to its record (``engine.train.records.EvalRecord``) once: a refresh converts
+only the new ones (a structural refresh keeps the records of the runs whose own status and tiers did not change).
 
 Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched.
 

@@ -32,6 +32,9 @@ ALGORITHM_COLORS = {
     "idp_scale": "#44AA99",
     "ino": "#882255",
     "dpsgd_s": "#117733",
+    # DP-SGD-S's controls (audits): DP-SGD re-planned at DP-SGD-S's noise / accuracy
+    "dpsgd_noise_matched": "#DDCC77",
+    "dpsgd_accuracy_matched": "#CC6677",
 }
 ALGORITHM_SYMBOLS = {"nonprivate": "x", "dpsgd": "diamond", "idp_sample": "circle", "idp_scale": "triangle-up",
                      "ino": "square", "dpsgd_s": "star"}

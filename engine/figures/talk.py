@@ -5,7 +5,8 @@
 * ``privacy_frontier`` — per-tier final recall vs the tier's ε, one line per algorithm (series), error
   bars = standard error over the series' seeds (or over the runs of one algorithm), each run faint;
 * ``ino_internals`` — INO-SGD over training: mean ρ per tier and the fraction of clip mass down-weighted;
-* ``group_clip`` — DP-SGD-S over training: each group's clip norm C_k and the noise std;
+* ``group_clip`` — DP-SGD-S over training: each group's clip norm C_k and its noise relative to plain DP-SGD's
+  at the same ε, (z_Δ · max_k C_k) / (σ·C) (the raw noise std for runs stored without σ);
 * ``tif_sweep`` — a sweep group (:mod:`engine.tools.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
 * ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
@@ -121,19 +122,34 @@ def fig_ino_internals(frame: pd.DataFrame, *, theme: str = "light", has_ino: boo
 
 
 def fig_group_clip(frame: pd.DataFrame, *, theme: str = "light",
-                   title: str = "DP-SGD-S: per-group clip norm C_k and the noise std over training") -> go.Figure:
+                   title: str = "DP-SGD-S: per-group clip norm C_k and its noise vs DP-SGD at the same ε",
+                   ) -> go.Figure:
+    """Left: each group's clip C_k over training. Right: the noise relative to plain DP-SGD's at the same ε,
+    (z_Δ · max_k C_k) / (σ·C), with DP-SGD at 1 (``noise_ratio``); the raw noise std where no run recorded σ
+    (plans stored before it was)."""
     if frame.empty:
         return empty_figure(title, theme, "select a DP-SGD-S run (its evaluations carry group_clip_norms)")
     df = escape_columns(frame, "series", "group")
-    fig, dashes = _two_panels(df, ["clip norm C_k per group", "noise std (σ · max C_k)"], title, theme)
+    has_ratio = "noise_ratio" in df and bool(np.isfinite(df["noise_ratio"].to_numpy(float)).any())
+    second = "noise vs DP-SGD at the same ε: z_Δ · max C_k / (σ · C)" if has_ratio else "noise std (σ · max C_k)"
+    fig, dashes = _two_panels(df, ["clip norm C_k per group", second], title, theme)
     multi = df["series"].nunique() > 1
     _seed_lines(fig, df, ["series", "group"], "clip_norm", col=1, dashes=dashes,
                 name=lambda k: k[1] + (f" · {k[0]}" if multi else ""),
                 color=lambda g: group_color(int(g["group_index"].iloc[0])))
-    _seed_lines(fig, df.drop_duplicates(["run_id", "step"]), ["series"], "noise_std", col=2, dashes=dashes,
-                name=lambda k: f"noise std · {k[0]}", color=lambda g: "#555")
+    per_step = df.drop_duplicates(["run_id", "step"])
+    if has_ratio:
+        per_step = per_step[np.isfinite(per_step["noise_ratio"].to_numpy(float))]
+        _seed_lines(fig, per_step, ["series"], "noise_ratio", col=2, dashes=dashes,
+                    name=lambda k: f"noise ÷ DP-SGD's · {k[0]}", color=lambda g: "#555")
+        fig.add_hline(y=1.0, line=dict(color="gray", width=1, dash="dot"), row=1, col=2,
+                      annotation_text="DP-SGD (σ · C)", annotation_position="bottom right")
+        fig.update_yaxes(title_text="× DP-SGD's noise std", rangemode="tozero", row=1, col=2)
+    else:
+        _seed_lines(fig, per_step, ["series"], "noise_std", col=2, dashes=dashes,
+                    name=lambda k: f"noise std · {k[0]}", color=lambda g: "#555")
+        fig.update_yaxes(title_text="noise std", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="C_k", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="noise std", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="step")
     return fig
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from engine.audit.report import as_report
@@ -160,12 +161,16 @@ def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
 
 
 CLIP_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "group", "group_index", "clip_norm",
-                "noise_std"]
+                "noise_std", "base_clip", "noise_ratio", "noise_multiplier_ratio"]
 
 
-def group_clip_frame(runs: list[dict]) -> pd.DataFrame:
-    """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k and the noise std
-    (``EvalRecord.group_clip``; group names from the plan's ``group_clip.clip_groups``)."""
+def group_clip_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+    """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k, the step's noise std
+    z_Δ · max_k C_k (``EvalRecord.group_clip``; group names from the plan's ``group_clip.clip_groups``), the
+    run's C (``base_clip``), the noise relative to plain DP-SGD's at the same ε, (z_Δ · max_k C_k) / (σ·C)
+    (``noise_ratio``, :meth:`engine.train.records.GroupClipPlan.noise_ratio`) and z_Δ / σ
+    (``noise_multiplier_ratio``); the last two NaN for a plan stored without σ. ``memo``: a live view's frame
+    memo (:func:`engine.figures.frames.run_evals`)."""
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
@@ -173,14 +178,54 @@ def group_clip_frame(runs: list[dict]) -> pd.DataFrame:
             continue
         setup = PlanRecord.of(run.get("plan")).group_clip
         names = list(setup.clip_groups or ()) if setup is not None else []
-        for e in fr.run_evals(run):
+        base_clip = fr._finite(setup.base_clip if setup is not None else None)
+        z_ratio = fr._finite(setup.noise_multiplier_ratio if setup is not None else None)
+        for e in fr.run_evals(run, memo):
             clips = e.group_clip
-            for k, c in enumerate((clips.clip_norms or ()) if clips is not None else ()):
+            if clips is None:
+                continue
+            ratio = fr._finite(setup.noise_ratio(clips.noise_std) if setup is not None else None)
+            for k, c in enumerate(clips.clip_norms or ()):
                 rows.append({"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]],
                              "seed_index": seed_index(run), "step": e.step, "epoch": e.epoch,
                              "group": str(names[k]) if k < len(names) else f"group {k}", "group_index": k,
-                             "clip_norm": fr._finite(c), "noise_std": fr._finite(clips.noise_std)})
+                             "clip_norm": fr._finite(c), "noise_std": fr._finite(clips.noise_std),
+                             "base_clip": base_clip, "noise_ratio": ratio, "noise_multiplier_ratio": z_ratio})
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
+
+
+NOISE_RATIO_LARGE = 1.5  # DP-SGD-S's noise at least this many times DP-SGD's: the live view says what it costs
+
+
+def noise_cost_sentence(frame: pd.DataFrame, *, threshold: float = NOISE_RATIO_LARGE) -> str | None:
+    """What DP-SGD-S's noise costs, in words, from :func:`group_clip_frame`: for each DP-SGD-S series whose
+    noise at its runs' latest evaluation (mean over its seeds) is at least ``threshold`` × DP-SGD's at the same
+    ε, one sentence with that ratio, its largest group clip (in units of C) and z_Δ / σ (the ratio is their
+    product). None when no series is that far (small cost, no DP-SGD-S run, or a plan stored without σ).
+    Raw text (series labels as the user wrote them): the page escapes it."""
+    if frame.empty:
+        return None
+    d = frame[np.isfinite(frame["noise_ratio"].to_numpy(float))]
+    if d.empty:
+        return None
+    d = d[d["step"] == d.groupby("run_id")["step"].transform("max")]  # each run's latest evaluation
+    per_run = d.groupby("run_id", sort=False).agg(series=("series", "first"), ratio=("noise_ratio", "first"),
+                                                  clip=("clip_norm", "max"), base=("base_clip", "first"),
+                                                  z=("noise_multiplier_ratio", "first"))
+    per_run["clip"] = per_run["clip"] / per_run["base"]
+    several = per_run["series"].nunique() > 1
+    out = []
+    for series, g in per_run.groupby("series", sort=False):
+        ratio = _mean(g["ratio"])
+        if not ratio >= threshold:
+            continue
+        name = algorithm_label("dpsgd_s")
+        who = name if not several else series if series.startswith(name) else f"{name} ({series})"
+        seeds = f", mean over {len(g)} seeds" if len(g) > 1 else ""
+        out.append(f"{who} adds {ratio:.1f}× the noise DP-SGD would at the same ε (latest evaluation{seeds}: "
+                   f"largest group clip {_mean(g['clip']):.3g} · C, z_Δ/σ = {_mean(g['z']):.3g}): "
+                   "expect lower accuracy than DP-SGD.")
+    return " ".join(out) or None
 
 
 # --- audit: GPR per tier against the tier's ε ---------------------------------------------------------------
@@ -253,7 +298,9 @@ def results_table(runs: list[dict], report=None) -> pd.DataFrame:
     gains = gains[gains.tier == tier[0]]
     deltas = {}
     if report is not None:
-        deltas = {a.name: a.delta.value for a in as_report(report).algorithms}
+        for a in as_report(report).algorithms:  # the first of each algorithm; DP-SGD-S's controls are not DP-SGD
+            if a.control is None:
+                deltas.setdefault(a.name, a.delta.value)
     t = f"{tier[0]}"
     rows = []
     for series, g in final.groupby("series", sort=False):

@@ -15,6 +15,8 @@ from plotly.subplots import make_subplots
 from engine.figures import bands as bd
 from engine.figures import curves as cv
 from engine.figures import frames as fr
+from engine.figures import talk
+from engine.figures import talk_frames as tf
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
                                      escape_columns, fig_table, render, run_colors)
 from engine.jobs.runs import dp_note, run_label
@@ -22,7 +24,16 @@ from engine.jobs.runs import dp_note, run_label
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
                   "fairness_bars", "mid_summary")
-EXTRA_FIGURES = ("gain_spread",)  # built when named (not in the default set)
+EXTRA_FIGURES = ("gain_spread", "group_clip")  # built when named (not in the default set)
+DPSGD_S_LIVE_FIGURES = ("group_clip",)  # the live view's too, when its comparison has a DP-SGD-S run
+
+
+def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
+    """The live view's figures of a comparison (run records): :data:`LIVE_FIGURES`, and DP-SGD-S's group clips
+    and noise vs DP-SGD at the same ε (``group_clip``, :func:`engine.figures.talk.fig_group_clip`) when one of
+    its runs is DP-SGD-S."""
+    has_dpsgd_s = any(r.get("algorithm") == "dpsgd_s" for r in runs)
+    return LIVE_FIGURES + (DPSGD_S_LIVE_FIGURES if has_dpsgd_s else ())
 
 
 # --- live training: the curves (plans in engine.figures.curves) -----------------------------------------
@@ -261,6 +272,9 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
         elif name == "recall_gain_class":
             g = fr.recall_gain_by_class(runs, memo)
             spec = FigureSpec(name, "Recall gain per owner", fig_recall_gain_by_class(g, theme=theme), g)
+        elif name == "group_clip":  # the talk figure, built on the live view's memo
+            f = tf.group_clip_frame(runs, memo)
+            spec = FigureSpec(name, talk.TITLES[name], talk.fig_group_clip(f, theme=theme), f)
         elif name == "gain_spread":
             t = bd.recall_gain_spread(fr.recall_gain_over_time(runs, memo=memo))
             spec = FigureSpec(name, "Gain beyond seed spread", fig_gain_spread(t, theme=theme), t)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.audit.config import AuditConfig
-from engine.audit.report import summary_table
+from engine.audit.summary import summary_table
 from engine.audit.runner import preview_audit, run_audit
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
@@ -101,6 +101,13 @@ def job_kind(name) -> JobKind:
     if kind is None:
         raise ConfigError("kind", f"unknown job kind {name!r}; known: {', '.join(JOB_KINDS)}")
     return kind
+
+
+def rerun_of(run: dict):
+    """What re-running the stored ``run`` queues: (its kind, the config of its whole job — a row of a k-seed job
+    gives the job's base config, seed_index 0). The CLI's ``rerun`` and the Runs page's Rerun button."""
+    job = job_kind(run["kind"])
+    return job, job.job_config(job.parse(run["config"]))
 
 
 def execute(store, run_id: int | None, config, *, kind: str, progress: bool = False, prepared=None,

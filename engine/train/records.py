@@ -23,7 +23,8 @@ seed fields of a k-seed job; the preview's fields). Lists in JSON are tuples her
 std over the tier's clip. IDP-SGD SCALE adds σ*·C to every sum and clips tier k at C_k, so tier k sees
 σ*·C/C_k (``accounting.Plan.noise_multipliers``); every other planner mode shares σ*; DP-SGD-S adds
 z_Δ · max_j C_j with per-group clips C_j that move every step, so its σ is z_Δ (``gradient_noise_multiplier``,
-relative to the largest clip) for every tier. The audit's plan table asks the same property.
+relative to the largest clip) for every tier. The audit's plan table asks the same property. DP-SGD-S's noise
+against plain DP-SGD's at the same ε, (z_Δ · max_j C_j) / (σ·C), has one owner too: ``GroupClipPlan.noise_ratio``.
 
 :func:`tier_table` / :func:`no_dp_note` are the summary's text (``python -m engine show``).
 """
@@ -351,6 +352,7 @@ class GroupClipPlan(_Flat):
     noise std and per-tier clips (those move every step: ``EvalRecord.group_clip``)."""
 
     gradient_noise_multiplier: float | None = None  # z_Δ (private quantile) or the plan's z: noise z · max_k C_k
+    dpsgd_noise_multiplier: float | None = None  # σ of plain DP-SGD at the same ε (noise σ·C); None: stored before
     count_noise_std: float | None = None  # σ_b of the clipped-count release (None: counts not privatised)
     clip_rule: str | None = None  # "quantile" | "reference"
     base_clip: float | None = None  # C: C_k = C · clamp(τ S_k / S̄, c_min, c_max)
@@ -363,10 +365,35 @@ class GroupClipPlan(_Flat):
     expected_group_batch: tuple | None = None  # public expected count of each group in a batch
     extra: dict = field(default_factory=dict)
 
-    _keys: ClassVar = _same_keys("gradient_noise_multiplier", "count_noise_std", "clip_rule", "base_clip", "c_min",
-                                 "c_max", "clip_groups", "group_sizes", "group_size_source", "group_size_noise_std",
-                                 "expected_group_batch")
+    _keys: ClassVar = _same_keys("gradient_noise_multiplier", "dpsgd_noise_multiplier", "count_noise_std", "clip_rule",
+                                 "base_clip", "c_min", "c_max", "clip_groups", "group_sizes", "group_size_source",
+                                 "group_size_noise_std", "expected_group_batch")
+    _optional: ClassVar = frozenset({"dpsgd_noise_multiplier"})  # absent from plans stored before issue 18
     _sequences: ClassVar = frozenset({"clip_groups", "group_sizes", "expected_group_batch"})
+
+    @property
+    def dpsgd_noise_std(self) -> float | None:
+        """σ·C: the noise std plain DP-SGD adds at the same ε (None: not recorded)."""
+        sigma, c = self.dpsgd_noise_multiplier, self.base_clip
+        return None if sigma is None or c is None else float(sigma) * float(c)
+
+    def noise_ratio(self, noise_std) -> float | None:
+        """THE ratio of DP-SGD-S's noise to DP-SGD's at the same ε: ``noise_std`` (a step's z_Δ · max_k C_k,
+        ``GroupClipState.noise_std``) / (σ·C). None when unknown (a plan stored without σ, no noise std) or
+        when σ·C is not positive."""
+        ref = self.dpsgd_noise_std
+        if noise_std is None or ref is None or not ref > 0:
+            return None
+        return float(noise_std) / ref
+
+    @property
+    def noise_multiplier_ratio(self) -> float | None:
+        """z_Δ / σ: what DP-SGD-S's own releases (clipped counts, group sizes) cost in noise multiplier, before
+        the clips (None: unknown)."""
+        z, sigma = self.gradient_noise_multiplier, self.dpsgd_noise_multiplier
+        if z is None or sigma is None or not sigma > 0:
+            return None
+        return float(z) / float(sigma)
 
 
 @dataclass(frozen=True)

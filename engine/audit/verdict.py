@@ -1,0 +1,112 @@
+"""The audit's answer in words: what DP-SGD-S's group-specific clipping does to Δ, against DP-SGD and against
+the controls that say what its extra noise alone would do (``AuditConfig.controls``), with paired CIs.
+
+    difference(e, what)        "lowers Δ by 1.9 pp [0.8, 3.0]" / "raises …" / "changes … (not resolved)"
+    dpsgd_s_verdict(report, k) the sentences for the DP-SGD-S algorithm ``k``: Δ vs DP-SGD and vs the
+                               noise-matched control (beyond / not beyond what its extra noise explains), vs the
+                               accuracy-matched control, its accuracy cost and noise, and "levelling up" per group
+    verdict_lines(report)      every DP-SGD-S algorithm's sentences (the page, the CLI table, docs/RESULTS.md)
+
+A difference is resolved when its paired CI excludes 0: "lowers" when the whole CI is below 0 (a − b < 0),
+"raises" when above, "not resolved" otherwise. Levelling up (the seed paper's claim) holds against a
+reference when every high-risk group (GPR under the reference at or above the groups' mean) has its risk
+lowered and no group has it raised; it fails when some group's risk is raised; else it is not resolved.
+"""
+from __future__ import annotations
+
+from engine.audit.report import AuditReport, Estimate, PairedComparison
+
+
+def _n(x, spec=".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def resolved_sign(e: Estimate) -> int | None:
+    """−1: the CI is below 0; +1: above; 0: it covers 0; None: no CI."""
+    if e is None or e.low is None or e.high is None:
+        return None
+    return -1 if e.high < 0 else (1 if e.low > 0 else 0)
+
+
+def difference(e: Estimate, what: str = "Δ", unit: str = "pp") -> str:
+    """A paired difference a − b in words, magnitudes positive: "lowers Δ by 1.9 pp [0.8, 3.0]"."""
+    sign = resolved_sign(e)
+    if sign is None:
+        return f"changes {what} by {_n(e.value, '+.2f') if e is not None else '—'} {unit} (no CI)"
+    if sign < 0:
+        return f"lowers {what} by {-e.value:.2f} {unit} [{-e.high:.2f}, {-e.low:.2f}]"
+    if sign > 0:
+        return f"raises {what} by {e.value:.2f} {unit} [{e.low:.2f}, {e.high:.2f}]"
+    return f"changes {what} by {e.value:+.2f} {unit} [{e.low:+.2f}, {e.high:+.2f}] (not resolved)"
+
+
+def levelling_up(c: PairedComparison) -> str:
+    """Whether ``c.a`` lowered the high-risk groups' risk (under ``c.b``) without raising the others'."""
+    ref = {g: v for g, v in c.reference_gpr.items() if v is not None and g in c.groups}
+    if len(ref) < 2:
+        return f"levelling up vs {c.b_label}: needs two groups with a GPR"
+    mean = sum(ref.values()) / len(ref)
+    high = [g for g, v in ref.items() if v >= mean]
+    low = [g for g in ref if g not in high]
+    signs = {g: resolved_sign(c.groups[g]) for g in ref}
+    cells = ", ".join(f"{'high' if g in high else 'low'}-risk {g} {_n(c.groups[g].value, '+.2f')} pp "
+                      f"[{_n(c.groups[g].low, '+.2f')}, {_n(c.groups[g].high, '+.2f')}]" for g in ref)
+    if any(s == 1 for s in signs.values()):
+        raised = [g for g, s in signs.items() if s == 1]
+        word = f"does not hold: risk raised for {', '.join(raised)}"
+    elif all(signs[g] == -1 for g in high) and all(signs[g] is not None for g in low):
+        word = "holds: risk lowered for the high-risk group" + ("s" if len(high) > 1 else "") + \
+               (" without raising it for the others" if low else "")
+    else:
+        word = "not resolved"
+    return f"Levelling up vs {c.b_label} {word} (GPR differences, paired: {cells})."
+
+
+def dpsgd_s_verdict(report: AuditReport, key: str) -> list[str]:
+    """The sentences for DP-SGD-S algorithm ``key`` of ``report`` (empty without a DP-SGD comparison)."""
+    s = report.algorithm(key)
+    controls = report.controls_of(key)
+    vs = {c.b: c for c in report.comparisons if c.a == key}
+    base = next((c for b, c in vs.items() if report.algorithm(b).control is None), None)
+    noise = controls.get("noise_matched")
+    acc = controls.get("accuracy_matched")
+    lines = []
+    if base is not None:
+        head = f"{s.label} {difference(base.delta)} vs {base.b_label}"
+        if noise is not None and noise.key in vs:
+            c = vs[noise.key]
+            sign = resolved_sign(c.delta)
+            why = {-1: "beyond what its extra noise explains", 1: "less than its extra noise alone would",
+                   0: "not beyond what its extra noise explains", None: "no CI"}[sign]
+            head += (f", and {difference(c.delta)} vs noise-matched DP-SGD (σ {noise.control.noise_multiplier:.3g}, "
+                     f"ε {noise.control.epsilon:.3g} < {noise.control.target_epsilon:g}): {why}")
+        lines.append(head + ".")
+    if acc is not None and acc.key in vs:
+        c, info = vs[acc.key], acc.control
+        matched = "" if info.matched else " (no crossing in the searched range: the nearest end)"
+        lines.append(f"At equal accuracy — DP-SGD at ε {info.epsilon:.3g}{matched}: {_acc(acc)} vs {s.label} "
+                     f"{_acc(s)} — {s.label} {difference(c.delta)}.")
+    if base is not None:
+        ratio = s.noise_ratio
+        lines.append(f"Accuracy cost of {s.label}: {_n(base.accuracy.value, '+.2f')} points "
+                     f"[{_n(base.accuracy.low, '+.2f')}, {_n(base.accuracy.high, '+.2f')}] vs {base.b_label}"
+                     + (f", with {ratio:.2f}× DP-SGD's noise at the same ε (z_Δ · mean max_k C_k / (σ · C))"
+                        if ratio is not None else "") + ".")
+        lines.append(levelling_up(base))
+        if noise is not None and noise.key in vs:
+            lines.append(levelling_up(vs[noise.key]))
+    return lines
+
+
+def _acc(a) -> str:
+    e = a.accuracy_ci or Estimate(None if a.accuracy.mean is None else 100 * a.accuracy.mean, None, None)
+    return f"{_n(e.value, '.2f')} % [{_n(e.low, '.2f')}, {_n(e.high, '.2f')}]"
+
+
+def verdict_lines(report: AuditReport) -> list[str]:
+    """Every DP-SGD-S algorithm's sentences, in the audit's order."""
+    out = []
+    for a in report.algorithms:
+        if a.name == "dpsgd_s" and a.control is None:
+            out += dpsgd_s_verdict(report, a.key)
+    return out

@@ -58,6 +58,20 @@ COMPARISON_COLUMNS = {
 }
 
 
+def delta_columns(report) -> dict:
+    """Column formats of the Δ table (``engine.audit.frames.delta_frame``)."""
+    pp = {c: st.column_config.NumberColumn(c, format="%.2f") for c in
+          ("Δ (pp)", "Δ CI low", "Δ CI high", "null Δ low", "null Δ high")}
+    gpr = {f"GPR {g}": st.column_config.NumberColumn(f"GPR {g}", format="%.4f") for g in report.group_names}
+    return {"algorithm": st.column_config.TextColumn("algorithm", width="medium"), **pp, **gpr,
+            "accuracy": st.column_config.NumberColumn("accuracy", format="%.4f"),
+            "null floor": st.column_config.NumberColumn("null floor", format="%.4f"),
+            "accuracy cost (points)": st.column_config.NumberColumn("accuracy cost (points)", format="%+.2f",
+                                                                    help="DP-SGD-S − DP-SGD, paired over models"),
+            "noise × DP-SGD": st.column_config.NumberColumn("noise × DP-SGD", format="%.2f",
+                                                            help="DP-SGD-S's realised noise / DP-SGD's at the same ε")}
+
+
 def comparison_table(report):
     """The paired comparisons as the page shows them (engine.audit.frames.comparison_frame, formatted)."""
     df = report.comparison_frame()
@@ -244,11 +258,10 @@ def view(run_id: int) -> None:
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = charts.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
     charts.chart(specs["gpr_bars"], key="audit-gpr", export_key="ax-gpr")
-    c1, c2 = st.columns([3, 2])
-    with c1:
-        charts.chart(specs["delta_table"], key="audit-delta", export_key="ax-delta")
-    with c2:
-        charts.chart(specs["accuracy"], key="audit-accuracy", export_key="ax-acc")
+    with st.container(key="audit-delta-table"):  # full width, formatted (the figure version exports with the rest)
+        st.dataframe(report.delta_frame(), hide_index=True, width="stretch",
+                     column_config=delta_columns(report))
+    charts.chart(specs["accuracy"], key="audit-accuracy", export_key="ax-acc")
     charts.chart(specs["epsilon_bounds"], key="audit-eps", export_key="ax-eps")
     charts.chart(specs["lira_roc"], key="audit-lira", export_key="ax-lira")
     charts.chart(specs["advantage_hist"], key="audit-hist", export_key="ax-hist")

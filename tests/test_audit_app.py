@@ -151,3 +151,6 @@ def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_ve
     table = next(f for f in frames if "comparison" in f.columns)
     assert set(table["comparison"]) == {c.b_label for c in report.comparisons}
     assert list(table.columns) == ["comparison", "quantity", "value", "low", "high", "unpaired", "answer"]
+    delta = next(f for f in frames if "Δ (pp)" in f.columns)  # the Δ table, full width, with the accuracy cost
+    assert list(delta["algorithm"]) == [a.label for a in report.algorithms]
+    assert "accuracy cost (points)" in delta.columns and "noise × DP-SGD" in delta.columns

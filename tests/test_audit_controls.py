@@ -300,3 +300,27 @@ def test_cli_controls_flag(tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine", "audit", str(bad), "--controls"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "controls" in out.stderr
+
+
+def test_the_accuracy_search_trains_its_pilot_within_the_audit_chunks():
+    """A pilot larger than a chunk trains chunk by chunk (the memory budget), and its first chunk is the one
+    a single-chunk pilot trains (so a small chunk size changes only the later chunks' batches)."""
+    import engine.audit.runner as runner
+
+    cfg = SMALL.replace(R=4, chunk_models=3, algorithms=SMALL.algorithms)
+    sizes = []
+    original = runner._train_chunk
+
+    def spy(setup, a, members, *args, **kw):
+        if a.control is None and a.algo.name == "dpsgd" and args[2] is None:  # a pilot chunk (no progress)
+            sizes.append(len(members))
+        return original(setup, a, members, *args, **kw)
+
+    runner._train_chunk = spy
+    try:
+        report = run_audit(cfg.replace(R=4))
+    finally:
+        runner._train_chunk = original
+    pilot = report.algorithm("dpsgd_accuracy_matched").control.pilot_models
+    runs = len(report.algorithm("dpsgd_accuracy_matched").control.search)
+    assert pilot == 8 and max(sizes) <= 3 and sum(sizes) == pilot * runs

@@ -4,7 +4,11 @@
     design.py    membership design: complementary halves' groups, PA-LOOA targets, seeds, chunk layout
     runner.py    preparation, chunk training, checkpoints / resume, progress, ``python -m engine audit``
     analysis.py  the report computed from the models' scores and the membership
-    report.py    AuditReport / AlgorithmReport (typed, to_dict / from_dict for the store) and CLI summaries
+    report.py    AuditReport / AlgorithmReport / PairedComparison / ControlInfo (typed, to_dict / from_dict)
+    summary.py   the report as CLI text: the table, ``--json``'s headline numbers, the verdict under them
+    controls.py  DP-SGD-S's noise-matched and accuracy-matched DP-SGD controls (planned while the audit runs)
+    compare.py   paired comparisons of two algorithms on the shared splits (paired bootstrap, paired accuracy)
+    verdict.py   the answer in words: DP-SGD-S vs DP-SGD and its controls, levelling up per group
     frames.py    the report's tidy pandas frames (what the figures draw)
     stats.py     the statistics themselves (advantage, GPR, bootstrap, null floor / null Δ, LiRA, ε lower bounds)
     presets.py   named audits (quick, quick-eps1, adult-paper, mnist-paper)

@@ -48,8 +48,8 @@ from engine.audit.analysis import algorithm_report, empty_report, membership_sco
 from engine.audit.chunks import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, on_device,
                                  per_model_step_bytes)
 from engine.audit.config import AuditConfig, algorithm_keys
-from engine.audit.design import (chunk_layout, derived_seed, group_labels, group_sizes, looa_membership, looa_targets,
-                                 resolved_tiers)
+from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, looa_membership,
+                                 looa_targets, resolved_tiers)
 from engine.audit.estimate import estimate_runtime
 from engine.audit.report import AuditReport, Baselines, LooaRecord
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
@@ -366,9 +366,13 @@ def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: 
 
     def accuracy_at(epsilon: float) -> float:
         candidate = dataclasses.replace(dpsgd, privacy=_dpsgd_at(setup, epsilon))
-        _, _, pred, _ = _train_chunk(setup, candidate, setup.membership[:pilot], seeds,
-                                     derived_seed(cfg.run.seed, 5), None, should_stop)
-        return float((pred == y_test[None, :]).mean())
+        preds = []
+        for c, (lo, hi) in enumerate(chunks(pilot, setup.chunk_models)):  # within the audit's memory budget
+            gen_seed = derived_seed(cfg.run.seed, 5) if c == 0 else derived_seed(cfg.run.seed, 5, c)
+            _, _, pred, _ = _train_chunk(setup, candidate, setup.membership[lo:hi], seeds[lo:hi], gen_seed, None,
+                                         should_stop)
+            preds.append(pred)
+        return float((np.concatenate(preds) == y_test[None, :]).mean())
 
     saved = ckpt.get_json("control/accuracy_matched/search")
     if saved is None:

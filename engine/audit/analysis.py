@@ -50,6 +50,12 @@ def membership_scores(score: str, losses, confs) -> np.ndarray:
     return np.asarray(confs if score == "logit_confidence" else -np.asarray(losses), dtype=np.float64)
 
 
+def correct_predictions(setup, preds) -> np.ndarray:
+    """(models, test samples) bool: each model's test prediction equals the label. Its row means are the models'
+    test accuracies (the report's, the paired accuracy differences', the accuracy-matched search's)."""
+    return np.asarray(preds) == setup.dataset.y_test.numpy()[None, :]
+
+
 def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> tuple[AlgorithmReport, np.ndarray]:
     """One algorithm's statistics from its models' per-sample losses / confidences on the training set
     and their test predictions (and, DP-SGD-S, each model's realised noise multiplier); returns the report and
@@ -72,8 +78,7 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
            if len(setup.group_names) > 1 else None,  # one group: no Δ to resolve
            "baselines": {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}}
     # accuracy on the test set, per model
-    yt = setup.dataset.y_test.numpy()
-    correct = preds == yt[None, :]
+    correct = correct_predictions(setup, preds)
     acc = correct.mean(1)
     acc_groups = {}
     if setup.test_groups is not None:

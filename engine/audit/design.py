@@ -33,6 +33,12 @@ def derived_seed(*parts) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0] % (2**63 - 1))
 
 
+def init_seeds(seed: int, lo: int, hi: int) -> list[int]:
+    """The initialisation seeds of models lo..hi−1 of the 2R: shared by every algorithm (and the accuracy-matched
+    control's pilot), so that model j of each starts from the same weights and the comparisons are paired."""
+    return [derived_seed(seed, 1, j) for j in range(lo, hi)]
+
+
 def chunks(total: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(total, a + size)) for a in range(0, total, size)]
 

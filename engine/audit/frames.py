@@ -52,8 +52,7 @@ def delta_frame(report) -> pd.DataFrame:
         for g in report.group_names:
             row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
         if report.comparisons:  # DP-SGD-S: its accuracy cost and its noise beside its Δ
-            base = next((c for c in report.comparisons if c.a == a.key and report.algorithm(c.b).control is None),
-                        None)
+            base = report.dpsgd_comparison(a.key)
             row["accuracy cost (points)"] = _r(base.accuracy.value, 2) if base is not None else None
             row["noise × DP-SGD"] = _r(a.noise_ratio, 3)
         rows.append(row)

@@ -425,6 +425,10 @@ class AuditReport:
         """The paired comparison of algorithm keys ``a`` against ``b``; None when the audit has none."""
         return next((c for c in self.comparisons if c.a == a and c.b == b), None)
 
+    def dpsgd_comparison(self, key: str) -> PairedComparison | None:
+        """Algorithm ``key`` (DP-SGD-S) against plain DP-SGD — not against one of its controls; None without one."""
+        return next((c for c in self.comparisons if c.a == key and self.algorithm(c.b).control is None), None)
+
     def controls_of(self, key: str) -> dict:
         """The controls of the DP-SGD-S algorithm ``key``: {kind: AlgorithmReport}."""
         return {a.control.kind: a for a in self.algorithms if a.control is not None and a.control.of == key}

@@ -44,12 +44,13 @@ import numpy as np
 import torch
 
 from engine.audit import compare, controls, stats
-from engine.audit.analysis import algorithm_report, empty_report, membership_scores, plan_table
+from engine.audit.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
+                                   plan_table)
 from engine.audit.chunks import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, on_device,
                                  per_model_step_bytes)
 from engine.audit.config import AuditConfig, algorithm_keys
-from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, looa_membership,
-                                 looa_targets, resolved_tiers)
+from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, init_seeds,
+                                 looa_membership, looa_targets, resolved_tiers)
 from engine.audit.estimate import estimate_runtime
 from engine.audit.report import AuditReport, Baselines, LooaRecord
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
@@ -361,8 +362,7 @@ def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: 
     pilot = controls.pilot_models(setup.n_models)
     target = float(results[s.key].accuracy[:pilot].mean())
     eps0 = float(min(dpsgd.privacy.plan.target_epsilons))
-    y_test = setup.dataset.y_test.numpy()
-    seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(pilot)]  # the audit's first models' initialisations
+    seeds = init_seeds(cfg.run.seed, 0, pilot)  # the audit's first models' initialisations
 
     def accuracy_at(epsilon: float) -> float:
         candidate = dataclasses.replace(dpsgd, privacy=_dpsgd_at(setup, epsilon))
@@ -372,7 +372,7 @@ def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: 
             _, _, pred, _ = _train_chunk(setup, candidate, setup.membership[lo:hi], seeds[lo:hi], gen_seed, None,
                                          should_stop)
             preds.append(pred)
-        return float((np.concatenate(preds) == y_test[None, :]).mean())
+        return float(correct_predictions(setup, np.concatenate(preds)).mean())
 
     saved = ckpt.get_json("control/accuracy_matched/search")
     if saved is None:
@@ -477,7 +477,7 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
         if got is not None and tracks_noise and "noise" not in got and cfg.controls:
             got = None  # a checkpoint from before the realised noise was kept: the controls need it, trained again
         if got is None:
-            seeds = [derived_seed(cfg.run.seed, 1, j) for j in range(lo, hi)]  # model j's init: shared by algorithms
+            seeds = init_seeds(cfg.run.seed, lo, hi)
             l, cf, p, z = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
                                        derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
             ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16), **({} if z is None else {"noise": z}))
@@ -501,7 +501,7 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
                                                        prog, should_stop,
                                                        k_algo))
         train_seconds += time.time() - t2
-    accuracy = (preds == setup.dataset.y_test.numpy()[None, :]).mean(1)
+    accuracy = correct_predictions(setup, preds).mean(1)
     return AlgoResult(report=dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds),
                       advantage=adv, accuracy=accuracy, realised_noise=realised)
 

@@ -67,7 +67,7 @@ def dpsgd_s_verdict(report: AuditReport, key: str) -> list[str]:
     s = report.algorithm(key)
     controls = report.controls_of(key)
     vs = {c.b: c for c in report.comparisons if c.a == key}
-    base = next((c for b, c in vs.items() if report.algorithm(b).control is None), None)
+    base = report.dpsgd_comparison(key)
     noise = controls.get("noise_matched")
     acc = controls.get("accuracy_matched")
     lines = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app_pages._look import md, show_error
+from app_pages._look import md, show_error, user_message
 from engine.audit.config import AuditConfig
 from engine.audit.runner import preview_audit
 from engine.config.run import RunConfig
@@ -40,7 +40,7 @@ def _planned(preview, config, errors: list[str], slots=None):
     except (ConfigError, DataError) as e:
         errors.append(str(e))
         if not (slots is not None and isinstance(e, ConfigError) and slots.show(e)):
-            show_error(e)
+            show_error(e, user_terms=slots is not None)
         return None
 
 
@@ -93,8 +93,8 @@ def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[s
                     st.caption(f"Non-private reference: no clipping, no noise, no DP guarantee · {p.steps} steps")
                 else:
                     st.caption(md(_plan_caption(p)))
-                    for note in p.notes or ():
-                        st.caption(md(f"note: {note}"))
+                    for note in p.notes or ():  # (the engine counts tiers from 0: the table's numbers)
+                        st.caption(md(f"note: {user_message(note, labels=getattr(slots, 'tier_labels', None))}"))
                 if not p.formal_dp and cfg.algorithm.name != "nonprivate":
                     st.warning(md(f"No formal DP guarantee: {p.formal_dp_reason or 'see the plan'} "
                                   f"(ε spent is not reported)."))

@@ -1,9 +1,12 @@
 """The tier editor: the one adapter between the privacy tiers a user edits and ``TiersConfig``.
 
-    tier_editor(start, dataset, key)            the editable table (owners fixed; tier number and ε editable)
-                                                → TiersConfig, validated (ConfigError names the bad cell)
-    url_tier_editor(url, base, dataset, key)    the same table bound to the URL's ``?tiers=`` (the Train page)
-    tiers_to_rows / rows_to_tiers               TiersConfig ↔ the table's rows
+    tier_editor(start, dataset, key)            the tier tables: one row per tier (its owners, its one ε,
+                                                editable) above the owners' table (tier number editable)
+                                                → TiersConfig, validated (TierTableError names the tier or owner
+                                                in the tables' words: "tier 2 ε: …", never a config path)
+    url_tier_editor(url, base, dataset, key)    the same tables bound to the URL's ``?tiers=`` (the Train page)
+    tier_labels(key)                            the table's number of each tier (for the page's messages)
+    tiers_to_rows / rows_to_tiers               TiersConfig ↔ one row per owner (class / attribute value)
     tiers_to_param / tiers_from_url             TiersConfig ↔ the URL's ``?tiers=`` text (a config file's tiers JSON)
 
 An ε typed into the table becomes a ``TierConfig`` here, once per rerun; the URL is written for a copied link
@@ -13,33 +16,161 @@ to reproduce the tiers, and read only when the table starts, never between two e
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
 import pandas as pd
 import streamlit as st
 
+from app_pages._look import field_label, user_message
 from app_pages._widgets import UrlParams
 from engine.config.run import RunConfig, TierConfig, TiersConfig, parse_tiers_param
 from engine.config.schema import ConfigError
 
-TIER_COLUMNS = {"tier": st.column_config.NumberColumn("tier", step=1, help="tier number (1, 2, …)"),
-                "ε": st.column_config.NumberColumn("ε", format="%.4g", help="privacy budget of the tier"),
-                "ratio": st.column_config.NumberColumn("ratio", format="%.3f")}
+OWNER_COLUMNS = {"tier": st.column_config.NumberColumn(
+    "tier", step=1, help="the tier this owner belongs to (1, 2, …); a new number makes a new tier")}
+# ε is typed as text and read here: a number cell drops the letters of "1e9" (it became 19)
+EPS_COLUMN = st.column_config.TextColumn("ε", help="the tier's privacy budget: a number > 0 (1, 0.5, 1e-1, …)")
+TIER_COLUMNS = {"tier": st.column_config.NumberColumn("tier", help="tier number"),
+                "ε": EPS_COLUMN, "ratio": st.column_config.NumberColumn("ratio", format="%.3f")}
+
+
+class TierTableError(ConfigError):
+    """A :class:`ConfigError` about the tier table: ``field`` is the config path (the page routes the message to
+    the table's slot with it), the text says it in the table's words ("tier 2 ε: must be a number, got 'abc'";
+    ``labels``: the table's number of each tier, in config order)."""
+
+    in_user_terms = True
+
+    def __init__(self, field: str, message: str, labels=None):
+        super().__init__(field, message)
+        self.labels = labels
+        self.args = (f"{field_label(field, labels)}: {message}",)
 
 
 def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
-    """The editable tier table (owners fixed, tier number and ε editable); raises ConfigError naming the
-    bad cell or field. Explicit per-sample assignments have no table: ``start`` is returned as is."""
+    """The tier tables → TiersConfig, validated; raises :class:`TierTableError` naming the tier (or owner) in
+    the tables' words. Explicit per-sample assignments have no table: ``start`` is returned as is.
+
+    Class / attribute tiers: one row per tier listing its owners with its one ε (editable), above the owners'
+    table where an owner's tier number moves it (a new number makes a new tier, with the ε of the tier the
+    owner came from until it is edited). A random split: one row per tier (ε, ratio). The ε typed per tier is
+    kept in the session while the owners' table lives (``key``), so that moving an owner never drops it."""
     if start.assign == "explicit":
         st.info("Explicit per-sample tier assignments are set in a JSON config (python -m engine run).")
         return start
-    table = tiers_to_rows(start, dataset)
-    edited = st.data_editor(table, key=key, hide_index=True, column_config=TIER_COLUMNS, height="auto",
-                            disabled=[c for c in ("class", "name", "value") if c in table.columns])
-    tiers = rows_to_tiers(edited, start)
-    tiers.validate()
+    if start.assign == "random":
+        return _random_editor(start, key=key)
+    owner_col = "class" if start.assign == "class" else "value"
+    eps_key = f"{key}:ε"
+    if key not in st.session_state or eps_key not in st.session_state:  # the table starts: ε from ``start``
+        st.session_state[eps_key] = {k + 1: eps_text(t.epsilon) for k, t in enumerate(start.tiers)}
+    eps = st.session_state[eps_key]  # the table's tier number → the ε text typed for it
+    owners = tiers_to_rows(start, dataset).drop(columns=["ε"])
+    came_from = dict(zip(owners[owner_col], owners["tier"]))  # owner → its tier in ``start``
+    tier_box = st.container()  # the per-tier table, drawn above the owners' table once its tiers are known
+    edited = st.data_editor(owners, key=key, hide_index=True, column_config=OWNER_COLUMNS, height="auto",
+                            disabled=[c for c in ("class", "name", "value") if c in owners.columns])
+    st.caption(f"Move a {owner_col} to another tier by changing its tier number; a new number makes a new tier.")
+    groups, problem = _owner_groups(edited, owner_col, len(owners))
+    labels = sorted(groups)
+    st.session_state[f"{key}:labels"] = labels
+    for tier in labels:  # a new tier starts with the ε of the tier its first owner came from
+        if tier not in eps:
+            origin = came_from.get(groups[tier][0])
+            eps[tier] = eps.get(origin, eps_text(start.tiers[0].epsilon)) if origin is not None else ""
+    names = dict(zip(owners[owner_col], owners["name"])) if "name" in owners.columns else {}
+    table = pd.DataFrame({"tier": labels,
+                          "classes" if owner_col == "class" else "values":
+                              [", ".join(_owner_name(o, names) for o in groups[t]) for t in labels],
+                          "ε": [eps[t] for t in labels]})
+    signature = hashlib.sha1(repr([(t, groups[t]) for t in labels]).encode()).hexdigest()[:10]
+    with tier_box:
+        typed = st.data_editor(table, key=f"{key}-eps-{signature}", hide_index=True, height="auto",
+                               column_config={"tier": TIER_COLUMNS["tier"], "ε": EPS_COLUMN},
+                               disabled=["tier", table.columns[1]])
+    for tier, text in zip(labels, typed["ε"]):
+        eps[tier] = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
+    if problem is not None:
+        raise TierTableError("tiers", problem, labels)
+    values = {}
+    for k, tier in enumerate(labels):
+        values[tier] = parse_epsilon(eps[tier], f"tiers.tiers[{k}].epsilon", labels)
+    rows = edited.assign(ε=[values.get(int(t)) if _num(t) is not None else None for t in edited["tier"]])
+    try:
+        tiers = rows_to_tiers(rows, start)
+        tiers.validate()
+    except TierTableError:
+        raise
+    except ConfigError as e:
+        raise TierTableError(e.field, user_message(e.message, labels=labels), labels) from None
     return tiers
+
+
+def _owner_name(owner, names: dict) -> str:
+    name = str(names.get(owner, owner))
+    return name if name == str(owner) else f"{owner} {name}"
+
+
+def _owner_groups(edited: pd.DataFrame, owner_col: str, n_owners: int) -> tuple[dict[int, list], str | None]:
+    """The table's tier number → its owners (in table order), and the first problem with a tier number (its
+    owner is left out): a whole number from 1 to the number of owners (each owner its own tier at most)."""
+    groups: dict[int, list] = {}
+    problem = None
+    for _, row in edited.iterrows():
+        owner = int(row[owner_col]) if owner_col == "class" else str(row[owner_col])
+        tier = _num(row["tier"])
+        if tier is None:
+            continue  # unassigned: the engine reports which owner has no tier
+        if tier < 1 or tier > n_owners or tier != int(tier):
+            problem = problem or (f"{owner_col} {owner}: the tier must be a whole number from 1 to {n_owners}, "
+                                  f"got {row['tier']:g}")
+            continue
+        groups.setdefault(int(tier), []).append(owner)
+    return groups, problem
+
+
+def eps_text(epsilon: float) -> str:
+    """ε as the table shows it: the shortest text that reads back as the same number ("1", "0.5", "1e-05")."""
+    text = repr(float(epsilon))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def parse_epsilon(text, field: str, labels=None) -> float:
+    """A typed ε (any float syntax: "2", "0.5", "1e9"); TierTableError if it is missing or not a number (the
+    range is the engine's check)."""
+    raw = "" if text is None else str(text).strip()
+    if not raw:
+        raise TierTableError(field, "is missing: type a number > 0", labels)
+    try:
+        value = float(raw.replace("−", "-"))
+    except ValueError:
+        raise TierTableError(field, f"must be a number, got {raw[:40]!r}", labels) from None
+    if not math.isfinite(value):
+        raise TierTableError(field, f"must be a finite number, got {raw[:40]!r}", labels)
+    return value
+
+
+def _random_editor(start: TiersConfig, *, key: str) -> TiersConfig:
+    table = tiers_to_rows(start, None)
+    table["ε"] = [eps_text(e) for e in table["ε"]]
+    edited = st.data_editor(table, key=key, hide_index=True, column_config=TIER_COLUMNS, height="auto",
+                            disabled=["tier"])
+    labels = list(edited["tier"])
+    st.session_state[f"{key}:labels"] = labels
+    rows = edited.assign(ε=[parse_epsilon(t, f"tiers.tiers[{k}].epsilon", labels) for k, t in enumerate(edited["ε"])])
+    try:
+        tiers = rows_to_tiers(rows, start)
+        tiers.validate()
+    except ConfigError as e:
+        raise TierTableError(e.field, user_message(e.message, labels=labels), labels) from None
+    return tiers
+
+
+def tier_labels(key: str):
+    """The tier table's number of each tier (config order) the last time the editor ``key`` ran, else None."""
+    return st.session_state.get(f"{key}:labels")
 
 
 def url_tier_editor(url: UrlParams, base: TiersConfig, dataset, *, key: str) -> TiersConfig:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import streamlit as st
 
-from app_pages._look import md
+from app_pages._look import field_label, md, user_error
 from engine.config.schema import ConfigError
 from engine.jobs.runs import run_config
 
@@ -114,31 +114,77 @@ def audit_label(run: dict) -> str:
 # --- settings -------------------------------------------------------------------------------------------
 
 class FieldSlots:
-    """An empty slot under each settings widget, so that an invalid value is explained next to its field.
+    """An empty slot under each settings widget, so that an invalid value is explained next to its field, once,
+    in the user's terms.
 
-    ``add(col, *fields)`` puts the slot (always emitted: a message never shifts the widgets below) under the
-    widget just drawn in ``col``; ``show(error)`` writes a :class:`ConfigError` into the slot of its field
-    (dotted config path, e.g. ``batch_size`` or ``algorithm.alpha``) and returns False when no widget owns it.
-    ``reasons`` lists what was shown, for the caption next to the disabled Launch button.
+    ``add(col, label, *fields)`` puts the slot (always emitted: a message never shifts the widgets below) under
+    the widget just drawn in ``col``; ``row`` (a slot from :meth:`row`, under the whole row of fields) takes the
+    field's messages too long for a narrow column (they would wrap a word per line). ``show(error)`` writes a
+    :class:`ConfigError` into the slot of its field (dotted config path, e.g. ``batch_size`` or
+    ``algorithm.alpha``; a registered prefix such as ``tiers`` owns ``tiers.tiers[0].epsilon``) and returns False
+    when no widget owns it. The path and the engine's words are translated in one place
+    (``_look.user_error``): tiers by the number the tier table shows (``tier_labels``, the table's number of
+    each tier in config order; ``tiers``, the TiersConfig the plan was made for). A message already shown is not
+    shown again (a plan error comes once per algorithm). ``reasons`` lists what was shown, once each, for the
+    caption next to the disabled Launch button.
     """
 
-    def __init__(self):
-        self.slots: dict[str, tuple[object, str]] = {}
-        self.reasons: list[str] = []
+    NARROW = 60  # characters: a longer message goes to the row's slot (a column is ~20 characters wide)
 
-    def add(self, where, label: str, *fields: str) -> None:
+    def __init__(self):
+        self.slots: dict[str, tuple[object, str, object]] = {}
+        self.reasons: list[str] = []
+        self.tier_labels = None
+        self.tiers = None
+        self._shown: dict[tuple[int, str], bool] = {}
+        self._filled: dict[int, list[str]] = {}
+
+    @staticmethod
+    def row(where=None):
+        """A full-width slot under a row of fields (call it right after ``st.columns``)."""
+        return (where or st).empty()
+
+    def add(self, where, label: str, *fields: str, row=None) -> None:
         slot = where.empty()
         for f in fields:
-            self.slots[f] = (slot, label)
+            self.slots[f] = (slot, label, row)
 
-    def show(self, error: ConfigError) -> bool:
-        field = getattr(error, "field", "") or ""
+    def owner(self, field: str):
+        """(slot, label, row slot) of the widget owning ``field``: the exact path, its last part, or the longest
+        registered prefix (``tiers`` for ``tiers.tiers[0].epsilon``); None if none."""
+        field = field or ""
         hit = self.slots.get(field) or self.slots.get(field.split(".")[-1])
         if hit is None:
+            prefixes = [f for f in self.slots if field.startswith(f + ".") or field.startswith(f + "[")]
+            hit = self.slots[max(prefixes, key=len)] if prefixes else None
+        return hit
+
+    def explain(self, error: Exception, label: str = "") -> tuple[str, str]:
+        """(who, message) in the user's terms: who is ``label`` (the widget's), refined for a tier path."""
+        field = getattr(error, "field", "") or ""
+        if getattr(error, "in_user_terms", False):  # the tier table's own words (``_tiers.TierTableError``)
+            what, message = field_label(field, getattr(error, "labels", None)), error.message
+        else:
+            what, message = user_error(error, labels=self.tier_labels, tiers=self.tiers)
+        if field.startswith("tiers.tiers[") or not label:
+            label = what  # "tier 1 ε": the tier table's words
+        return label, message
+
+    def show(self, error: ConfigError) -> bool:
+        hit = self.owner(getattr(error, "field", "") or "")
+        if hit is None:
             return False
-        slot, label = hit
-        slot.error(md(error.message), icon=":material/error:")
-        self.reasons.append(f"{label}: {error.message}")
+        slot, label, row = hit
+        who, message = self.explain(error, label)
+        text = f"{who}: {message}"
+        if (id(slot), text) in self._shown:
+            return True  # shown already (the same plan error of another algorithm)
+        self._shown[(id(slot), text)] = True
+        target = row if row is not None and len(message) > self.NARROW else slot
+        lines = self._filled.setdefault(id(target), [])
+        lines.append(md(message) if target is slot and who == label else f"**{md(who)}**: {md(message)}")
+        target.error("  \n".join(lines), icon=":material/error:")  # one box per slot, every message once
+        self.reasons.append(text)
         return True
 
 
@@ -146,22 +192,33 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
                     slots: FieldSlots | None = None) -> dict:
     """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
     ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``.
-    With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`)."""
+
+    With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`, long ones under its row)
+    and the fields take any number, so that the engine's checks refuse a bad one with a message: a bounded
+    number input refuses silently (a red outline; the page keeps the last valid value, so Launch would run
+    that). The batch size keeps its lower bound 1: a URL's ``batch=-5`` is warned about as a URL parameter
+    (``UrlParams``) and the default used."""
     fields = {"epochs": ("epochs",), "batch": ("batch_size",), "lr": ("optimizer.lr", "lr"), "delta": ("delta",),
               "clip": ("clip_norm",), "seed": ("seed",)}
+    checked = slots is not None  # the engine's checks explain a bad value next to its field
 
-    def number(col, label, name, **kw):
+    def number(col, row, label, name, bounds, **kw):
+        if not checked:
+            kw.update(bounds)
         value = col.number_input(label, key=f"{prefix}{name}", bind="query-params", **kw)
         if slots is not None:
-            slots.add(col, label, *fields[name])
+            slots.add(col, label, *fields[name], row=row)
         return value
 
     c1, c2, c3 = st.columns(3)
-    out = {"epochs": number(c1, "Epochs", "epochs", min_value=0.1, value=epochs, step=0.5),
-           "batch": number(c2, "Batch size", "batch", min_value=1, value=batch, step=batch_step),
-           "lr": number(c3, "Learning rate", "lr", min_value=0.0001, value=lr, step=lr_step, format="%.4g")}
+    row = FieldSlots.row() if checked else None
+    out = {"epochs": number(c1, row, "Epochs", "epochs", dict(min_value=0.1), value=epochs, step=0.5),
+           "batch": number(c2, row, "Batch size", "batch", {}, min_value=1, value=batch, step=batch_step),
+           "lr": number(c3, row, "Learning rate", "lr", dict(min_value=0.0001), value=lr, step=lr_step,
+                        format="%.4g")}
     c1, c2, c3 = st.columns(3)
-    out.update(delta=number(c1, "δ", "delta", min_value=1e-12, max_value=0.5, value=1e-5, format="%.1e"),
-               clip=number(c2, "Clip norm C", "clip", min_value=0.001, value=1.0, step=0.1),
-               seed=number(c3, "Seed", "seed", min_value=0, value=0, step=1))
+    row = FieldSlots.row() if checked else None
+    out.update(delta=number(c1, row, "δ", "delta", dict(min_value=1e-12, max_value=0.5), value=1e-5, format="%.1e"),
+               clip=number(c2, row, "Clip norm C", "clip", dict(min_value=0.001), value=1.0, step=0.1),
+               seed=number(c3, row, "Seed", "seed", dict(min_value=0), value=0, step=1))
     return out

@@ -1,11 +1,13 @@
 """Audit: PA-ALOOA group privacy risk — configure, launch in the background, watch, cancel/resume, and
-read GPR per group, the Δ table, accuracy, per-tier ε lower bounds, LiRA ROC and advantage histograms."""
+read GPR per group, the Δ table, accuracy, per-tier ε lower bounds, LiRA ROC and advantage histograms; and the
+one-run audit (per-tier empirical ε̂ from one training run per algorithm, ``app_pages/_one_run.py``)."""
 from __future__ import annotations
 
 import streamlit as st
 
 from app_pages import _charts as charts
 from app_pages import _handles as handles
+from app_pages import _one_run as one_run
 from app_pages import _plans as plans
 from app_pages import _status as status
 from app_pages import _widgets as widgets
@@ -97,10 +99,13 @@ def audit_downloads(run: dict, report, store) -> None:
 
 st.title("Privacy audit")
 intro()
-st.caption(AUDIT_EXPLAINER)
 url = widgets.UrlParams(labels={"a_algos": algorithm_label})
 mgr = handles.manager()
 store = mgr.store
+if one_run.section_picker() == one_run.ONE_RUN:
+    one_run.page(mgr, store, url)
+    st.stop()
+st.caption(AUDIT_EXPLAINER)
 errors: list[str] = []
 
 # --- configuration --------------------------------------------------------------------------------------------

@@ -8,19 +8,51 @@ from __future__ import annotations
 import math
 import time
 
+import pandas as pd
 import streamlit as st
 
 from app_pages import _charts as charts
 from app_pages import _handles as handles
 from app_pages import _widgets as widgets
-from app_pages._look import intro, md, plot_theme
+from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
 from engine.audit.report import as_report
 from engine.figures import export, frames
 from engine.figures import talk_frames as tf
 from engine.figures.sweep_frame import is_sweep_group
-from engine.figures.talk import build_talk_figures
+from engine.figures.scaffold import FigureSpec
+from engine.figures.talk import build_talk_figures, fig_results_table
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
-from engine.jobs.runs import dataset_name, dp_note, run_label, run_record
+from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
+
+
+PEARSON_COLUMNS = {
+    "run": st.column_config.TextColumn("run"), "algorithm": st.column_config.TextColumn("algorithm"),
+    "seed": st.column_config.NumberColumn("seed", format="%d"),
+    "owners": st.column_config.NumberColumn("owners", format="%d",
+                                            help="classes (or groups) with a recall and a budget"),
+    "Pearson r": st.column_config.NumberColumn("Pearson r", format="%.3f",
+                                               help="correlation of owner recall with the owner's privacy budget ε"),
+    "p-value": st.column_config.NumberColumn("p-value", format="%.2g", help="two-sided")}
+TALK_TABLE_COLUMNS = {"algorithm": st.column_config.TextColumn("algorithm", width=250),
+                      "runs": st.column_config.NumberColumn("runs (seeds)", format="%d")}
+
+
+def pearson_table(stats):
+    """The Pearson table in the page's words: run, algorithm (its label), seed, owners, r, p — no internal
+    columns (the run's id, its seed index, its series)."""
+    out = stats.assign(algorithm=[algorithm_label(a) for a in stats["algorithm"]])
+    out = out.rename(columns={"r": "Pearson r", "p": "p-value", "n": "owners"})
+    return out[["run", "algorithm", "seed", "owners", "Pearson r", "p-value"]]
+
+
+def readable_results_table(spec: FigureSpec, theme: str) -> FigureSpec:
+    """The talk results table with every "-0.0" shown as "0.0" (a gain that rounds to zero has no sign) and "—"
+    for a value that does not apply (IDP-SGD's gain over itself), its figure (the export) redrawn from it."""
+    data = spec.data.copy()
+    for column in data.columns:
+        if not pd.api.types.is_numeric_dtype(data[column]):
+            data[column] = ["—" if v is None or v != v else no_negative_zero(v) for v in data[column]]
+    return FigureSpec(spec.name, spec.title, fig_results_table(data, theme=theme), data)
 
 
 def run_option_label(run: dict) -> str:
@@ -87,13 +119,14 @@ gain = tf.gain_summary(runs)
 with st.container(key="headline"):
     m1, m2, m3 = st.columns(3)
     if gain is not None:
-        se = f" ± {gain['auc_se']:.1f} pp (s.e. over {gain['pairs']} paired seeds)" if math.isfinite(gain["auc_se"]) else ""
-        m1.metric(f"INO gain, {md(gain['tier'])} recall AUC", f"{gain['auc_gain']:+.1f} pp",
+        se = f" ± {format_pp(gain['auc_se'], signed=False)} (s.e. over {gain['pairs']} paired seeds)" \
+            if math.isfinite(gain["auc_se"]) else ""
+        m1.metric(f"INO gain, {md(gain['tier'])} recall AUC", format_pp(gain["auc_gain"]),
                   help=f"INO − IDP area under the {md(gain['tier'])} tier's recall curve{se}")
         if gain["peak_step"] is not None:
-            m2.metric(f"Peak INO gain, {md(gain['tier'])} recall", f"{gain['peak_gain']:+.1f} pp",
+            m2.metric(f"Peak INO gain, {md(gain['tier'])} recall", format_pp(gain["peak_gain"]),
                       help=f"largest mean gain along training: step {gain['peak_step']} "
-                           f"({100 * gain['peak_progress']:.0f} % of training); final: {gain['final_gain']:+.1f} pp")
+                           f"({100 * gain['peak_progress']:.0f} % of training); final: {format_pp(gain['final_gain'])}")
     else:
         m1.metric("INO gain", "—", help="select an INO-SGD run and the IDP-SGD run it builds on")
     spans = frames.mid_spans(runs)
@@ -115,8 +148,8 @@ st.caption("On easy tasks the INO gain lives early, in the MID window, and fades
 st.subheader("Who pays for privacy?")
 charts.chart(specs["recall_vs_budget"], key="res-budget", export_key="e-budget")
 stats = frames.pearson_by_run(frames.owner_recall(runs))
-st.dataframe(stats.drop(columns=["run_id"]).rename(columns={"r": "Pearson r", "p": "p-value", "n": "owners"}),
-             hide_index=True, width="content")
+with st.container(key="pearson-table"):
+    st.dataframe(pearson_table(stats), hide_index=True, width="content", column_config=PEARSON_COLUMNS)
 
 st.subheader("INO-SGD vs IDP-SGD")
 c1, c2 = st.columns(2)
@@ -140,11 +173,14 @@ sweep_metric = c2.segmented_control("Sweep gain", ["auc", "epoch"], default="auc
 report = as_report(audit_by_id[audit_id]["summary"]) if audit_id is not None and audit_by_id[audit_id].get("summary") else None
 talk = {s.name: s for s in build_talk_figures(runs, theme=theme, audit=report, sweep_metric=sweep_metric,
                                               sweep_epoch=1.0)}
-c1, c2 = st.columns([3, 2])
-with c1:
-    charts.chart(talk["privacy_frontier"], key="res-frontier", export_key="e-frontier")
-with c2:
-    charts.chart(talk["results_table"], key="res-table", export_key="e-table")
+talk["results_table"] = talk_table = readable_results_table(talk["results_table"], theme)
+charts.chart(talk["privacy_frontier"], key="res-frontier", export_key="e-frontier")
+# the results table as a table of the page, full width (its Plotly figure, in a half-width column, showed only
+# its header: the long column names wrapped into a header taller than the figure); the figure is its export
+with st.container(key="talk-table"):
+    st.markdown(f"**{md(talk_table.title)}**")
+    st.dataframe(talk_table.data, hide_index=True, width="stretch", column_config=TALK_TABLE_COLUMNS)
+    charts.export_menu(talk_table, key="e-table")
 if any(r.get("algorithm") == "ino" for r in runs):
     charts.chart(talk["ino_internals"], key="res-ino", export_key="e-ino")
 if any(r.get("algorithm") == "dpsgd_s" for r in runs):

@@ -15,7 +15,7 @@ from app_pages import _widgets as widgets
 from app_pages._look import md
 from engine.figures import export
 from engine.config.schema import ConfigError
-from engine.jobs.kinds import rerun_of
+from engine.jobs.kinds import JOB_KINDS, rerun_of
 from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
 from engine.jobs.estimates import format_seconds
 from engine.store.db import ACTIVE
@@ -28,8 +28,8 @@ store = mgr.store
 c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
 status_filter = c1.multiselect("Status", ["queued", "running", "finished", "failed", "cancelled", "interrupted"],
                                key="status", bind="query-params", placeholder="all")
-kind_filter = c2.segmented_control("Kind", ["train", "audit"], key="kind", bind="query-params",
-                                   selection_mode="single")
+kind_filter = c2.segmented_control("Kind", list(JOB_KINDS), key="kind", bind="query-params",
+                                   selection_mode="single", format_func=lambda k: k.replace("_", "-"))
 url.check()
 runs = store.list_runs(kind=kind_filter or None)
 if status_filter:

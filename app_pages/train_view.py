@@ -2,6 +2,7 @@
 watch them live (MID curves, recall, accuracy, ε spent), cancel."""
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import streamlit as st
@@ -12,17 +13,19 @@ from app_pages import _plans as plans
 from app_pages import _status as status
 from app_pages import _widgets as widgets
 from app_pages._look import intro, md, plot_theme, show_error
-from app_pages._tiers import url_tier_editor
+from app_pages._tiers import tier_labels, url_tier_editor
 from engine.config.run import MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig
 from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
 from engine.figures.live import LiveFigures
+from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.talk_frames import noise_cost_sentence
 from engine.figures.training import live_figure_names
 from engine.jobs.estimates import format_seconds, run_time_estimate
 from engine.jobs.manager import new_group_id, queue_positions
 from engine.jobs.runs import algorithm_label
+from engine.jobs.runs import dataset_name as run_dataset
 from engine.tools.demo import DEFAULT_TRAIN
 
 # The live view's secondary charts (accuracy, ε spent, per-class recall) redraw at most this often, one per
@@ -34,9 +37,21 @@ X_AXES = {"step": "steps", "epoch": "epochs", "elapsed": "wall time", "epsilon":
 
 
 def comparison_label(group: str, runs: list[dict]) -> str:
-    """A comparison (group id) and its algorithms, for the picker."""
+    """A comparison for the picker, in words (its group id stays in the URL): when it was launched, its
+    algorithms (× k seeds), its dataset and its runs' numbers — "05-12 14:03:27 · IDP-SGD (SAMPLE) vs INO-SGD ·
+    digits · runs #3–#4"."""
     members = sorted((r for r in runs if r["group_id"] == group), key=lambda r: r["id"])
-    return f"{group} — {', '.join(algorithm_label(r['algorithm']) for r in members)}"
+    if not members:
+        return "comparison (no runs)"
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(min(r.get("created_at") or 0 for r in members)))
+    algos = list(dict.fromkeys(algorithm_label(r["algorithm"]) for r in members))
+    per = len(members) // max(len(algos), 1)
+    what = " vs ".join(algos) + (f" × {per} seeds" if per > 1 and per * len(algos) == len(members) else "")
+    data = run_dataset(members[0])
+    ids = f"#{members[0]['id']}" if len(members) == 1 else f"#{members[0]['id']}–#{members[-1]['id']}"
+    kind = "TIF sweep · " if is_sweep_group(group) else ""
+    runs_word = "runs" if len(members) > 1 else "run"
+    return f"{kind}{when} · {what}" + (f" · {data}" if data else "") + f" · {runs_word} {ids}"
 
 
 def live_records(store, runs: list[dict]) -> list[dict]:
@@ -97,17 +112,21 @@ with cfg_col:
     train = widgets.training_inputs(epochs=D["epochs"], batch=D["batch"], batch_step=8, lr=D["lr"], lr_step=0.05,
                                     slots=slots)
     c1, c2, c3 = st.columns(3)
-    eval_every = c1.number_input("Evaluate every (steps, 0 = auto)", min_value=0, value=D["eval_every"], step=1,
+    row = slots.row()
+    # (no bounds on these inputs: a bounded one refuses silently and keeps its last valid value; the engine's
+    # checks refuse a bad value with a message next to its field, and Launch waits)
+    eval_every = c1.number_input("Evaluate every (steps, 0 = auto)", value=D["eval_every"], step=1,
                                  key="eval_every", bind="query-params")
-    slots.add(c1, "Evaluate every", "eval_every")
-    seeds = c2.number_input("Repeat over k seeds", min_value=1, max_value=16, value=D["seeds"], step=1, key="seeds",
+    slots.add(c1, "Evaluate every", "eval_every", row=row)
+    seeds = c2.number_input("Repeat over k seeds", value=D["seeds"], step=1, key="seeds",
                             bind="query-params",
-                            help="k models per algorithm trained together (seeds seed … seed + k − 1); the charts "
-                                 "draw the mean with a band (standard error) and pair IDP and INO by seed")
-    slots.add(c2, "Repeat over k seeds", "seeds")
-    momentum = c3.number_input("Momentum", min_value=0.0, max_value=0.99, value=float(D["momentum"]), step=0.1,
-                               key="momentum", bind="query-params")
-    slots.add(c3, "Momentum", "optimizer.momentum")
+                            help="k models per algorithm trained together (seeds seed … seed + k − 1, k from 1 to "
+                                 "16); the charts draw the mean with a band (standard error) and pair IDP and INO "
+                                 "by seed")
+    slots.add(c2, "Repeat over k seeds", "seeds", row=row)
+    momentum = c3.number_input("Momentum", value=float(D["momentum"]), step=0.1,
+                               key="momentum", bind="query-params", help="in [0, 1)")
+    slots.add(c3, "Momentum", "optimizer.momentum", row=row)
 
 with algo_col:
     st.subheader("Algorithms (side by side)")
@@ -119,14 +138,14 @@ with algo_col:
         idp_mode = a1.selectbox("Built on IDP-SGD", ["sample", "scale"], key="idp_mode", bind="query-params")
         tif = a2.selectbox("TIF shape", [s for s in TIF_SHAPES if s != "piecewise"], key="tif", bind="query-params")
         a1, a2 = st.columns(2)
-        alpha = a1.number_input("α (Beta)", min_value=0.01, value=1.0, step=0.25, key="alpha", bind="query-params")
+        alpha = a1.number_input("α (Beta)", value=1.0, step=0.25, key="alpha", bind="query-params")
         slots.add(a1, "α", "algorithm.alpha")
-        beta = a2.number_input("β (Beta)", min_value=0.01, value=1.0, step=0.25, key="beta", bind="query-params")
+        beta = a2.number_input("β (Beta)", value=1.0, step=0.25, key="beta", bind="query-params")
         slots.add(a2, "β", "algorithm.beta")
         a1, a2 = st.columns(2)
-        power = a1.number_input("Power", min_value=0.05, value=2.0, step=0.5, key="power", bind="query-params")
+        power = a1.number_input("Power", value=2.0, step=0.5, key="power", bind="query-params")
         slots.add(a1, "Power", "algorithm.power")
-        cut = a2.number_input("Step cut", min_value=0.0, max_value=1.0, value=0.5, step=0.05, key="cut",
+        cut = a2.number_input("Step cut", value=0.5, step=0.05, key="cut",
                               bind="query-params")
         slots.add(a2, "Step cut", "algorithm.step_cut")
         tail_pct = st.slider("Tail length γ, % of the expected batch clip mass", 1, 100, 50, key="tail_pct",
@@ -134,15 +153,15 @@ with algo_col:
         slots.add(st, "Tail length γ", "algorithm.tail_fraction")
     with st.expander("DP-SGD-S options", expanded=False):
         a1, a2 = st.columns(2)
-        tau = a1.number_input("τ", min_value=0.01, value=1.0, step=0.1, key="tau", bind="query-params")
+        tau = a1.number_input("τ", value=1.0, step=0.1, key="tau", bind="query-params")
         slots.add(a1, "τ", "algorithm.tau")
-        quantile = a2.number_input("Quantile", min_value=0.01, max_value=0.99, value=0.75, step=0.05,
+        quantile = a2.number_input("Quantile", value=0.75, step=0.05,
                                    key="quantile", bind="query-params")
         slots.add(a2, "Quantile", "algorithm.quantile")
         a1, a2 = st.columns(2)
-        c_min = a1.number_input("c_min (× C)", min_value=0.01, value=0.5, step=0.1, key="c_min", bind="query-params")
+        c_min = a1.number_input("c_min (× C)", value=0.5, step=0.1, key="c_min", bind="query-params")
         slots.add(a1, "c_min", "algorithm.c_min")
-        c_max = a2.number_input("c_max (× C)", min_value=0.01, value=4.0, step=0.5, key="c_max", bind="query-params")
+        c_max = a2.number_input("c_max (× C)", value=4.0, step=0.5, key="c_max", bind="query-params")
         slots.add(a2, "c_max", "algorithm.c_max")
         clip_rule = st.selectbox("Clip rule", ["quantile", "reference"], key="clip_rule", bind="query-params",
                                  format_func={"quantile": "bounded relative quantile (private)",
@@ -170,14 +189,20 @@ with st.container():
                                    key="preset", bind="query-params",
                                    on_change=lambda: st.query_params.pop("tiers", None),
                                    help="Tier splits from the engine; edit the table to customise")
+        tier_key = f"tier-editor-{dataset_name}-{preset_name}"
+        with t2:
+            editor_box = st.container()
+            slots.add(st, "Privacy tiers", "tiers")  # every tier message, once, under the tables
+        problem = None
         try:
-            with t2:
-                tiers_cfg = url_tier_editor(url, preset(preset_name, dataset), dataset,
-                                            key=f"tier-editor-{dataset_name}-{preset_name}")
+            with editor_box:
+                tiers_cfg = url_tier_editor(url, preset(preset_name, dataset), dataset, key=tier_key)
         except ConfigError as e:
             errors.append(str(e))
-            show_error(e)
-            tiers_cfg = None
+            problem = e
+        slots.tier_labels, slots.tiers = tier_labels(tier_key), tiers_cfg  # messages name tiers as the table does
+        if problem is not None and not slots.show(problem):
+            show_error(problem, user_terms=True)
 
 # --- base config, validation and plan preview ------------------------------------------------------------------
 with st.container():
@@ -200,7 +225,7 @@ with st.container():
         except ConfigError as e:
             errors.append(str(e))
             if not slots.show(e):
-                show_error(e)
+                show_error(e, user_terms=True)
     if not algos:
         st.info("Choose at least one algorithm.")
     previews = plans.run_plans(configs, errors, slots)
@@ -214,7 +239,7 @@ launch = l1.button("Launch comparison", type="primary", key="launch", icon=":mat
                    disabled=bool(errors) or not configs or len(previews) < len(configs))
 with l2.container(key="launch-note"):
     if slots.reasons:
-        st.caption(md("Launch is disabled until this is fixed — " + "; ".join(slots.reasons)))
+        st.caption(md("Launch is disabled until this is fixed — " + "; ".join(dict.fromkeys(slots.reasons))))
     elif errors:
         st.caption("Launch is disabled: see the message below.")
     elif configs and len(previews) == len(configs):

@@ -1,5 +1,5 @@
 """Command line: ``privacy-lab`` (installed) or ``python -m engine``, with the subcommands
-``run, rerun, plan, show, list [--active], cancel, export, audit, worker, app``.
+``run, rerun, plan, show, list [--active], cancel, export, audit, one-run-audit, worker, app``.
 
 ``rerun RUN_ID --set dotted.key=JSON`` re-runs a stored run's config as a new run (overrides typed and
 validated like a config file); ``run CONFIG --set …`` takes the same overrides. Seeds: ``--set seeds=K``
@@ -25,6 +25,8 @@ import sys
 import traceback
 
 from engine.audit.config import load_audit_config
+from engine.audit.one_run_config import OneRunConfig, load_one_run_config
+from engine.audit.one_run_report import one_run_table
 from engine.audit.presets import preset
 from engine.audit.summary import compact_summary, summary_table
 from engine.config.run import RunConfig, load_config
@@ -203,17 +205,44 @@ def cmd_audit(args) -> int:
         config = load_audit_config(args.config)
     if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
         config = config.replace(controls=True).validate()
-    run_id = store.create_run(config.to_dict(), kind="audit", status="queued", name=config.name or "audit")
-    try:
-        report = execute(store, run_id, config, kind="audit", progress=not args.json)
-    except Cancelled:
-        print(f"audit {run_id} cancelled", file=sys.stderr)
+    run_id, report = _execute_here(store, config, kind="audit", label="audit", progress=not args.json)
+    if report is None:
         return 1
     if args.json:
         print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
     else:
         print(f"audit run {run_id} — finished")
         print(summary_table(report))
+    return 0
+
+
+def _execute_here(store, config, *, kind: str, label: str, progress: bool):
+    """Store ``config`` as a new run of ``kind`` and run it in this process: (its id, the result, or None when it
+    was cancelled — said on stderr)."""
+    run_id = store.create_run(config.to_dict(), kind=kind, status="queued", name=config.name or label)
+    try:
+        return run_id, execute(store, run_id, config, kind=kind, progress=progress)
+    except Cancelled:
+        print(f"{label} {run_id} cancelled", file=sys.stderr)
+        return run_id, None
+
+
+def cmd_one_run(args) -> int:
+    """``python -m engine one-run-audit [CONFIG.json] [--set k=v ...] [--json]``: per-tier empirical ε from one run
+    per algorithm (white-box gradient and black-box input canaries), in this process, into the store."""
+    store = _store(args)
+    config = load_one_run_config(args.config) if args.config else OneRunConfig()
+    config = apply_overrides(config, args.overrides)
+    run_id, report = _execute_here(store, config, kind="one_run", label="one-run audit", progress=not args.json)
+    if report is None:
+        return 1
+    if args.json:
+        frame = report.frame()
+        print(json.dumps({"run_id": run_id, "rows": json.loads(frame.to_json(orient="records")),
+                          "broken": bool(len(report.violations()))}, sort_keys=True))
+    else:
+        print(f"one-run audit {run_id} — finished")
+        print(one_run_table(report.to_dict()))
     return 0
 
 
@@ -384,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add DP-SGD-S's controls: DP-SGD at the noise DP-SGD-S realised and at its accuracy, "
                          "compared with it pairwise (needs dpsgd_s and dpsgd among the algorithms)")
     au.set_defaults(func=cmd_audit)
+
+    o1 = sub.add_parser("one-run-audit", help="per-tier empirical ε lower bounds from one training run per algorithm "
+                                               "(canaries; Steinke et al. 2023)")
+    o1.add_argument("config", nargs="?", help="JSON one-run audit config (default: digits, paper tiers, five algorithms)")
+    o1.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
+                    help="change one field, e.g. --set run.data.name='\"mnist\"' --set canaries=1000 (repeatable)")
+    o1.add_argument("--json", action="store_true", help="print the per-tier rows as one JSON line")
+    o1.set_defaults(func=cmd_one_run)
 
     ex = sub.add_parser("export", help="export figures of runs (png, svg, pdf, html, csv, json)")
     ex.add_argument("run_ids", type=int, nargs="+")

@@ -17,7 +17,7 @@ import torch
 def check_pairing(config_a, config_b, *, steps: int = 3) -> dict:
     from engine.dp.grad_sample import ModuleGrads
     from engine.dp.step import PoissonSampler, dp_step
-    from engine.train.loop import _optimizer, prepare, step_generator
+    from engine.train.loop import make_optimizer, prepare, step_generator
 
     preps = [prepare(c) for c in (config_a, config_b)]
     state = [{k: v.detach().clone() for k, v in p.model.state_dict().items()} for p in preps]
@@ -30,7 +30,7 @@ def check_pairing(config_a, config_b, *, steps: int = 3) -> dict:
         n = len(y)
         live.append(dict(prep=p, x=x, y=y, gen=step_generator(p.config, p.device),
                          sampler=PoissonSampler(np.ones((1, n), bool), p.sample_rates, p.device),
-                         grads=ModuleGrads(p.model), opt=_optimizer(p.config, p.model)))
+                         grads=ModuleGrads(p.model), opt=make_optimizer(p.config, p.model)))
     same_batches = same_rng = True
     differ_grads = False
     for _ in range(int(steps)):

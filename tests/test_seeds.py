@@ -16,7 +16,7 @@ import engine.train.loop as train_mod
 from engine.config.run import OptimizerConfig, RunConfig
 from engine.jobs.kinds import execute
 from engine.store.db import RunStore
-from engine.train.loop import _optimizer, prepare, train
+from engine.train.loop import make_optimizer, prepare, train
 
 DIGITS = RunConfig().replace(**{"data.max_train": 300, "epochs": 2.0, "batch_size": 50, "eval_every": 3,
                                 "device": "cpu"})
@@ -62,8 +62,8 @@ def test_the_stacked_optimizer_equals_k_separate_optimizers(opt):
     init = {n: torch.randn((k, *s), generator=gen, dtype=torch.float64) for n, s in shapes.items()}
     stacked = {n: v.clone() for n, v in init.items()}  # plain leaf tensors, as StackedModels keeps them
     separate = [{n: torch.nn.Parameter(v[j].clone()) for n, v in init.items()} for j in range(k)]
-    opt_stacked = _optimizer(cfg, list(stacked.values()))
-    opts = [_optimizer(cfg, list(p.values())) for p in separate]
+    opt_stacked = make_optimizer(cfg, list(stacked.values()))
+    opts = [make_optimizer(cfg, list(p.values())) for p in separate]
     for _ in range(6):
         grads = {n: torch.randn((k, *s), generator=gen, dtype=torch.float64) for n, s in shapes.items()}
         opt_stacked.zero_grad(set_to_none=True)

@@ -109,15 +109,7 @@ class AuditConfig:
         check_choice(self.group_by, "group_by", GROUP_BY)
         if self.group_attribute is not None:
             check_str(self.group_attribute, "group_attribute", max_len=200)
-        if not isinstance(self.algorithms, tuple) or not self.algorithms:
-            raise ConfigError("algorithms", "at least one algorithm is needed")
-        for k, algo in enumerate(self.algorithms):
-            if not isinstance(algo, AlgorithmConfig):
-                raise ConfigError(f"algorithms[{k}]", f"must be an algorithm object, got {algo!r}")
-            try:
-                algo.validate()
-            except ConfigError as e:
-                raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
+        validate_algorithms(self.algorithms)
         check_int(self.R, "R", 2, 100_000)
         check_choice(self.threshold, "threshold", THRESHOLDS)
         check_choice(self.score, "score", SCORES)
@@ -159,7 +151,7 @@ class AuditConfig:
         """Parse (not validate) an audit config; the earlier flat shape is migrated first."""
         if not isinstance(d, dict):
             raise ConfigError("config", "must be a JSON object")
-        return parse_section(cls, migrate_flat(d), "", parsers={"run": _parse_run, "algorithms": _parse_algorithms})
+        return parse_section(cls, migrate_flat(d), "", parsers={"run": _parse_run, "algorithms": parse_algorithms})
 
     @classmethod
     def from_json(cls, text: str) -> "AuditConfig":
@@ -171,6 +163,19 @@ class AuditConfig:
         for key, value in changes.items():
             out = replace_dotted(out, key, value)
         return out
+
+
+def validate_algorithms(algorithms) -> None:
+    """A job's ``algorithms``: a non-empty tuple of valid AlgorithmConfigs (errors name ``algorithms[k]``)."""
+    if not isinstance(algorithms, tuple) or not algorithms:
+        raise ConfigError("algorithms", "at least one algorithm is needed")
+    for k, algo in enumerate(algorithms):
+        if not isinstance(algo, AlgorithmConfig):
+            raise ConfigError(f"algorithms[{k}]", f"must be an algorithm object, got {algo!r}")
+        try:
+            algo.validate()
+        except ConfigError as e:
+            raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
 
 
 def single_tier(epsilon: float, classes) -> TiersConfig:
@@ -202,12 +207,18 @@ def migrate_flat(d: dict) -> dict:
 
 
 def _parse_run(value, path: str) -> RunConfig:
+    return parse_run(value, path, default=DEFAULT_RUN, refused=_NOT_IN_AUDIT)
+
+
+def parse_run(value, path: str, *, default: RunConfig, refused: dict) -> RunConfig:
+    """The ``run`` object of a job config that trains with a RunConfig of its own: ``default``'s fields under
+    what is given (one level deep), the ``refused`` keys (key → why) refused naming the dotted key."""
     if not isinstance(value, dict):
         raise ConfigError(path, "must be a JSON object")
     for key in value:
-        if key in _NOT_IN_AUDIT:
-            raise ConfigError(f"{path}.{key}", f"not part of an audit: {_NOT_IN_AUDIT[key]}")
-    merged = _run_dict(DEFAULT_RUN)
+        if key in refused:
+            raise ConfigError(f"{path}.{key}", f"not part of an audit: {refused[key]}")
+    merged = run_dict(default, refused)
     for key, v in value.items():  # the audit's defaults under what is given, one level deep
         merged[key] = {**merged[key], **v} if isinstance(v, dict) and isinstance(merged.get(key), dict) and \
             key != "tiers" else v
@@ -215,14 +226,19 @@ def _parse_run(value, path: str) -> RunConfig:
 
 
 def _run_dict(run: RunConfig) -> dict:
-    return {k: v for k, v in run.to_dict().items() if k not in _NOT_IN_AUDIT}
+    return run_dict(run, _NOT_IN_AUDIT)
+
+
+def run_dict(run: RunConfig, refused: dict) -> dict:
+    """``run.to_dict()`` without the ``refused`` keys: what a job config stores as its ``run``."""
+    return {k: v for k, v in run.to_dict().items() if k not in refused}
 
 
 def _parse_tiers(value, path: str) -> TiersConfig | None:
     return None if value is None else parse_section(TiersConfig, value, path + ".")
 
 
-def _parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
+def parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
     if not isinstance(value, list):
         raise ConfigError(path, "must be a list of algorithm names or objects")
     algos = []

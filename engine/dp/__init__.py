@@ -4,8 +4,10 @@
     fast_rdp.py     Opacus' RDP formulas vectorised, a monotone root finder (the planner's search only)
     importance.py   INO-SGD's importance weights (``ino_weights``), ``bif``, the tail length γ
     mechanisms.py   the one mechanism family (C_i, ρ_i, noise, ``observe``), ``build_mechanism``
-    grad_sample.py  per-sample gradients of M models (layer hooks, the closed-form linear stack, vmap)
+    grad_sample.py  per-sample gradients of M models (layer hooks, the closed-form linear stack, vmap); strategies
+    ghost.py        ghost norms / book-keeping for Linear and Conv2d (strategy "ghost"; "exact" stays the default)
     step.py         the one DP step (``dp_step``) and the Poisson sampler
+    canaries.py     white-box gradient canaries as extra members of the step (the one-run audit)
     stacked.py      M models with stacked parameters (an audit chunk, a k-seed job)
     tiers.py        privacy tiers: by class, by attribute, random, explicit; presets
     prepare.py      everything fixed before step 1: data, tiers, steps, the privacy plan, its derived numbers

@@ -12,6 +12,13 @@ step's per-sample losses (M, L), gradient norms (M, L) and ``weighted_sum(coef (
   layer goes through Opacus' per-layer grad samplers. Measured on the Papernot MNIST CNN, batch 256
   (bench/step_overhead.py): this is what brings a private step close to a non-private one.
   Otherwise the module goes through :class:`VmapGrads` with M = 1.
+  Its ``strategy`` (one of :data:`STRATEGIES`): "exact", the per-sample path above, or "ghost": every
+  layer type with a rule in :mod:`engine.dp.ghost` (Linear, Conv2d with groups = 1 and numeric zero
+  padding) gets its per-sample norms from a and b alone — the ghost norm or g_i, whichever is cheaper
+  for that layer — and its share of ``weighted_sum(coef)`` as the book-keeping products (coef∘b)ᵀa
+  (the weight gradient of the weighted loss Σ coef_i ℓ_i from the stored forward, no second pass);
+  every other layer keeps the exact path. The same sums to float round-off
+  (tests/test_ghost_clipping.py); :data:`DEFAULT_STRATEGY` is the one ``ModuleGrads`` takes.
 * :func:`linear_stack_grads` — the closed form for stacked Flatten → Linear (→ Tanh → Linear)*
   parameters (logistic regression, tanh MLP; the audit's models): a Linear layer's per-sample
   gradient is δ_i a_iᵀ, so ‖g_i‖² = Σ_layers ‖δ_i‖²(‖a_i‖² + 1) and Σ_i c_i g_i = (c ⊙ δ)ᵀ a is one
@@ -28,7 +35,11 @@ from opacus.grad_sample.grad_sample_module import GradSampleModule
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from engine.dp.ghost import conv2d_per_sample_weight_grad, ghost_rule
 from engine.models.nets import MLP, LogisticRegression
+
+STRATEGIES = ("exact", "ghost")
+DEFAULT_STRATEGY = "exact"
 
 
 class PerSampleGrads:
@@ -59,8 +70,11 @@ def layerwise_supported(model) -> bool:
 class LayerwisePerSampleGrads:
     """Per-sample gradients of one live module's batch via layer hooks (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, strategy: str = DEFAULT_STRATEGY):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown per-sample strategy {strategy!r}; one of {STRATEGIES}")
         self.model = model
+        self.strategy = strategy
         self.layers = _trainable_layers(model)
         self.param_names = {id(p): f"{name}.{pname}" if name else pname
                             for name, m in self.layers for pname, p in m.named_parameters(recurse=False)}
@@ -86,11 +100,16 @@ class LayerwisePerSampleGrads:
             self._active = False
         losses = F.cross_entropy(logits, y, reduction="none")
         backprops = torch.autograd.grad(losses.sum(), self._outputs)
-        dense, factored = {}, {}
+        dense, factored, ghosted, sq = {}, {}, [], 0
         for k, (prefix, m) in enumerate(self.layers):
             a, b = self._inputs[k], backprops[k]
             name = (prefix + ".") if prefix else ""
-            if type(m) is torch.nn.Linear and a.dim() == 2:
+            rule = ghost_rule(m) if self.strategy == "ghost" else None
+            if rule is not None:
+                layer_sq, summer = rule(m, a, b)
+                sq = sq + layer_sq
+                ghosted.append((name, summer))
+            elif type(m) is torch.nn.Linear and a.dim() == 2:
                 factored[name + "weight"] = (a, b)
                 if m.bias is not None:
                     dense[name + "bias"] = b
@@ -105,7 +124,6 @@ class LayerwisePerSampleGrads:
         self._inputs = [None] * len(self.layers)
         self._outputs = [None] * len(self.layers)
         order = list(self.param_names.values())
-        sq = 0
         for g in dense.values():
             sq = sq + g.reshape(len(g), -1).pow(2).sum(1)
         for a, b in factored.values():
@@ -115,33 +133,11 @@ class LayerwisePerSampleGrads:
             c = coef[0]
             out = {name: torch.tensordot(c, g, dims=1) for name, g in dense.items()}
             out.update({name: (b * c[:, None]).T @ a for name, (a, b) in factored.items()})
+            for name, summer in ghosted:
+                out.update({name + k: v for k, v in summer(c).items()})
             return {k: out[k].unsqueeze(0) for k in order}
 
         return PerSampleGrads(losses.detach()[None], torch.sqrt(sq).detach()[None], weighted_sum)
-
-
-def conv2d_per_sample_weight_grad(m: torch.nn.Conv2d, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(n, out, in, kh, kw) per-sample weight gradients of a Conv2d from its input a and output grad b.
-
-    F.unfold's im2col loops over the batch on CPU; these two forms are vectorized (measured
-    2.3× and 1.3× faster on the Papernot CNN's conv1 and conv2 at batch 256)."""
-    n, c = a.shape[:2]
-    kh, kw = m.kernel_size
-    (ph, pw), (sh, sw) = m.padding, m.stride
-    if m.dilation == (1, 1) and c <= 4:
-        # Few input channels: one grouped convolution with the batch as groups, the output
-        # gradients as kernels (dilated by the stride), cropped to the kernel size.
-        o, oh, ow = b.shape[1:]
-        w = F.conv2d(a.transpose(0, 1), b.reshape(n * o, 1, oh, ow), padding=(ph, pw), dilation=(sh, sw), groups=n)
-        return w[:, :, :kh, :kw].reshape(c, n, o, kh, kw).permute(1, 2, 0, 3, 4)
-    if m.dilation == (1, 1):
-        # A strided view of the padded input as (n, c, kh, kw, oh, ow) windows, contracted by einsum.
-        a = F.pad(a, (pw, pw, ph, ph)) if (ph or pw) else a
-        st = a.stride()
-        windows = a.as_strided((n, c, kh, kw, b.shape[2], b.shape[3]), (st[0], st[1], st[2], st[3], st[2] * sh, st[3] * sw))
-        return torch.einsum("bohw,bcijhw->bocij", b, windows)
-    cols = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
-    return torch.bmm(b.flatten(2), cols.transpose(1, 2)).view(n, *m.weight.shape)
 
 
 class VmapGrads:
@@ -202,11 +198,11 @@ class ModuleGrads:
 
     n_models = 1
 
-    def __init__(self, model: nn.Module, *, method: str = "auto"):
+    def __init__(self, model: nn.Module, *, method: str = "auto", strategy: str = DEFAULT_STRATEGY):
         self.model = model
         self.params = dict(model.named_parameters())
         use_vmap = method == "vmap" or (method == "auto" and not layerwise_supported(model))
-        self._layerwise = None if use_vmap else LayerwisePerSampleGrads(model)
+        self._layerwise = None if use_vmap else LayerwisePerSampleGrads(model, strategy)
         self._vmap = VmapGrads(model) if use_vmap else None
 
     def per_sample(self, x, y, idx, mask) -> PerSampleGrads:

@@ -35,9 +35,13 @@ class PoissonSampler:
     random numbers. ``sample`` returns ``idx`` (M, L) sample indices — valid entries first,
     ascending (the engine's batch order) — and ``mask`` (M, L); padded entries hold index 0
     and mask False. L is the largest batch of this step (at least 1).
+
+    ``expected_batch`` ((M,) or one number) replaces the default divisor Σ_{i∈members} q_i when that sum would
+    reveal who is a member: the one-run audit's canaries are members with probability ½, so its divisor is the
+    public Σ q_i over the training set plus ½ Σ q_j over the canaries.
     """
 
-    def __init__(self, members: np.ndarray, sample_rates: np.ndarray, device):
+    def __init__(self, members: np.ndarray, sample_rates: np.ndarray, device, *, expected_batch=None):
         members = np.atleast_2d(np.asarray(members, dtype=bool))
         rates = np.asarray(sample_rates, dtype=np.float64)
         self.m, self.n = members.shape
@@ -53,7 +57,8 @@ class PoissonSampler:
                 lists[r, : len(ix)] = ix
             self.parts.append((float(q), torch.as_tensor(lists, device=device),
                                torch.as_tensor(counts, device=device)))
-        self.expected_batch = (members * rates[None, :]).sum(1)  # Σ_i∈members q_i, per model
+        self.expected_batch = (members * rates[None, :]).sum(1) if expected_batch is None else \
+            np.broadcast_to(np.asarray(expected_batch, dtype=np.float64), (self.m,)).copy()  # Σ_i∈members q_i, per model
         self.expected_batch_tensor = torch.as_tensor(self.expected_batch, device=device)
 
     def sample(self, gen: torch.Generator):

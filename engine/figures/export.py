@@ -21,6 +21,7 @@ from pathlib import Path
 
 from engine.config.schema import ConfigError
 from engine.figures.frames import run_evals
+from engine.figures.one_run import is_one_run, one_run_run_figures
 from engine.figures.talk import TALK_FIGURES, build_talk_figures
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
 from engine.jobs.runs import run_record
@@ -272,7 +273,8 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
                 scale: float = 2.0, theme: str = "light") -> list[Path]:
     """Write every figure of the selected runs in each format into ``out_dir``; returns the paths.
 
-    png/svg/pdf/html: one file per figure; csv: the data behind each figure; json: ``configs.json``.
+    png/svg/pdf/html: one file per figure; csv: the data behind each figure; json: ``configs.json``. A one-run
+    audit (kind "one_run") adds its claimed-vs-empirical ε figure (:mod:`engine.figures.one_run`).
     Raises ConfigError for unknown run ids and ExportUnavailable for static formats without Chromium.
     """
     formats = [f.lower() for f in (formats or ["png"])]
@@ -288,7 +290,8 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
     out.mkdir(parents=True, exist_ok=True)
     prefix = "runs-" + "-".join(str(r["id"]) for r in runs)
     paths: list[Path] = []
-    specs = all_figures(runs, theme=theme, skip_empty=True)
+    trained = [r for r in runs if not is_one_run(r)]  # a one-run audit has no training curves: its own figure
+    specs = all_figures(trained, theme=theme, skip_empty=True) + one_run_run_figures(runs, theme=theme)
     for spec in specs:
         for fmt in formats:
             if fmt == "json":

@@ -1,6 +1,7 @@
 """The job kinds: one registry above every kind of job, and the one way a job runs (inside one lifecycle).
 
-    JOB_KINDS / job_kind(name)   kind → JobKind: "train" (a training run, k seeds on the model axis) and "audit"
+    JOB_KINDS / job_kind(name)   kind → JobKind: "train" (a training run, k seeds on the model axis), "audit"
+                                 (PA-ALOOA) and "one_run" (per-tier empirical ε from one run per algorithm)
     execute(store, id, config)   run a parsed config as run ``id`` of its kind, inside the store's lifecycle
     run_queued(store, id)        the worker entry: read the run's kind and config from the store, execute
                                  (a row of a k-seed job runs its whole job, from its leader row)
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.audit.config import AuditConfig
+from engine.audit.one_run import preview_one_run, run_one_run_audit
+from engine.audit.one_run_config import OneRunConfig
+from engine.audit.one_run_report import one_run_table
 from engine.audit.summary import summary_table
 from engine.audit.runner import preview_audit, run_audit
 from engine.config.run import RunConfig
@@ -81,6 +85,10 @@ def _run_audit(config, *, life, progress=False, prepared=None, should_stop=None)
     return run_audit(config, life=life, progress=progress, should_stop=should_stop)
 
 
+def _run_one_run(config, *, life, progress=False, prepared=None, should_stop=None):
+    return run_one_run_audit(config, life=life, progress=progress, should_stop=should_stop)
+
+
 JOB_KINDS: dict[str, JobKind] = {
     "train": JobKind(
         "train", load=RunConfig.from_dict, rows=seed_rows,
@@ -92,6 +100,10 @@ JOB_KINDS: dict[str, JobKind] = {
         run=_run_audit, preview=lambda c: preview_audit(c, estimate=True), run_config=lambda c: c.run,
         summary_table=summary_table, group_prefix="audit", algorithms=lambda c: list(c.algorithms),
         no_dp_note=_audit_note),
+    "one_run": JobKind(
+        "one_run", load=OneRunConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
+        run=_run_one_run, preview=preview_one_run, run_config=lambda c: c.run, summary_table=one_run_table,
+        group_prefix="onerun", algorithms=lambda c: list(c.algorithms), no_dp_note=_audit_note),
 }
 
 

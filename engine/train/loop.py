@@ -199,7 +199,7 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
     n = len(y_train)
     gen = step_generator(config, device)  # Poisson sampling, the noise, the quantile tracker's noise
     sampler = PoissonSampler(np.ones((k, n), bool), prep.sample_rates, device)
-    optimizer = _optimizer(config, models.params)
+    optimizer = make_optimizer(config, models.params)
     accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
     last = prep.train_steps or prep.steps
     eval_every = config.eval_every or max(1, last // 25)
@@ -271,7 +271,7 @@ def _job_rows(life: RunLifecycle, k: int) -> list[int]:
     return rows
 
 
-def _optimizer(config: RunConfig, params):
+def make_optimizer(config: RunConfig, params):
     """The run's optimizer over ``params`` (a module's parameters, or the stacked tensors of k models)."""
     params = params.parameters() if isinstance(params, torch.nn.Module) else params
     o = config.optimizer

@@ -1,0 +1,141 @@
+"""The one-run audit's result, typed: per algorithm and tier the claimed ε next to the empirical lower bounds ε̂
+(white-box gradient canaries, black-box input canaries). ``OneRunReport.from_dict(r.to_dict()) == r``;
+:meth:`OneRunReport.frame` is the one tidy frame the figure, the tables and the exports read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from engine.audit.one_run_bound import OneRunBound
+
+KINDS = {"white": "white-box (gradient canaries)", "black": "black-box (input canaries)"}
+
+
+def _bound(d):
+    return None if d is None else OneRunBound.from_dict(d)
+
+
+@dataclass(frozen=True)
+class TierBound:
+    """One tier of one run: its claimed ε (None without a formal guarantee) and each kind's ε̂ (None: not run)."""
+
+    tier: str
+    epsilon: float | None
+    white: OneRunBound | None = None
+    black: OneRunBound | None = None
+
+    def to_dict(self) -> dict:
+        return {"tier": self.tier, "epsilon": self.epsilon,
+                "white": None if self.white is None else self.white.to_dict(),
+                "black": None if self.black is None else self.black.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TierBound":
+        eps = d.get("epsilon")
+        return cls(tier=str(d["tier"]), epsilon=None if eps is None else float(eps), white=_bound(d.get("white")),
+                   black=_bound(d.get("black")))
+
+
+@dataclass(frozen=True)
+class AlgorithmOneRun:
+    """One algorithm's run with the canaries."""
+
+    key: str
+    algorithm: str
+    label: str
+    formal_dp: bool
+    formal_dp_reason: str | None
+    tiers: tuple[TierBound, ...]
+    accuracy: float  # on the test examples not used as canaries
+    steps: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "algorithm": self.algorithm, "label": self.label, "formal_dp": self.formal_dp,
+                "formal_dp_reason": self.formal_dp_reason, "tiers": [t.to_dict() for t in self.tiers],
+                "accuracy": self.accuracy, "steps": self.steps, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AlgorithmOneRun":
+        return cls(key=str(d["key"]), algorithm=str(d["algorithm"]), label=str(d["label"]),
+                   formal_dp=bool(d["formal_dp"]), formal_dp_reason=d.get("formal_dp_reason"),
+                   tiers=tuple(TierBound.from_dict(t) for t in d["tiers"]), accuracy=float(d["accuracy"]),
+                   steps=int(d["steps"]), seconds=float(d["seconds"]))
+
+
+@dataclass(frozen=True)
+class OneRunReport:
+    dataset: str
+    delta: float
+    beta: float
+    canaries: int  # white-box canaries per tier
+    input_canaries: int  # black-box canaries per tier (as used: capped by half the test set)
+    algorithms: tuple[AlgorithmOneRun, ...] = ()
+    partial: bool = False  # True while the audit is still running (the algorithms so far)
+    notes: tuple[str, ...] = field(default=())
+
+    kind = "one_run"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "dataset": self.dataset, "delta": self.delta, "beta": self.beta,
+                "canaries": self.canaries, "input_canaries": self.input_canaries,
+                "algorithms": [a.to_dict() for a in self.algorithms], "partial": self.partial,
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OneRunReport":
+        return cls(dataset=str(d["dataset"]), delta=float(d["delta"]), beta=float(d["beta"]),
+                   canaries=int(d["canaries"]), input_canaries=int(d["input_canaries"]),
+                   algorithms=tuple(AlgorithmOneRun.from_dict(a) for a in d.get("algorithms", [])),
+                   partial=bool(d.get("partial", False)), notes=tuple(d.get("notes", [])))
+
+    def frame(self) -> pd.DataFrame:
+        """One row per algorithm × tier × canary kind: claimed ε, ε̂ (confidence 1 − β), ε̂/ε, whether ε̂ exceeds
+        the claim (a broken implementation), and the guesses behind ε̂."""
+        rows = []
+        for a in self.algorithms:
+            for t in a.tiers:
+                for kind in KINDS:
+                    b = getattr(t, kind)
+                    if b is None:
+                        continue
+                    rows.append({"algorithm": a.key, "label": a.label, "tier": t.tier, "kind": kind,
+                                 "kind_label": KINDS[kind], "epsilon": t.epsilon, "epsilon_hat": b.epsilon_hat,
+                                 "ratio": b.epsilon_hat / t.epsilon if t.epsilon else None,
+                                 "exceeds_claim": t.epsilon is not None and b.epsilon_hat > t.epsilon,
+                                 "formal_dp": a.formal_dp, "canaries": b.m, "guesses": b.guesses,
+                                 "correct": b.correct, "confidence": b.confidence, "accuracy": a.accuracy})
+        return pd.DataFrame(rows, columns=["algorithm", "label", "tier", "kind", "kind_label", "epsilon",
+                                           "epsilon_hat", "ratio", "exceeds_claim", "formal_dp", "canaries",
+                                           "guesses", "correct", "confidence", "accuracy"])
+
+    def violations(self) -> pd.DataFrame:
+        """The rows whose ε̂ exceeds the claimed ε: with probability ≥ 1 − β the implementation breaks its claim."""
+        f = self.frame()
+        return f[f["exceeds_claim"]]
+
+
+def one_run_table(summary: dict) -> str:
+    """The stored summary as text (``python -m engine show``, the CLI)."""
+    report = OneRunReport.from_dict(summary)
+    f = report.frame()
+    conf = f"{100 * (1 - report.beta):g} %"
+    lines = [f"one-run audit on {report.dataset}: ε̂ = empirical ε lower bound at {conf} confidence (δ = "
+             f"{report.delta:g}); {report.canaries} gradient and {report.input_canaries} input canaries per tier"]
+    if f.empty:
+        return lines[0] + "\n(no algorithm finished yet)"
+    lines.append(f"{'algorithm':<22} {'tier':<10} {'claimed ε':>9} {'ε̂ white':>8} {'ε̂ black':>8}  accuracy")
+    for a in report.algorithms:
+        for t in a.tiers:
+            claimed = "no DP" if t.epsilon is None else f"{t.epsilon:.3g}"
+            w = "–" if t.white is None else f"{t.white.epsilon_hat:.3f}"
+            b = "–" if t.black is None else f"{t.black.epsilon_hat:.3f}"
+            lines.append(f"{a.label[:22]:<22} {t.tier[:10]:<10} {claimed:>9} {w:>8} {b:>8}  {a.accuracy:.3f}")
+    bad = report.violations()
+    if len(bad):
+        lines.append("BROKEN: ε̂ exceeds the claimed ε for " + ", ".join(
+            f"{r.label} {r.tier} ({r.kind}: {r.epsilon_hat:.2f} > {r.epsilon:.2f})" for r in bad.itertuples()))
+    lines.extend(report.notes)
+    return "\n".join(lines)

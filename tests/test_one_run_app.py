@@ -1,0 +1,147 @@
+"""The Audit page's one-run section (Streamlit AppTest): it renders with the engine's defaults, refuses an
+invalid value with one error and a disabled Launch, shows a finished one-run audit from the store (figure,
+table, a sentence per algorithm) and launches a tiny one through the page's job manager up to its figure."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_pages import _one_run as one_run
+from engine.audit.one_run_config import OneRunConfig
+from engine.store.db import RunStore
+
+try:
+    from . import test_one_run_figures as figs
+except ImportError:  # pytest's rootdir-relative import mode
+    import test_one_run_figures as figs
+
+PAGE = str(Path(__file__).resolve().parents[1] / "app_pages" / "audit_view.py")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers(monkeypatch):
+    monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
+    yield
+    from engine.jobs.manager import shutdown_all
+
+    shutdown_all(cancel_running=True)
+
+
+def _app(**params) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params.update({"section": "one_run", **params})
+    return at
+
+
+def _text(elements) -> str:
+    return " ".join(e.value.replace("\\", "") for e in elements)  # the page escapes Markdown
+
+
+def test_the_radio_opens_the_one_run_section_with_the_engine_defaults():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception and not at.error
+    assert at.radio(key="a_section").value == one_run.PA_ALOOA and at.button(key="a_launch")
+    at.radio(key="a_section").set_value(one_run.ONE_RUN).run()
+    assert not at.exception and not at.error
+    assert at.query_params["section"] == "one_run"
+    assert not [b for b in at.button if b.key == "a_launch"]  # the PA-ALOOA form is not shown
+    assert at.selectbox(key="o_dataset").value == "digits" and at.selectbox(key="o_tiers").value == "paper"
+    assert at.multiselect(key="o_algos").value == ["dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s"]
+    assert at.number_input(key="o_canaries").value == 500 and at.number_input(key="o_beta").value == 0.05
+    plan = _text(at.caption)
+    assert "5 run(s) × 112 steps" in plan and "ε=1, ε=2, ε=3" in plan and "500 gradient" in plan
+    assert not at.button(key="o_launch").disabled
+    assert any("No one-run audits yet" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("widget, value, words", [
+    ("o_beta", 0.7, "β"),
+    ("o_epochs", -1.0, "Epochs"),
+    ("o_canaries", -5, "Gradient canaries per tier"),
+])
+def test_an_invalid_value_gets_one_error_and_a_disabled_launch(widget, value, words):
+    at = _app().run()
+    assert not at.exception and not at.error and not at.button(key="o_launch").disabled
+    at.number_input(key=widget).set_value(value).run()
+    assert not at.exception
+    assert len(at.error) == 1 and _text(at.error).startswith(words), _text(at.error)
+    assert "run." not in _text(at.error)  # the form's words, not config paths
+    assert at.button(key="o_launch").disabled
+
+
+def test_no_canaries_and_no_algorithms_are_refused():
+    at = _app().run()
+    at.number_input(key="o_canaries").set_value(0).run()
+    assert not at.error and not at.button(key="o_launch").disabled  # input canaries alone are an audit
+    at.number_input(key="o_inputs").set_value(0).run()
+    assert len(at.error) == 1 and "no canaries" in _text(at.error) and "input_canaries" not in _text(at.error)
+    assert at.button(key="o_launch").disabled
+    at.number_input(key="o_inputs").set_value(50).run()
+    at.multiselect(key="o_algos").set_value([]).run()
+    assert len(at.error) == 1 and _text(at.error).startswith("Algorithms")
+    assert at.button(key="o_launch").disabled
+
+
+def test_a_finished_one_run_audit_shows_its_figure_table_and_verdicts():
+    report = figs.make_report(broken=True)
+    store = RunStore()  # the page's store (conftest: a temporary file)
+    rid = store.create_run(OneRunConfig().to_dict(), kind="one_run", status="queued", name="hand-built")
+    store.finish_runs({rid: report.to_dict()})
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params["one_run"] = str(rid)  # a link to it opens the one-run section
+    at.run()
+    assert not at.exception
+    assert at.radio(key="a_section").value == one_run.ONE_RUN and at.selectbox(key="o_pick").value == rid
+    (chart,) = at.get("plotly_chart")
+    assert "Claimed vs empirical" in chart.proto.spec
+    words = _text(at.markdown) + " " + _text(at.error)
+    assert "DP-SGD: every tier's ε̂ stays below its claimed ε" in words
+    assert "IDP-SGD (SAMPLE) — BROKEN: tier ε=2's ε̂ 2.60 (white-box) exceeds its claimed 2.00" in words
+    assert "Non-private SGD: no formal DP (ε̂ shown without a claim)" in words
+    assert len(at.error) == 1  # the broken algorithm, nothing else
+    (table,) = [d.value for d in at.dataframe]
+    assert list(table.columns) == list(one_run.TABLE_COLUMNS)
+    assert not {"algorithm", "kind", "formal_dp", "exceeds_claim"} & set(table.columns)  # internal columns hidden
+    assert len(table) == len(report.frame())
+    broken = table[table["verdict"].str.startswith("BROKEN")]
+    assert list(zip(broken["label"], broken["tier"], broken["epsilon_hat"])) == [("IDP-SGD (SAMPLE)", "ε=2", 2.6)]
+    assert table[table["label"] == "Non-private SGD"]["epsilon"].isna().all()
+    assert any(b.label == "Results (JSON)" for b in at.get("download_button"))
+
+
+def test_progress_words_say_where_a_run_is():
+    run = {"status": "running", "total_steps": 560, "step": 112}
+    assert one_run.progress_words(run, None, 30.0).startswith("training step 112/560")
+    assert "left" in one_run.progress_words(run, None, 30.0)
+    assert one_run.progress_words({**run, "step": 560}, None, None) == "scoring the canaries…"
+    assert one_run.progress_words({"status": "queued", "total_steps": None, "step": 0}, 2, None) == \
+        "queued (#2 in the queue)"
+    done = {"status": "finished", "total_steps": 560, "step": 500, "started_at": 100.0, "finished_at": 190.0}
+    assert one_run.progress_words(done, None, None).startswith("every run trained, its canaries scored · took")
+    assert one_run.progress_words({**done, "status": "cancelled"}, None, None).startswith("stopped at step 500/560")
+
+
+def test_launch_a_tiny_one_run_audit_until_its_figure():
+    at = _app().run()
+    at.number_input(key="o_epochs").set_value(1.0).run()
+    at.number_input(key="o_canaries").set_value(50).run()
+    at.number_input(key="o_inputs").set_value(20).run()
+    at.multiselect(key="o_algos").set_value(["dpsgd"]).run()
+    assert not at.exception and not at.error
+    at.button(key="o_launch").click().run()
+    assert not at.exception
+    store = RunStore()
+    (run,) = store.list_runs(kind="one_run")
+    assert [a["name"] for a in run["config"]["algorithms"]] == ["dpsgd"] and run["config"]["canaries"] == 50
+    assert at.query_params["one_run"] == str(run["id"])
+    deadline = time.time() + 150
+    while time.time() < deadline and store.get_run(run["id"])["status"] in ("queued", "running"):
+        time.sleep(0.5)
+    assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.get("plotly_chart")) == 1
+    assert "DP-SGD: every tier's ε̂ stays below its claimed ε (white-box and black-box" in _text(at.markdown)

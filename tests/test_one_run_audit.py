@@ -1,0 +1,152 @@
+"""The one-run audit in training: canaries are ordinary members of their tier, the bug detector sees a broken tier,
+and every formal algorithm's ε̂ stays below its claim (engine.audit.one_run, engine.dp.canaries)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from engine.audit.one_run import Fault, design_canaries, run_one_algorithm, run_one_run_audit
+from engine.audit.one_run_config import OneRunConfig
+from engine.audit.one_run_report import OneRunReport
+from engine.config.run import AlgorithmConfig
+from engine.config.schema import ConfigError
+from engine.dp.canaries import GradientCanaries
+from engine.dp.grad_sample import ModuleGrads
+from engine.dp.step import PoissonSampler
+from engine.jobs.kinds import execute
+from engine.models.nets import LogisticRegression
+from engine.store.db import RunStore
+from engine.train.loop import prepare
+
+SMALL = OneRunConfig(canaries=300, input_canaries=40).validate()
+
+
+def _lr_models(seed=0):
+    torch.manual_seed(seed)
+    model = LogisticRegression(6, 3).double()
+    return ModuleGrads(model), {k: tuple(p.shape) for k, p in model.named_parameters()}
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n_can=st.integers(1, 6))
+def test_a_gradient_canary_adds_exactly_its_weighted_clip_at_its_coordinate(seed, n_can):
+    """Σ coef_i g_i with canaries = the plain samples' sum + coef_j · norm_j · e_{c_j}; a canary's norm is what the
+    mechanism clips, so adding one changes the clipped sum by at most its clip C_j (the mechanisms' invariant)."""
+    rng = np.random.default_rng(seed)
+    models, shapes = _lr_models(seed)
+    n = 10
+    x, y = torch.as_tensor(rng.standard_normal((n, 6))), torch.as_tensor(rng.integers(0, 3, n))
+    coords = rng.choice(21, size=n_can, replace=False)
+    norms = rng.uniform(1.0, 3.0, n_can)
+    wrapped = GradientCanaries(models, n_inputs=n, coords=coords, norms=norms, param_shapes=shapes, device="cpu")
+    idx = torch.as_tensor(np.concatenate([rng.choice(n, 4, replace=False), n + np.arange(n_can)]))[None, :]
+    mask = torch.ones_like(idx, dtype=torch.bool)
+    mask[0, -1] = bool(rng.random() < 0.5)  # the last canary may be a padded entry
+    coef = torch.as_tensor(rng.uniform(0, 1, idx.shape))
+    work = wrapped.per_sample(x, y, idx, mask)
+    plain = models.per_sample(x, y, idx[:, :4], mask[:, :4]).weighted_sum(coef[:, :4])
+    got = work.weighted_sum(coef * mask)
+    flat_got = torch.cat([got[k].reshape(-1) for k in shapes])
+    flat_plain = torch.cat([plain[k].reshape(-1) for k in shapes])
+    diff = (flat_got - flat_plain).numpy()
+    want = np.zeros(21)
+    for j in range(n_can):
+        want[coords[j]] += float(coef[0, 4 + j] * mask[0, 4 + j]) * norms[j]
+    np.testing.assert_allclose(diff, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(work.norms[0, 4:][mask[0, 4:]], torch.as_tensor(norms)[mask[0, 4:]])
+    # canaries rank above every plain sample's loss (INO-SGD weighs them as much as any sample can be)
+    assert bool((work.losses[0, 4:][mask[0, 4:]] > work.losses[0, :4].max()).all())
+
+
+def test_the_step_divisor_is_public_whoever_is_in():
+    """The expected batch the noisy sum is divided by must not reveal which canaries are in."""
+    rates = np.full(20, 0.1)
+    a = np.ones((1, 20), bool)
+    b = a.copy()
+    b[0, 15:] = False
+    fixed = rates[:15].sum() + 0.5 * rates[15:].sum()
+    sa = PoissonSampler(a, rates, "cpu", expected_batch=fixed)
+    sb = PoissonSampler(b, rates, "cpu", expected_batch=fixed)
+    assert float(sa.expected_batch_tensor) == float(sb.expected_batch_tensor) == pytest.approx(fixed)
+    assert PoissonSampler(a, rates, "cpu").expected_batch != PoissonSampler(b, rates, "cpu").expected_batch
+
+
+def test_canaries_are_fixed_by_the_seed_and_input_canaries_carry_a_wrong_label_of_their_tier():
+    prep = prepare(SMALL.run_for(AlgorithmConfig(name="dpsgd")))
+    a, b = design_canaries(SMALL, prep), design_canaries(SMALL, prep)
+    assert np.array_equal(a.coords, b.coords) and np.array_equal(a.grad_in, b.grad_in)
+    assert 0.35 < a.grad_in.mean() < 0.65 and len(np.unique(a.coords)) == a.n_grad == 3 * 300
+    y_test = prep.dataset.y_test.numpy()
+    assert np.all(a.label != y_test[a.source])
+    for k, tier in enumerate(SMALL.run.tiers.tiers):
+        assert set(a.label[a.input_tier == k]) <= set(tier.classes)
+    other = design_canaries(SMALL.replace(**{"run.seed": 1}), prep)
+    assert not np.array_equal(a.grad_in, other.grad_in)
+
+
+def test_bug_detector_a_tier_whose_noise_is_divided_by_4_is_caught():
+    """The point of the feature: IDP-SGD whose ε = 1 tier gets 4× its clip under the same noise (its noise divided
+    by 4, unaccounted) must show ε̂ > 1 on that tier; the same run without the bug stays below every claim."""
+    cfg = OneRunConfig(canaries=1200, input_canaries=0).validate()
+    algo = AlgorithmConfig(name="idp_sample")
+    prep = prepare(cfg.run_for(algo))
+    can = design_canaries(cfg, prep)
+    broken, _, _ = run_one_algorithm(cfg, algo, "idp", can, fault=Fault(tier=0, sensitivity_factor=4.0))
+    assert broken.tiers[0].white.epsilon_hat > broken.tiers[0].epsilon
+    sound, _, _ = run_one_algorithm(cfg, algo, "idp", can)
+    for t in sound.tiers:
+        assert t.white.epsilon_hat <= t.epsilon
+    assert sound.tiers[0].white.epsilon_hat < broken.tiers[0].white.epsilon_hat
+
+
+def test_soundness_every_formal_algorithm_stays_below_its_claim_and_non_formal_runs_have_no_claim():
+    cfg = SMALL.replace(algorithms=SMALL.algorithms + (AlgorithmConfig(name="nonprivate"),)).validate()
+    report = run_one_run_audit(cfg)
+    assert OneRunReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+    f = report.frame()
+    formal = f[f.formal_dp]
+    assert set(formal.algorithm) == {"dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s"}
+    assert len(formal) == 5 * 3 * 2  # algorithms × tiers × kinds
+    assert (formal.epsilon_hat <= formal.epsilon).all()
+    assert not report.violations().shape[0]
+    ref = f[f.algorithm == "nonprivate"]
+    assert len(ref) == 6 and ref.epsilon.isna().all() and not ref.exceeds_claim.any()
+    idp = [a for a in report.algorithms if a.key == "idp_sample"][0]
+    assert [t.epsilon for t in idp.tiers] == pytest.approx([1.0, 2.0, 3.0], rel=1e-6)
+
+
+def test_config_errors_name_the_field():
+    for bad, field in (({"canaries": 0, "input_canaries": 0}, "canaries"), ({"beta": 0.7}, "beta"),
+                       ({"canary_norm": 0.5}, "canary_norm"), ({"white_score": "max"}, "white_score"),
+                       ({"run": {"algorithm": {"name": "ino"}}}, "run.algorithm"),
+                       ({"run": {"tiers": None}}, "run.tiers")):
+        with pytest.raises(ConfigError) as e:
+            OneRunConfig.from_dict(bad).validate()
+        assert e.value.field == field
+    too_many = SMALL.replace(canaries=100_000)
+    with pytest.raises(ConfigError) as e:
+        design_canaries(too_many, prepare(too_many.run_for(AlgorithmConfig(name="dpsgd"))))
+    assert e.value.field == "canaries" and "coordinates" in e.value.message
+    assert OneRunConfig.from_dict(SMALL.to_dict()) == SMALL
+
+
+def test_job_kind_stores_the_report_and_the_cli_prints_it(tmp_path):
+    store = RunStore(tmp_path / "s.db")
+    cfg = OneRunConfig(algorithms=(AlgorithmConfig(name="dpsgd"),), canaries=100, input_canaries=20,
+                       run=SMALL.run.replace(epochs=2.0)).validate()
+    run_id = store.create_run(cfg.to_dict(), kind="one_run", status="queued", name="t")
+    report = execute(store, run_id, cfg, kind="one_run")
+    run = store.get_run(run_id)
+    assert run["status"] == "finished" and OneRunReport.from_dict(run["summary"]) == report
+    env = {**os.environ, "PRIVACY_LAB_STORE": str(tmp_path / "s.db")}
+    shown = subprocess.run([sys.executable, "-m", "engine", "show", str(run_id)], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert shown.returncode == 0 and "claimed ε" in shown.stdout and "DP-SGD" in shown.stdout
+    bad = subprocess.run([sys.executable, "-m", "engine", "one-run-audit", "--set", "beta=3"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "beta" in bad.stderr

@@ -120,6 +120,15 @@ def test_soundness_every_formal_algorithm_stays_below_its_claim_and_non_formal_r
     assert [t.epsilon for t in idp.tiers] == pytest.approx([1.0, 2.0, 3.0], rel=1e-6)
 
 
+def test_one_kind_of_canary_alone():
+    """Black-box only (no gradient canaries) and white-box only both run, each reporting only its own kind."""
+    one = (AlgorithmConfig(name="dpsgd"),)
+    black = run_one_run_audit(SMALL.replace(canaries=0, algorithms=one, **{"run.epochs": 2.0}).validate())
+    white = run_one_run_audit(SMALL.replace(input_canaries=0, algorithms=one, **{"run.epochs": 2.0}).validate())
+    assert set(black.frame().kind) == {"black"} and set(white.frame().kind) == {"white"}
+    assert all(t.white is None for t in black.algorithms[0].tiers)
+
+
 def test_config_errors_name_the_field():
     for bad, field in (({"canaries": 0, "input_canaries": 0}, "canaries"), ({"beta": 0.7}, "beta"),
                        ({"canary_norm": 0.5}, "canary_norm"), ({"white_score": "max"}, "white_score"),

@@ -43,7 +43,8 @@ from engine.train.loop import make_optimizer, model_axis, prepare, step_generato
 class Fault:
     """A deliberately broken mechanism that the accountant does not know about — what the one-run audit must catch:
     tier ``tier``'s samples (canaries included) drawn at ``rate_factor`` × their planned rate, or clipped at
-    ``sensitivity_factor`` × their planned clip under the same noise (that tier's noise divided by the factor)."""
+    ``sensitivity_factor`` × their planned clip under the same noise (that tier's noise divided by the factor; not for
+    DP-SGD-S, whose clips are its own)."""
 
     tier: int
     rate_factor: float = 1.0
@@ -125,7 +126,7 @@ def _donors(rng, train_tier: np.ndarray, canary_tier: np.ndarray) -> np.ndarray:
     return out
 
 
-def _extended_privacy(prep, can: Canaries, tier_of: np.ndarray, donors: np.ndarray, labels_by_slot):
+def _extended_privacy(prep, tier_of: np.ndarray, donors: np.ndarray, labels_by_slot):
     """The run's PrivacyPlan with one per-sample entry more for each canary (its tier's rate and clip, its group)."""
     p = prep.privacy
     if p.plan is None:
@@ -157,7 +158,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
     tier_of = np.concatenate([can.input_tier, can.grad_tier])
     donors = np.concatenate([can.input_donor, can.grad_donor])
     labels = np.concatenate([can.label, np.full(can.n_grad, -1)])
-    privacy = _extended_privacy(prep, can, tier_of, donors, labels)
+    privacy = _extended_privacy(prep, tier_of, donors, labels)
     planned = privacy  # what the accountant and the auditor know (a Fault changes what runs, not this)
     all_tiers = np.concatenate([np.asarray(prep.tiers.train), tier_of])
     if fault is not None and fault.sensitivity_factor != 1.0 and privacy.sample_clips is not None:

@@ -55,6 +55,8 @@ class GradientCanaries:
 
     # --- what dp_step calls ---------------------------------------------------------------------
     def per_sample(self, x, y, idx, mask) -> PerSampleGrads:
+        if self.m == 0:  # input canaries only: every index is an ordinary sample
+            return self.models.per_sample(x, y, idx, mask)
         canary, plain_idx, plain_mask = self._split(idx, mask)
         work = self.models.per_sample(x, y, plain_idx, plain_mask)
         on = canary & mask
@@ -71,6 +73,8 @@ class GradientCanaries:
         return PerSampleGrads(losses, norms, weighted_sum)
 
     def loss_grads(self, x, y, idx, mask):
+        if self.m == 0:
+            return self.models.loss_grads(x, y, idx, mask)
         canary, plain_idx, plain_mask = self._split(idx, mask)
         sums, losses = self.models.loss_grads(x, y, plain_idx, plain_mask)
         on = canary & mask

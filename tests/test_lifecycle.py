@@ -24,13 +24,13 @@ def store(tmp_path):
     return RunStore(tmp_path / "runs.sqlite")
 
 
-def test_registry_knows_train_and_audit_and_names_an_unknown_kind():
-    assert set(JOB_KINDS) == {"train", "audit"}
+def test_registry_knows_train_audit_and_one_run_and_names_an_unknown_kind():
+    assert set(JOB_KINDS) == {"train", "audit", "one_run"}
     assert job_kind("audit").name == "audit"
     for bad in ("nope", None, 3):
         with pytest.raises(ConfigError) as e:
             job_kind(bad)
-        assert e.value.field == "kind" and "known: train, audit" in e.value.message
+        assert e.value.field == "kind" and "known: train, audit, one_run" in e.value.message
     assert job_kind("train").parse(TINY.to_dict()) == TINY
     with pytest.raises(ConfigError) as e:  # each kind parses (and validates) its own config shape
         job_kind("train").parse({"epochs": 0})
@@ -143,9 +143,9 @@ def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
     out = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "worker", str(rid)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        "error: kind: unknown job kind 'nope'; known: train, audit"]
+        "error: kind: unknown job kind 'nope'; known: train, audit, one_run"]
     run = store.get_run(rid)
-    assert run["status"] == "failed" and run["error"] == "kind: unknown job kind 'nope'; known: train, audit"
+    assert run["status"] == "failed" and run["error"] == "kind: unknown job kind 'nope'; known: train, audit, one_run"
     shown = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "show", str(rid)], cwd=REPO,
                            env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "kind=nope" in shown.stdout and "failed" in shown.stdout

@@ -147,10 +147,11 @@ def _extended_privacy(prep, tier_of: np.ndarray, donors: np.ndarray, labels_by_s
 
 
 def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries | None = None, *,
-                      fault: Fault | None = None, should_stop=None, on_step=None):
-    """One run of ``algorithm`` with the canaries: (its AlgorithmOneRun, white scores, black scores)."""
+                      fault: Fault | None = None, should_stop=None, on_step=None, prep=None):
+    """One run of ``algorithm`` with the canaries: (its AlgorithmOneRun, white scores, black scores). ``prep``: this
+    algorithm's untrained ``prepare(config.run_for(algorithm))``, when the caller has it already."""
     run = config.run_for(algorithm)
-    prep = prepare(run)
+    prep = prep or prepare(run)
     if can is None:
         can = design_canaries(config, prep)
     ds, dev = prep.dataset, prep.device
@@ -193,6 +194,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
     steps = prep.train_steps or prep.steps
     fixed_clips = None if planned.sample_clips is None else torch.as_tensor(
         planned.sample_clips[n + can.n_input:][None, :], device=dev)
+    norm_cap = torch.as_tensor(grad_norms, device=dev)  # a canary contributes at most its own norm
     slots = torch.arange(n + can.n_input, n + can.n_input + can.n_grad, device=dev)[None, :]
     started = time.time()
     for step in range(1, steps + 1):
@@ -204,8 +206,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
             else fixed_clips
         out = dp_step(wrapped, x, y, sampler, mech, gen)
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units
-                               noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=torch.as_tensor(
-                                   grad_norms, device=dev)))
+                               noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=norm_cap))
         optimizer.zero_grad(set_to_none=True)
         models.set_grads(out.grads)
         optimizer.step()
@@ -215,8 +216,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
     white = np.zeros(0)
     if can.n_grad:
         noised = privacy.plan is not None  # the likelihood ratio needs the step's noise; the reference has none
-        use = wrapped.likelihood if config.white_score == "likelihood" and noised else wrapped.scores / torch.as_tensor(
-            grad_norms, device=dev)
+        use = wrapped.likelihood if config.white_score == "likelihood" and noised else wrapped.scores / norm_cap
         white = use[0].cpu().numpy()
     model = models.module(0)
     logp = _log_probs(model, x[n:n + can.n_input]) if can.n_input else np.zeros((0, ds.num_classes))
@@ -306,9 +306,9 @@ def run_one_run_audit(config: OneRunConfig, *, life: RunLifecycle = NO_STORE, pr
             last[0] = time.time()
 
     results = []
-    for algorithm, key in zip(config.algorithms, keys):
+    for k, (algorithm, key) in enumerate(zip(config.algorithms, keys)):
         got, _, _ = run_one_algorithm(config, algorithm, key, can, fault=fault, should_stop=should_stop,
-                                      on_step=on_step)
+                                      on_step=on_step, prep=first if k == 0 else None)  # first: prepared above
         results.append(got)
         done[0] += steps
         report = dataclasses.replace(report, algorithms=tuple(results))

@@ -62,9 +62,7 @@ class GradientCanaries:
         on = canary & mask
         j = (idx - self.n_inputs).clamp(min=0, max=max(self.m - 1, 0))
         norms = torch.where(on, self.norms[j].to(work.norms.dtype), work.norms)
-        top = torch.where(plain_mask, work.losses, torch.full_like(work.losses, -torch.inf)).amax(1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        losses = torch.where(on, top + 1.0, work.losses)
+        losses = _canary_losses(work.losses, plain_mask, on)
 
         def weighted_sum(coef):
             sums = work.weighted_sum(coef * plain_mask)
@@ -79,8 +77,7 @@ class GradientCanaries:
         sums, losses = self.models.loss_grads(x, y, plain_idx, plain_mask)
         on = canary & mask
         j = (idx - self.n_inputs).clamp(min=0, max=max(self.m - 1, 0))
-        top = torch.where(plain_mask, losses, torch.full_like(losses, -torch.inf)).amax(1, keepdim=True)
-        losses = torch.where(on, torch.where(torch.isfinite(top), top, torch.zeros_like(top)) + 1.0, losses)
+        losses = _canary_losses(losses, plain_mask, on)
         return self._add_canaries(sums, on.to(self.norms.dtype), j), losses
 
     # --- the auditor's view ---------------------------------------------------------------------
@@ -133,3 +130,9 @@ class GradientCanaries:
             flat[:, local] += per_canary[:, which].to(s.dtype)
             out[name] = flat.reshape(s.shape)
         return out
+
+
+def _canary_losses(losses: torch.Tensor, plain_mask: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """``losses`` with every canary entry (``on``) at its row's highest ordinary loss + 1 (1 in a row without one)."""
+    top = torch.where(plain_mask, losses, torch.full_like(losses, -torch.inf)).amax(1, keepdim=True)
+    return torch.where(on, torch.where(torch.isfinite(top), top, torch.zeros_like(top)) + 1.0, losses)

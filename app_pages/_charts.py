@@ -11,6 +11,7 @@ from typing import Callable
 
 import streamlit as st
 
+from app_pages._plotly_live import live_plotly_chart
 from engine.figures import export
 from engine.figures.scaffold import FigureSpec, apply_theme
 from engine.figures.training import build_figures
@@ -22,14 +23,17 @@ PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "
 def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
           uirevision: str | None = None) -> None:
     """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu.
-    ``uirevision``: while it stays the same, a redrawn figure keeps the user's zoom, pan and legend clicks."""
+    ``uirevision`` (the live charts): while it stays the same, a redrawn figure keeps the user's zoom, pan and
+    legend clicks; such a chart is drawn by app_pages/_plotly_live.py, whose plot survives reruns (an
+    st.plotly_chart is mounted afresh whenever its figure changes, losing the view)."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
         if height:
             fig.update_layout(height=height)
-        if uirevision is not None and fig.layout.uirevision != uirevision:
-            fig.update_layout(uirevision=uirevision)
-        st.plotly_chart(fig, theme=None, key=f"plot-{key}", config=PLOT_CONFIG)
+        if uirevision is not None:
+            live_plotly_chart(fig, key=f"plot-{key}", config=PLOT_CONFIG, uirevision=uirevision)
+        else:
+            st.plotly_chart(fig, theme=None, key=f"plot-{key}", config=PLOT_CONFIG)
         if export_key is not None:
             export_menu(spec, key=export_key)
 

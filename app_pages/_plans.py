@@ -9,13 +9,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from app_pages import _handles as handles
 from app_pages._look import md, show_error, user_message
 from engine.audit.config import AuditConfig
 from engine.audit.runner import preview_audit
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import DataError
-from engine.jobs.estimates import format_seconds
+from engine.jobs.estimates import format_seconds, start_seconds
 from engine.jobs.runs import algorithm_label
 from engine.train.loop import preview
 from engine.train.records import PlanRecord
@@ -109,8 +110,9 @@ def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
         return None
     est = p.get("estimate")
     if est:
-        st.caption(f"Estimated runtime ≈ **{format_seconds(est['seconds'])}** of training — " + md(est["how"])
-                   + ". Statistics add seconds to a minute per algorithm.")
+        start, measured = start_seconds(handles.manager().store.list_runs(kind="audit"))
+        st.caption(f"Estimated runtime ≈ **{format_seconds(est['seconds'] + start)}** from Launch — " + md(est["how"])
+                   + f"; the worker's start {start:.0f} s ({'measured on this machine' if measured else 'rough'}).")
     with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "
                      f"{p['n_train']} samples" + (f" + {p['looa_models']} PA-LOOA models each" if p["looa_models"] else ""),
                      expanded=False):

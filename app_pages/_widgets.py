@@ -125,8 +125,9 @@ class FieldSlots:
     when no widget owns it. The path and the engine's words are translated in one place
     (``_look.user_error``): tiers by the number the tier table shows (``tier_labels``, the table's number of
     each tier in config order; ``tiers``, the TiersConfig the plan was made for). A message already shown is not
-    shown again (a plan error comes once per algorithm). ``reasons`` lists what was shown, once each, for the
-    caption next to the disabled Launch button.
+    shown again (a plan error comes once per algorithm). ``reasons`` names the fields whose message was shown
+    (once each), for the caption next to the disabled Launch button: it names them, the message stays in one
+    place.
     """
 
     NARROW = 60  # characters: a longer message goes to the row's slot (a column is ~20 characters wide)
@@ -184,7 +185,7 @@ class FieldSlots:
         lines = self._filled.setdefault(id(target), [])
         lines.append(md(message) if target is slot and who == label else f"**{md(who)}**: {md(message)}")
         target.error("  \n".join(lines), icon=":material/error:")  # one box per slot, every message once
-        self.reasons.append(text)
+        self.reasons.append(who)
         return True
 
 
@@ -196,8 +197,8 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
     With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`, long ones under its row)
     and the fields take any number, so that the engine's checks refuse a bad one with a message: a bounded
     number input refuses silently (a red outline; the page keeps the last valid value, so Launch would run
-    that). The batch size keeps its lower bound 1: a URL's ``batch=-5`` is warned about as a URL parameter
-    (``UrlParams``) and the default used."""
+    that); a URL's ``batch=-5`` then shows the same message next to the field. Without ``slots`` the fields
+    keep their bounds."""
     fields = {"epochs": ("epochs",), "batch": ("batch_size",), "lr": ("optimizer.lr", "lr"), "delta": ("delta",),
               "clip": ("clip_norm",), "seed": ("seed",)}
     checked = slots is not None  # the engine's checks explain a bad value next to its field
@@ -213,7 +214,7 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
     c1, c2, c3 = st.columns(3)
     row = FieldSlots.row() if checked else None
     out = {"epochs": number(c1, row, "Epochs", "epochs", dict(min_value=0.1), value=epochs, step=0.5),
-           "batch": number(c2, row, "Batch size", "batch", {}, min_value=1, value=batch, step=batch_step),
+           "batch": number(c2, row, "Batch size", "batch", dict(min_value=1), value=batch, step=batch_step),
            "lr": number(c3, row, "Learning rate", "lr", dict(min_value=0.0001), value=lr, step=lr_step,
                         format="%.4g")}
     c1, c2, c3 = st.columns(3)

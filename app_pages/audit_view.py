@@ -14,7 +14,7 @@ from app_pages import _widgets as widgets
 from app_pages._look import intro, md, plot_theme, show_error
 from app_pages._tiers import tier_editor
 from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
-from engine.audit.presets import PRESETS, describe
+from engine.audit.presets import PRESETS, describe, settings
 from engine.audit.report import as_report
 from engine.audit.verdict import verdict_lines
 from engine.config.run import AlgorithmConfig, TiersConfig
@@ -61,17 +61,54 @@ COMPARISON_COLUMNS = {
 
 
 def delta_columns(report) -> dict:
-    """Column formats of the Δ table (``engine.audit.frames.delta_frame``)."""
-    pp = {c: st.column_config.NumberColumn(c, format="%.2f") for c in
-          ("Δ (pp)", "Δ CI low", "Δ CI high", "null Δ low", "null Δ high")}
-    gpr = {f"GPR {g}": st.column_config.NumberColumn(f"GPR {g}", format="%.4f") for g in report.group_names}
-    return {"algorithm": st.column_config.TextColumn("algorithm", width="medium"), **pp, **gpr,
-            "accuracy": st.column_config.NumberColumn("accuracy", format="%.4f"),
-            "null floor": st.column_config.NumberColumn("null floor", format="%.4f"),
-            "accuracy cost (points)": st.column_config.NumberColumn("accuracy cost (points)", format="%+.2f",
-                                                                    help="DP-SGD-S − DP-SGD, paired over models"),
-            "noise × DP-SGD": st.column_config.NumberColumn("noise × DP-SGD", format="%.2f",
-                                                            help="DP-SGD-S's realised noise / DP-SGD's at the same ε")}
+    """Column formats of the Δ table (``engine.audit.frames.delta_frame``), one for every column it has: the
+    table shows these columns only, in this order (``column_order``), each wide enough for its header."""
+    def num(label, fmt, help=None):
+        # the header is the widest cell of a number column: size it to the header, never below "small"
+        return st.column_config.NumberColumn(label, format=fmt, help=help, width=max(80, 7 * len(label) + 36))
+
+    cols = {"algorithm": st.column_config.TextColumn("algorithm", width="medium"),
+            "Δ (pp)": num("Δ (pp)", "%.2f", "(max − min GPR) × 100, percentage points"),
+            "Δ CI low": num("Δ CI low", "%.2f"), "Δ CI high": num("Δ CI high", "%.2f"),
+            "null Δ low": num("null Δ low", "%.2f", "Δ under shuffled membership labels: the spread's low end"),
+            "null Δ high": num("null Δ high", "%.2f", "Δ under shuffled membership labels: the spread's high end"),
+            "resolved": st.column_config.TextColumn("Δ resolved?", width=120,
+                                                    help="Δ's CI lies above the null Δ spread"),
+            "accuracy": num("accuracy", "%.4f", "mean test accuracy over the models"),
+            "null floor": num("null floor", "%.4f", "GPR under shuffled membership labels (all groups)"),
+            "formal DP": st.column_config.TextColumn("formal DP", width=100),
+            "claimed ε": st.column_config.TextColumn("claimed ε", width=110, help="per tier; empty: no guarantee"),
+            **{f"GPR {g}": num(f"GPR {g}", "%.4f") for g in report.group_names}}
+    if report.comparisons:
+        cols["accuracy cost (points)"] = num("accuracy cost (points)", "%+.2f", "DP-SGD-S − DP-SGD, paired over models")
+        cols["noise × DP-SGD"] = num("noise × DP-SGD", "%.2f", "DP-SGD-S's realised noise / DP-SGD's at the same ε")
+    return cols
+
+
+def delta_table(report) -> None:
+    """The Δ table: full width, every column formatted and labelled, no index."""
+    df = report.delta_frame()
+    cols = delta_columns(report)
+    st.dataframe(df, hide_index=True, width="stretch", column_config=cols,
+                 column_order=[c for c in cols if c in df.columns])
+
+
+def preset_settings(config):
+    """A preset's settings as the table the page shows in place of the form."""
+    import pandas as pd
+
+    return pd.DataFrame(settings(config), columns=["setting", "value"])
+
+
+def show_verdict(report) -> None:
+    """The audit's answer in words, above the figures: the Δ ranking as the headline, the rest as a list."""
+    verdict = verdict_lines(report)
+    if not verdict:
+        return
+    with st.container(key="audit-verdict", border=True):
+        st.markdown(f"**Verdict:** {md(verdict[0])}")
+        if verdict[1:]:
+            st.markdown("\n".join(f"- {md(line)}" for line in verdict[1:]))
 
 
 def comparison_table(report):
@@ -112,86 +149,92 @@ errors: list[str] = []
 preset_name = st.selectbox("Audit preset", [CUSTOM, *PRESETS], key="a_preset",
                            help=PRESETS_HELP)
 names = dataset_names()
-left, right = st.columns([3, 2], gap="large")
-with left:
-    st.subheader("Data, model and groups")
-    c1, c2, c3 = st.columns(3)
-    dataset_name = c1.selectbox("Dataset", names, index=names.index("adult"), key="a_dataset", bind="query-params",
-                                format_func=lambda n: n if DATASETS[n].is_available() else f"{n} (files missing)",
-                                help="Adult (sex as the sensitive attribute) ships with the lab and works offline")
-    max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=0, step=500, key="a_max_train",
-                                bind="query-params")
-    model = c3.selectbox("Model", AUDIT_MODELS, key="a_model", bind="query-params",
-                         help="lr: logistic regression, mlp: one tanh hidden layer, cnn: the Papernot CNN (images)")
-    dataset = handles.dataset_or_error(dataset_name, max_train, errors)
-    group_options = ["attribute", "class", "tier"]
-    if dataset is not None and not dataset.sensitive_train:
-        group_options = ["class", "tier"]
-    c1, c2, c3 = st.columns(3)
-    group_by = c1.selectbox("Groups (GPR per …)", group_options, key="a_group_by",
-                            help="attribute: a sensitive attribute's values (e.g. sex); class: the label; "
-                                 "tier: the privacy tiers below")
-    attrs = sorted(dataset.sensitive_train) if dataset is not None else []
-    attribute = None
-    if group_by == "attribute" and attrs:
-        default_attr = dataset.default_sensitive if dataset.default_sensitive in attrs else attrs[0]
-        attribute = c2.selectbox("Attribute", attrs, index=attrs.index(default_attr), key="a_attr")
-    tier_modes = ["single ε"] + [n for n in (preset_names(dataset) if dataset is not None else []) if n != "single"]
-    tier_mode = c3.selectbox("Privacy tiers", tier_modes, index=min(1, len(tier_modes) - 1), key="a_tiers",
-                             help="single ε: everyone shares one budget (then IDP-SGD is DP-SGD); tiered presets come "
-                                  "from the engine")
-    tiers_cfg: TiersConfig | None = None
-    epsilon = 10.0
-    if tier_mode == "single ε":
-        epsilon = st.number_input("ε (all samples)", min_value=0.01, value=10.0, step=0.5, key="a_eps",
-                                  bind="query-params")
-    elif dataset is not None:
-        try:
-            tiers_cfg = tier_editor(preset(tier_mode, dataset), dataset,
-                                    key=f"a-tier-editor-{dataset_name}-{tier_mode}")
-        except ConfigError as e:
-            errors.append(str(e))
-            show_error(e)
-            tiers_cfg = None
-
-with right:
-    st.subheader("Algorithms and audit")
-    algos = st.multiselect("Algorithms to compare", widgets.ALGORITHM_CHOICES, default=DEFAULT_ALGOS,
-                           format_func=algorithm_label, key="a_algos", bind="query-params",
-                           help="Non-private SGD is the reference; DP-SGD-S clips per audit group")
-    add_controls = st.toggle(
-        "Add DP-SGD-S controls", key="a_controls", bind="query-params",
-        help="DP-SGD at the noise DP-SGD-S realises (noise-matched, a lower ε) and at the ε where DP-SGD's accuracy "
-             "equals DP-SGD-S's (accuracy-matched), audited on the same splits: Δ and GPR differences get paired "
-             "CIs, and the verdict says whether DP-SGD-S lowers Δ beyond what its extra noise explains. Needs "
-             "DP-SGD-S and DP-SGD among the algorithms; adds two algorithms' worth of models and a short ε search.")
-    c1, c2, c3 = st.columns(3)
-    R = c1.number_input("R (2R models each)", min_value=2, max_value=2000, value=50, step=2, key="a_R",
-                        bind="query-params", help="The design uses R = 200 (400 models); small R is quicker but "
-                                                  "noisier (wider CIs, a wider null Δ spread)")
-    threshold = c2.selectbox("Thresholds", THRESHOLDS, index=THRESHOLDS.index("held_out"), key="a_threshold",
-                             bind="query-params",
-                             help="held_out: chosen on half of the models, scored on the other half (unbiased); "
-                                  "in_sample: the design's estimator (optimistic by the null floor)")
-    looa_k = c3.number_input("PA-LOOA records", min_value=0, max_value=20, value=2, step=1, key="a_looa",
-                             bind="query-params",
-                             help="Baseline: records audited one at a time with dedicated models")
-    with st.expander("Training", expanded=False):
-        train = widgets.training_inputs("a_", epochs=2.0, batch=256, batch_step=16, lr=1.0, lr_step=0.1)
+chosen = PRESETS.get(preset_name)
+if chosen is None:  # custom: the form's fields are what runs
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.subheader("Data, model and groups")
         c1, c2, c3 = st.columns(3)
-        n_boot = c1.number_input("Bootstrap resamples", min_value=10, max_value=100000, value=1000, step=100,
-                                 key="a_boot")
-        score = c3.selectbox("Score", SCORES, key="a_score",
-                             help="logit_confidence: log p_y − log(1 − p_y) (LiRA's score; ties are rare); loss: "
-                                  "−cross-entropy (both float64)")
-        tail_pct = c2.slider("INO tail γ, % of expected batch clip mass", 1, 100, 50, key="a_tail")
+        dataset_name = c1.selectbox("Dataset", names, index=names.index("adult"), key="a_dataset", bind="query-params",
+                                    format_func=lambda n: n if DATASETS[n].is_available() else f"{n} (files missing)",
+                                    help="Adult (sex as the sensitive attribute) ships with the lab and works offline")
+        max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=0, step=500, key="a_max_train",
+                                    bind="query-params")
+        model = c3.selectbox("Model", AUDIT_MODELS, key="a_model", bind="query-params",
+                             help="lr: logistic regression, mlp: one tanh hidden layer, cnn: the Papernot CNN (images)")
+        dataset = handles.dataset_or_error(dataset_name, max_train, errors)
+        group_options = ["attribute", "class", "tier"]
+        if dataset is not None and not dataset.sensitive_train:
+            group_options = ["class", "tier"]
+        c1, c2, c3 = st.columns(3)
+        group_by = c1.selectbox("Groups (GPR per …)", group_options, key="a_group_by",
+                                help="attribute: a sensitive attribute's values (e.g. sex); class: the label; "
+                                     "tier: the privacy tiers below")
+        attrs = sorted(dataset.sensitive_train) if dataset is not None else []
+        attribute = None
+        if group_by == "attribute" and attrs:
+            default_attr = dataset.default_sensitive if dataset.default_sensitive in attrs else attrs[0]
+            attribute = c2.selectbox("Attribute", attrs, index=attrs.index(default_attr), key="a_attr")
+        tier_modes = ["single ε"] + [n for n in (preset_names(dataset) if dataset is not None else []) if n != "single"]
+        tier_mode = c3.selectbox("Privacy tiers", tier_modes, index=min(1, len(tier_modes) - 1), key="a_tiers",
+                                 help="single ε: everyone shares one budget (then IDP-SGD is DP-SGD); tiered presets come "
+                                      "from the engine")
+        tiers_cfg: TiersConfig | None = None
+        epsilon = 10.0
+        if tier_mode == "single ε":
+            epsilon = st.number_input("ε (all samples)", min_value=0.01, value=10.0, step=0.5, key="a_eps",
+                                      bind="query-params")
+        elif dataset is not None:
+            try:
+                tiers_cfg = tier_editor(preset(tier_mode, dataset), dataset,
+                                        key=f"a-tier-editor-{dataset_name}-{tier_mode}")
+            except ConfigError as e:
+                errors.append(str(e))
+                show_error(e)
+                tiers_cfg = None
+
+    with right:
+        st.subheader("Algorithms and audit")
+        algos = st.multiselect("Algorithms to compare", widgets.ALGORITHM_CHOICES, default=DEFAULT_ALGOS,
+                               format_func=algorithm_label, key="a_algos", bind="query-params",
+                               help="Non-private SGD is the reference; DP-SGD-S clips per audit group")
+        add_controls = st.toggle(
+            "Add DP-SGD-S controls", key="a_controls", bind="query-params",
+            help="DP-SGD at the noise DP-SGD-S realises (noise-matched, a lower ε) and at the ε where DP-SGD's accuracy "
+                 "equals DP-SGD-S's (accuracy-matched), audited on the same splits: Δ and GPR differences get paired "
+                 "CIs, and the verdict says whether DP-SGD-S lowers Δ beyond what its extra noise explains. Needs "
+                 "DP-SGD-S and DP-SGD among the algorithms; adds two algorithms' worth of models and a short ε search.")
+        c1, c2, c3 = st.columns(3)
+        R = c1.number_input("R (2R models each)", min_value=2, max_value=2000, value=50, step=2, key="a_R",
+                            bind="query-params", help="The design uses R = 200 (400 models); small R is quicker but "
+                                                      "noisier (wider CIs, a wider null Δ spread)")
+        threshold = c2.selectbox("Thresholds", THRESHOLDS, index=THRESHOLDS.index("held_out"), key="a_threshold",
+                                 bind="query-params",
+                                 help="held_out: chosen on half of the models, scored on the other half (unbiased); "
+                                      "in_sample: the design's estimator (optimistic by the null floor)")
+        looa_k = c3.number_input("PA-LOOA records", min_value=0, max_value=20, value=2, step=1, key="a_looa",
+                                 bind="query-params",
+                                 help="Baseline: records audited one at a time with dedicated models")
+        with st.expander("Training", expanded=False):
+            train = widgets.training_inputs("a_", epochs=2.0, batch=256, batch_step=16, lr=1.0, lr_step=0.1)
+            c1, c2, c3 = st.columns(3)
+            n_boot = c1.number_input("Bootstrap resamples", min_value=10, max_value=100000, value=1000, step=100,
+                                     key="a_boot")
+            score = c3.selectbox("Score", SCORES, key="a_score",
+                                 help="logit_confidence: log p_y − log(1 − p_y) (LiRA's score; ties are rare); loss: "
+                                      "−cross-entropy (both float64)")
+            tail_pct = c2.slider("INO tail γ, % of expected batch clip mass", 1, 100, 50, key="a_tail")
+else:  # a preset: its settings in place of the form's fields (what the page shows is what runs)
+    with st.container(key="a-preset-settings"):
+        st.info(md(f"Preset {preset_name} runs {describe(chosen)}."), icon=":material/tune:")
+        st.dataframe(preset_settings(chosen), hide_index=True, width="stretch", column_config={
+            "setting": st.column_config.TextColumn("setting", width="medium"),
+            "value": st.column_config.TextColumn("value", width="large")})
+        st.caption(f"Choose “{CUSTOM}” above to set an audit up field by field.")
 
 config: AuditConfig | None = None
-if preset_name != CUSTOM:
-    config = PRESETS[preset_name]
-    st.info(md(f"Preset {preset_name}: {config.name} — it runs {describe(config)}. The settings above are not "
-               "used."))
-    errors = []
+if chosen is not None:
+    config = chosen
 elif not algos:
     st.info("Choose at least one algorithm.")
 elif not errors:
@@ -252,20 +295,14 @@ def view(run_id: int) -> None:
     if report.partial:
         st.caption(md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); "
                          "the rest is still training."))
+    show_verdict(report)  # the answer first, in words
     null_floor_warning(report)
-    verdict = verdict_lines(report)
-    if verdict:  # the answer first, in words
-        with st.container(key="audit-verdict", border=True):
-            st.markdown("**Verdict** — " + md(" ".join(verdict[:3])))
-            for line in verdict[3:]:
-                st.caption(md(line))
     theme = plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = charts.cached_figures("audit-figures", sig, lambda: build_audit_figures(report, theme=theme))
     charts.chart(specs["gpr_bars"], key="audit-gpr", export_key="ax-gpr")
     with st.container(key="audit-delta-table"):  # full width, formatted (the figure version exports with the rest)
-        st.dataframe(report.delta_frame(), hide_index=True, width="stretch",
-                     column_config=delta_columns(report))
+        delta_table(report)
     charts.chart(specs["accuracy"], key="audit-accuracy", export_key="ax-acc")
     charts.chart(specs["epsilon_bounds"], key="audit-eps", export_key="ax-eps")
     charts.chart(specs["lira_roc"], key="audit-lira", export_key="ax-lira")

@@ -18,6 +18,7 @@ from engine.config.run import MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, M
 from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
+from engine.figures.headline import gain_sentence
 from engine.figures.live import LiveFigures
 from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.talk_frames import noise_cost_sentence
@@ -239,15 +240,16 @@ launch = l1.button("Launch comparison", type="primary", key="launch", icon=":mat
                    disabled=bool(errors) or not configs or len(previews) < len(configs))
 with l2.container(key="launch-note"):
     if slots.reasons:
-        st.caption(md("Launch is disabled until this is fixed — " + "; ".join(dict.fromkeys(slots.reasons))))
+        fields = list(dict.fromkeys(slots.reasons))  # the messages themselves stay next to their fields
+        st.caption(md("Launch is disabled until this is fixed: " + ", ".join(fields) + " (see the message above)"))
     elif errors:
         st.caption("Launch is disabled: see the message below.")
     elif configs and len(previews) == len(configs):
         jobs = [(c, previews[c.algorithm.name].steps, previews[c.algorithm.name].expected_batch_size) for c in configs]
         est = run_time_estimate(jobs, mgr.store.list_runs(kind="train"), mgr.max_workers)
         if est is not None:
-            st.caption(md(f"about {format_seconds(est[0])} of training for {len(configs)} run(s), plus a few "
-                          f"seconds to start each ({est[1]})"))
+            st.caption(md(f"about {format_seconds(est[0])} from Launch to the end of {len(configs)} run(s) "
+                          f"({est[1]})"))
 if launch:
     group = new_group_id()
     mgr.submit(configs, group_id=group)
@@ -256,7 +258,9 @@ if launch:
     st.session_state.pop("live-figures", None)
 
 # --- live view ----------------------------------------------------------------------------------------------------
-HEADLINE_FIGURES = ("mid_curves", "tier_recall")  # redrawn on every refresh that brings new evaluations
+# redrawn on every refresh that brings new evaluations (the gain first, with an INO-SGD/IDP-SGD pair: the lab's
+# headline)
+HEADLINE_FIGURES = ("private_gain", "mid_curves", "tier_recall")
 # the others of engine.figures.training.live_figure_names (DP-SGD-S's clips with a DP-SGD-S run): at most every
 # DETAIL_INTERVAL
 st.divider()
@@ -301,8 +305,9 @@ def live(group: str) -> None:
     records = live_records(store, runs)
     options = dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
                    smoothing=float(smoothing or 0.0))
-    headline = live_figures(group, HEADLINE_FIGURES, **options)
-    detail_names = tuple(n for n in live_figure_names(runs) if n not in HEADLINE_FIGURES)  # + DP-SGD-S's clips
+    names = live_figure_names(runs)  # the gain with an INO-SGD/IDP-SGD pair, DP-SGD-S's clips with a DP-SGD-S run
+    headline = live_figures(group, tuple(n for n in names if n in HEADLINE_FIGURES), **options)
+    detail_names = tuple(n for n in names if n not in HEADLINE_FIGURES)
     details = [live_figures(group, (name,), **options) for name in detail_names]
     specs = headline.update(records)  # every refresh
     # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
@@ -311,6 +316,14 @@ def live(group: str) -> None:
     for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
             tuple(options.items()), any(status.is_active(r) for r in runs))).items():
         specs[name] = got[name]
+    if "private_gain" in specs:  # the phenomenon first, in words and as the paired gain over steps
+        with st.container(key="live-gain-sentence"):
+            sentence = gain_sentence(specs["private_gain"].data)
+            if sentence:
+                st.info(md(sentence), icon=":material/trending_up:")
+            else:
+                st.caption("INO − IDP recall gain on the most private tier: waiting for both runs' first evaluations")
+        charts.chart(specs["private_gain"], key="live-gain", export_key="x-gain", uirevision=group)
     charts.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
     charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
     c1, c2 = st.columns(2)

@@ -1,5 +1,10 @@
 """Test-wide settings: the data directory is ../shared/data beside the repository (CI lays it
-there); runs go to a throw-away store so nothing touches a user's ~/.privacy-imbalance-lab."""
+there); runs go to a throw-away store so nothing touches a user's ~/.privacy-imbalance-lab.
+
+Markers (pytest.ini registers them; README's fast subset is ``-m "not browser and not slow"``):
+``browser`` is every test of a ``tests/test_browser*.py`` module (given here, by file, so a new browser
+test cannot be forgotten); ``slow`` is set on the test itself, for a test that trains or serves long and
+whose invariant another fast test also covers (none is marked yet)."""
 import os
 from pathlib import Path
 
@@ -10,6 +15,12 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
     os.environ["PRIVACY_LAB_DATA_DIR"] = str(SHARED_DATA)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name.startswith("test_browser"):
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(autouse=True)

@@ -41,14 +41,28 @@ def test_page_renders_with_defaults():
 
 
 def test_a_preset_replaces_the_settings_and_shows_its_estimate():
+    from engine.audit.presets import PRESETS, settings
+
     at = _app().run()
     at.selectbox(key="a_preset").set_value("quick").run()
     assert not at.exception and not at.error
-    assert any("quick" in i.value for i in at.info)
     shown = " ".join(i.value.replace("\\", "") for i in at.info)
-    assert "it runs digits, LR, 30 epochs" in shown and "Non-private SGD, DP-SGD; one tier at ε = 10" in shown
+    assert "Preset quick runs digits, LR, 30 epochs" in shown and "Non-private SGD, DP-SGD; one tier at ε = 10" in shown
     assert any("Estimated runtime" in c.value and "400 models" in c.value for c in at.caption)
     assert not at.button(key="a_launch").disabled
+    # what the page shows is what runs: the form's fields (adult, sex, four algorithms) are gone, the preset's
+    # settings are shown in their place
+    keys = {w.key for kind in ("selectbox", "multiselect", "number_input", "toggle", "slider") for w in at.get(kind)}
+    assert keys.isdisjoint({"a_dataset", "a_attr", "a_algos", "a_R", "a_epochs", "a_controls", "a_tail"}), keys
+    table = next(d.value for d in at.dataframe if list(d.value.columns) == ["setting", "value"])
+    rows = dict(zip(table["setting"], table["value"]))
+    assert rows == dict(settings(PRESETS["quick"]))
+    assert rows["dataset"].startswith("digits") and rows["algorithms"] == "Non-private SGD, DP-SGD"
+    assert rows["R"].startswith("200 ") and rows["groups (GPR per …)"] == "class"
+    at.selectbox(key="a_preset").set_value(at.selectbox(key="a_preset").options[0]).run()  # back to custom
+    assert not at.exception and not at.error
+    assert at.selectbox(key="a_dataset").value == "adult"
+    assert not [d for d in at.dataframe if list(d.value.columns) == ["setting", "value"]]
 
 
 @pytest.mark.parametrize("widget, value, message", [
@@ -145,8 +159,13 @@ def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_ve
     at.query_params["audit"] = str(rid)
     at.run()
     assert not at.exception and not at.error
-    verdict = " ".join(m.value for m in at.markdown if "Verdict" in m.value)
-    assert "vs noise-matched DP-SGD" in verdict.replace("\\", "") and "DP-SGD-S" in verdict
+    from engine.audit.verdict import delta_verdict
+
+    texts = [m.value.replace("\\", "") for m in at.markdown]
+    head = next(t for t in texts if t.startswith("**Verdict:**"))  # the Δ verdict first, then DP-SGD-S's
+    assert head == "**Verdict:** " + delta_verdict(report)[0], head
+    verdict = " ".join(texts)
+    assert "vs noise-matched DP-SGD" in verdict and "DP-SGD-S" in verdict
     frames = [d.value for d in at.dataframe]
     table = next(f for f in frames if "comparison" in f.columns)
     assert set(table["comparison"]) == {c.b_label for c in report.comparisons}
@@ -154,3 +173,16 @@ def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_ve
     delta = next(f for f in frames if "Δ (pp)" in f.columns)  # the Δ table, full width, with the accuracy cost
     assert list(delta["algorithm"]) == [a.label for a in report.algorithms]
     assert "accuracy cost (points)" in delta.columns and "noise × DP-SGD" in delta.columns
+    # every column of the Δ table has a column config (label, format, a width that fits its header)
+    (proto,) = [d.proto for d in at.dataframe if "Δ (pp)" in d.value.columns]
+    import json
+
+    config = json.loads(proto.columns)
+    assert set(delta.columns) <= set(config), set(delta.columns) - set(config)
+    assert list(proto.column_order) == [c for c in config if c in delta.columns]
+    assert config["_index"] == {"hidden": True}  # no internal index column
+    for name in delta.columns:
+        c = config[name]
+        assert c.get("label") and c.get("width"), (name, c)
+        if isinstance(c["width"], int):
+            assert c["width"] >= 7 * len(c["label"]), (name, c)

@@ -17,7 +17,7 @@ from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AlgorithmReport, AuditReport
 from engine.audit.runner import prepare_audit, run_audit
 from engine.audit.summary import compact_summary, summary_table
-from engine.audit.verdict import dpsgd_s_verdict, verdict_lines
+from engine.audit.verdict import delta_verdict, dpsgd_s_verdict, verdict_lines
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.dp import accounting
@@ -250,8 +250,10 @@ def test_audit_comparisons_are_paired_and_the_verdict_reads_them(audited):
         assert c.accuracy.value == pytest.approx((a.accuracy.mean - b.accuracy.mean) * 100, abs=1e-9)
         assert c.delta.low <= c.delta.value <= c.delta.high
     lines = verdict_lines(report)
-    assert lines[0].startswith("DP-SGD-S ") and "vs noise-matched DP-SGD" in lines[0]
-    assert any(w in lines[0] for w in ("beyond what its extra noise explains", "not beyond what its extra noise",
+    first = len(delta_verdict(report))  # every audit's Δ verdict first, then DP-SGD-S's sentences
+    assert lines[:first] == delta_verdict(report) and lines[0].startswith("Δ ")
+    assert lines[first].startswith("DP-SGD-S ") and "vs noise-matched DP-SGD" in lines[first]
+    assert any(w in lines[first] for w in ("beyond what its extra noise explains", "not beyond what its extra noise",
                                        "less than its extra noise alone"))
     assert any(line.startswith("Accuracy cost of DP-SGD-S") for line in lines)
     assert compact_summary(report)["verdict"] == lines

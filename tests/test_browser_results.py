@@ -24,8 +24,9 @@ from test_browser import wait_until as poll  # noqa: F401
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 
-# what a Plotly chart of the page plots: the div's decoded traces (typed arrays as plain lists)
-TRACES_JS = """el => el._fullData.map(t => ({
+# what a Plotly chart of the page plots: the div's decoded traces (typed arrays as plain lists); none while
+# Plotly is still (re)drawing the div after a refresh (no _fullData yet), so the polls simply ask again
+TRACES_JS = """el => (el._fullData || []).map(t => ({
     name: t.name, type: t.type,
     y: t.y ? Array.from(t.y) : null,
     z: t.z ? Array.from(t.z, r => (r === null || typeof r !== 'object') ? r : Array.from(r)) : null,

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from engine.config.run import DataConfig, RunConfig
-from engine.jobs.estimates import SmoothEta, format_seconds, run_time_estimate, seconds_per_sample
+import numpy as np
+
+from engine.jobs.estimates import (FALLBACK_START_SECONDS, SmoothEta, format_seconds, run_time_estimate,
+                                   seconds_per_sample, start_seconds)
 from engine.jobs.manager import queue_positions
 from engine.store.db import RunStore
 
@@ -22,7 +25,7 @@ def test_run_time_estimate_uses_this_machines_finished_runs():
     cfg = RunConfig(data=DataConfig(name="digits"), batch_size=10)
     first, how = seconds_per_sample(cfg, [])
     assert first > 0 and "rough" in how
-    done = _row(status="finished", total_steps=50, started_at=1.0, finished_at=6.0,
+    done = _row(status="finished", total_steps=50, created_at=1.0, started_at=1.0, finished_at=6.0,
                 config={"data": {"name": "digits"}, "model": {"name": "auto"}, "batch_size": 10})
     other_data = dict(done, config={"data": {"name": "mnist"}, "model": {"name": "auto"}, "batch_size": 10},
                       finished_at=600.0)
@@ -41,13 +44,70 @@ def test_run_time_estimate_uses_this_machines_finished_runs():
     assert run_time_estimate([], [done], workers=1) is None
 
 
-def test_the_eta_is_smoothed_over_refreshes():
-    eta = SmoothEta(alpha=0.3)
-    assert eta(_row(step=10), now=1010.0) == pytest.approx(90.0)  # 1 step/s so far
-    # one slow refresh (1 step in 5 s): the raw rate would say 0.2 step/s, the smoothed one moves only part way
-    smoothed = eta(_row(step=11), now=1015.0)
-    assert 89 / 1.0 < smoothed < 89 / 0.2 and smoothed == pytest.approx(89 / (0.3 * 0.2 + 0.7 * 1.0))
-    assert eta(_row(step=11, status="finished"), now=1016.0) is None
+def test_the_start_is_measured_from_each_launchs_first_run_and_added_once_per_wave():
+    assert start_seconds([]) == (FALLBACK_START_SECONDS, False)
+    # two launches: the first waited 3 s for its first run (its second run queued 10 s behind it: not a start),
+    # the second 5 s; a third launch 4 s. The median of the launches' first waits: 4 s
+    rows = [_row(id=1, group_id="a", created_at=0.0, started_at=3.0), _row(id=2, group_id="a", created_at=0.0,
+                                                                         started_at=10.0),
+            _row(id=3, group_id="b", created_at=20.0, started_at=25.0), _row(id=4, group_id="c", created_at=40.0,
+                                                                           started_at=44.0)]
+    assert start_seconds(rows) == (4.0, True)
+    cfg = RunConfig(data=DataConfig(name="digits"), batch_size=10)
+    done = _row(status="finished", total_steps=50, created_at=1.0, started_at=3.0, finished_at=8.0, group_id="d",
+                config={"data": {"name": "digits"}, "model": {"name": "auto"}, "batch_size": 10})
+    jobs = [(cfg, 20, 10.0)] * 3  # 2 s of training each (5 s / 500 samples × 200), started 2 s after Launch
+    assert run_time_estimate(jobs, [done], workers=3)[0] == pytest.approx(2.0 + 2.0)  # one wave
+    assert run_time_estimate(jobs, [done], workers=2)[0] == pytest.approx(3.0 + 2 * 2.0)  # two waves
+
+
+def _true_run(rate: float, total: int, start: float, eval_every: int, eval_pause: float, seed: int = 0):
+    """(time, step) of a run as a viewer polling every 0.5 s sees it: ``rate`` steps/s, an evaluation pause
+    every ``eval_every`` steps, the row's step updated in batches of 5; and the time it really ends."""
+    rng = np.random.default_rng(seed)
+    t, step, times = start, 0, []
+    while step < total:  # the time each step ends
+        t += rng.exponential(1 / rate)
+        step += 1
+        if step % eval_every == 0:
+            t += eval_pause
+        times.append(t)
+    end, seen, now = times[-1], [], start + 0.5
+    while now < end:
+        done = int(np.searchsorted(times, now, side="right"))
+        seen.append((now, done - done % 5))
+        now += 0.5
+    return seen, end
+
+
+def test_the_live_eta_ignores_the_start_never_rises_and_stays_near_the_truth():
+    """The issue's swing (82 min → 3 min in 15 s) came from a rate measured from ``started_at``: the worker's
+    start and first evaluation counted as steps. Here a run that starts 20 s before its first step (at
+    4 steps/s, an evaluation pause of 2 s every 40 steps): every ETA after the first evaluation is within 2× of
+    the time really left and none is above the one before."""
+    seen, end = _true_run(rate=4.0, total=600, start=1020.0, eval_every=40, eval_pause=2.0)
+    eta, shown = SmoothEta(), []
+    for now, step in seen:
+        got = eta(_row(step=step, total_steps=600, started_at=1000.0), now=now)
+        if got is not None:
+            shown.append((now, step, got))
+    assert shown and shown[0][1] > 0  # none before the run has moved on since the first sighting
+    assert all(b[2] <= a[2] for a, b in zip(shown, shown[1:]))  # never rises
+    after = [(now, got) for now, step, got in shown if step >= 40 and end - now > 5]
+    ratios = [got / (end - now) for now, got in after]
+    assert len(after) > 100 and 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    # the rate from started_at would have said (600 − 20) / (20 / 20 s) ≈ 580 s at step 20, ~3× the truth
+    assert eta(_row(step=11, status="finished"), now=end) is None
+
+
+def test_the_live_eta_re_anchors_once_when_a_run_really_slows_down():
+    eta = SmoothEta()
+    eta(_row(step=10), now=1010.0)
+    first = eta(_row(step=20), now=1020.0)  # 1 step/s: 80 s left
+    assert first == pytest.approx(80.0)
+    assert eta(_row(step=21), now=1022.0) == pytest.approx(first)  # a slow moment does not raise the ETA
+    slowed = eta(_row(step=22), now=1060.0)  # 12 steps in 50 s: 78 × 50/12 ≈ 325 s, far above the last shown
+    assert slowed == pytest.approx(78 * 50 / 12)
     assert format_seconds(30) == "30 s" and format_seconds(150) == "2.5 min" and format_seconds(None) == "—"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +21,18 @@ def venv(tmp_path_factory) -> Path:
     """A virtual environment over this interpreter's packages with the repository installed (not
     editable: the command must not depend on the checkout being the working directory)."""
     root = tmp_path_factory.mktemp("venv")
-    # --without-pip: the venv's own old setuptools would shadow the system's; pip comes from the system
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root / "env")],
-                   check=True, timeout=120)
+    # --without-pip: the venv's own old setuptools would shadow this environment's; pip, setuptools and the
+    # dependencies come from the environment running the tests, put on the new venv's path by a .pth file.
+    # (--system-site-packages would give the *base* interpreter's packages: inside a fresh `python3 -m venv`,
+    # as the README tells a newcomer, those are not the ones requirements.txt installed.)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "env")], check=True, timeout=120)
     py = root / "env" / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    # plain folder lines: their own .pth files (this checkout's editable install among them) are not read, so
+    # the venv cannot import the checkout instead of the package installed below
+    outer = [p for p in dict.fromkeys(site.getsitepackages()) if os.path.isdir(p)]
+    Path(purelib, "_outer_environment.pth").write_text("\n".join(outer) + "\n")
     build = root / "src"  # a copy: building in the checkout would leave build/ and *.egg-info there
     _copy_tree(REPO, build)
     proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",

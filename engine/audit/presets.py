@@ -17,6 +17,7 @@ from __future__ import annotations
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.config.run import ALGORITHM_LABELS, AlgorithmConfig
 from engine.config.schema import ConfigError
+from engine.data import DATASETS
 
 _QUICK_RUN = DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 30.0, "batch_size": 64, "optimizer.lr": 0.5})
 _PAPER_RUN = DEFAULT_RUN.replace(**{"epochs": 20.0, "batch_size": 256, "optimizer.lr": 0.1, "clip_norm": 5.0})
@@ -59,3 +60,30 @@ def describe(config: AuditConfig) -> str:
             f"C {run.clip_norm:g}; {algos}; {tiers}; 2R = {2 * config.R} models each; GPR by {config.group_by}"
             + (f"; PA-LOOA on {config.looa_k} records" if config.looa_k else "")
             + ("; with DP-SGD-S's controls" if config.controls else ""))
+
+
+def settings(config: AuditConfig) -> list[tuple[str, str]]:
+    """What an audit runs, one (setting, value) row each: the page shows a preset's in place of the form's
+    fields, so that what the page shows is what runs."""
+    run = config.run
+    groups = config.group_by
+    if config.group_by == "attribute":  # name the attribute: None means the dataset's default (Adult: sex)
+        info = DATASETS.get(run.data.name)
+        attr = config.group_attribute or (info.default_sensitive if info is not None else None)
+        groups += f" ({attr})" if attr else " (the dataset's default attribute)"
+    tiers = f"one tier at ε = {config.epsilon:g}" if run.tiers is None else \
+        ", ".join(f"{t.name} ε = {t.epsilon:g}" for t in run.tiers.tiers)
+    rows = [("dataset", run.data.name + (f", {run.data.max_train:,} training samples" if run.data.max_train
+                                         else ", all training samples")),
+            ("model", run.model.name.upper()),
+            ("groups (GPR per …)", groups),
+            ("algorithms", ", ".join(ALGORITHM_LABELS.get(a.name, a.name) for a in config.algorithms)),
+            ("privacy", tiers),
+            ("R", f"{config.R} (2R = {2 * config.R} models per algorithm)"),
+            ("training", f"{run.epochs:g} epochs, lr {run.optimizer.lr:g}, batch {run.batch_size}, "
+                         f"clip C {run.clip_norm:g}, δ {run.delta:g}, seed {run.seed}"),
+            ("thresholds", config.threshold), ("score", config.score),
+            ("bootstrap", f"{config.n_boot} resamples, {config.null_perms} membership permutations"),
+            ("PA-LOOA records", str(config.looa_k)),
+            ("DP-SGD-S controls", "yes" if config.controls else "no")]
+    return rows

@@ -1,16 +1,26 @@
-"""The audit's answer in words: what DP-SGD-S's group-specific clipping does to Δ, against DP-SGD and against
+"""The audit's answer in words: every audit's Δ per algorithm — resolved or not against its null Δ, and the
+algorithms ranked by Δ — then what DP-SGD-S's group-specific clipping does to Δ, against DP-SGD and against
 the controls that say what its extra noise alone would do (``AuditConfig.controls``), with paired CIs.
 
+    delta_verdict(report)      "Δ resolved: Non-private SGD 12.50 pp [11.30, 14.00] > DP-SGD 8.90 [8.20, 9.60];
+                               the difference is beyond both CIs." then one sentence per algorithm: its Δ and CI
+                               against its null Δ ("… not resolved: its CI reaches the null Δ [0.20, 1.40]")
     difference(e, what)        "lowers Δ by 1.9 pp [0.8, 3.0]" / "raises …" / "changes … (not resolved)"
     dpsgd_s_verdict(report, k) the sentences for the DP-SGD-S algorithm ``k``: Δ vs DP-SGD and vs the
                                noise-matched control (beyond / not beyond what its extra noise explains), vs the
                                accuracy-matched control, its accuracy cost and noise, and "levelling up" per group
-    verdict_lines(report)      every DP-SGD-S algorithm's sentences (the page, the CLI table, docs/RESULTS.md)
+    verdict_lines(report)      delta_verdict, then every DP-SGD-S algorithm's sentences (the page, the CLI table,
+                               docs/RESULTS.md)
 
 A difference is resolved when its paired CI excludes 0: "lowers" when the whole CI is below 0 (a − b < 0),
 "raises" when above, "not resolved" otherwise. Levelling up (the seed paper's claim) holds against a
 reference when every high-risk group (GPR under the reference at or above the groups' mean) has its risk
 lowered and no group has it raised; it fails when some group's risk is raised; else it is not resolved.
+
+Two algorithms' Δ are told apart when their paired comparison's CI excludes 0 (the report has one for DP-SGD-S
+and its references: same splits, same draws) or, without one, when their two CIs are disjoint — a
+conservative test, since disjoint CIs imply a resolved difference but overlapping ones do not imply the
+opposite; the sentence says which test it used.
 """
 from __future__ import annotations
 
@@ -103,9 +113,72 @@ def _acc(a) -> str:
     return f"{_n(e.value, '.2f')} % [{_n(e.low, '.2f')}, {_n(e.high, '.2f')}]"
 
 
+def _pp(x) -> str:
+    """A Δ in pp, two decimals, never "-0.00" (a rounded tiny negative reads as a sign that is not there)."""
+    if x is None:
+        return "—"
+    v = round(float(x), 2)
+    return f"{(v if v != 0 else 0.0):.2f}"
+
+
+def _ci(e: Estimate) -> str:
+    return f"[{_pp(e.low)}, {_pp(e.high)}]"
+
+
+def _pair(hi, lo, report: AuditReport) -> tuple[bool, str]:
+    """Whether ``hi``'s Δ is resolved above ``lo``'s, and the words for how that was decided."""
+    c = report.comparison(hi.key, lo.key)
+    sign = 1
+    if c is None:
+        c, sign = report.comparison(lo.key, hi.key), -1
+    if c is not None and c.delta.low is not None and c.delta.high is not None:
+        d = Estimate(sign * c.delta.value, *sorted((sign * c.delta.low, sign * c.delta.high)))
+        ok = d.low > 0
+        return ok, (f"the paired difference {_pp(d.value)} pp {_ci(d)} "
+                    + ("excludes 0" if ok else "covers 0: not resolved"))
+    if None in (hi.delta.low, hi.delta.high, lo.delta.low, lo.delta.high):
+        return False, "no CI to tell them apart"
+    ok = hi.delta.low > lo.delta.high
+    return ok, "the difference is beyond both CIs" if ok else "the CIs overlap"
+
+
+def _ranking(report: AuditReport, algos: list) -> str:
+    ranked = sorted(algos, key=lambda a: -a.delta.value)  # stable: ties keep the audit's order
+    pairs = [_pair(hi, lo, report) for hi, lo in zip(ranked, ranked[1:])]
+    n_ok = sum(ok for ok, _ in pairs)
+    head = "Δ resolved" if n_ok == len(pairs) else ("Δ not resolved" if n_ok == 0 else "Δ partly resolved")
+    text = f"{ranked[0].label} {_pp(ranked[0].delta.value)} pp {_ci(ranked[0].delta)}"
+    for (ok, _), a in zip(pairs, ranked[1:]):
+        text += f" {'>' if ok else '≥'} {a.label} {_pp(a.delta.value)} {_ci(a.delta)}"
+    if len(pairs) == 1:
+        why = pairs[0][1]
+    else:
+        why = "; ".join(f"{hi.label} vs {lo.label}: {w}" for (_, w), hi, lo in zip(pairs, ranked, ranked[1:]))
+    return f"{head}: {text}; {why}."
+
+
+def _against_null(a) -> str:
+    d, nd = a.delta, a.null_delta
+    head = f"{a.label}: Δ {_pp(d.value)} pp" + (f" {_ci(d)}" if d.low is not None and d.high is not None
+                                                 else " (no CI)")
+    if a.resolved is None or nd is None:
+        return head + ", no null Δ to resolve it against."
+    null = f"the null Δ {_ci(nd)} (shuffled membership)"
+    return head + (f", resolved: its CI lies above {null}." if a.resolved
+                   else f", not resolved: its CI reaches {null}.")
+
+
+def delta_verdict(report: AuditReport) -> list[str]:
+    """Every audit's Δ in words: the algorithms ranked by Δ (adjacent pairs told apart or not), then each
+    algorithm's Δ against its null Δ. One algorithm: only its own sentence; none with a Δ: []."""
+    algos = [a for a in report.algorithms if a.delta.value is not None]
+    out = [_ranking(report, algos)] if len(algos) > 1 else []
+    return out + [_against_null(a) for a in algos]
+
+
 def verdict_lines(report: AuditReport) -> list[str]:
-    """Every DP-SGD-S algorithm's sentences, in the audit's order."""
-    out = []
+    """The Δ verdict (every audit), then every DP-SGD-S algorithm's sentences, in the audit's order."""
+    out = delta_verdict(report)
     for a in report.algorithms:
         if a.name == "dpsgd_s" and a.control is None:
             out += dpsgd_s_verdict(report, a.key)

@@ -25,11 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from engine.figures import bands as bd
-from engine.figures import curves as cv
 from engine.figures import frames as fr
 from engine.figures.scaffold import FigureSpec, Plan, axis_name, drawn, render
-from engine.figures.training import (CURVE_TITLES, EXTRA_FIGURES, LIVE_FIGURES, RESULT_FIGURES, build_figures,
-                                     curve_parts)
+from engine.figures.training import (CURVE_NAMES, CURVE_TITLES, EXTRA_FIGURES, LIVE_FIGURES, RESULT_FIGURES,
+                                     build_figures, curve_parts)
 
 
 def _signature(records: list[dict], memo: dict | None = None) -> tuple:
@@ -120,7 +119,7 @@ class LiveFigures:
         if self._specs and counts == self._evals:
             return dict(self._specs)  # nothing new
         self._evals = counts
-        curve_names = [n for n in self.names if n in cv.CURVE_FIGURES]
+        curve_names = [n for n in self.names if n in CURVE_NAMES]
         parts = curve_parts(records, curve_names, memo=self._memo, **self.options)
         rebuild = []
         for name in self.names:

@@ -24,16 +24,21 @@ from plotly.subplots import make_subplots
 
 THEMES = ("light", "dark", "presentation")
 
-# Algorithms / runs: Paul Tol's "muted" set (colour-blind safe), each algorithm also with its own marker.
+# Algorithms / runs, each also with its own marker (ALGORITHM_SYMBOLS). Picked from Okabe–Ito and Paul Tol's
+# bright, vibrant, muted and high-contrast sets so that every two of the six algorithms stay apart (CIEDE2000
+# ΔE ≥ 17) in normal vision and under simulated protanopia, deuteranopia and tritanopia (Machado et al. 2009,
+# severity 1), and so that INO-SGD, light amber, is a light line against IDP-SGD's dark blue (SAMPLE) or wine
+# (SCALE) in greyscale too (CIELAB L* 72 vs 48 / 32): the pair the lab compares reads apart for everyone.
+# tests/test_live_gain.py checks both.
 ALGORITHM_COLORS = {
-    "nonprivate": "#777777",
-    "dpsgd": "#999933",
-    "idp_sample": "#332288",
-    "idp_scale": "#44AA99",
-    "ino": "#882255",
-    "dpsgd_s": "#117733",
-    # DP-SGD-S's controls (audits): DP-SGD re-planned at DP-SGD-S's noise / accuracy
-    "dpsgd_noise_matched": "#DDCC77",
+    "nonprivate": "#999999",
+    "dpsgd": "#CC3311",
+    "idp_sample": "#0077BB",
+    "idp_scale": "#882255",
+    "ino": "#DDAA33",
+    "dpsgd_s": "#33BBEE",
+    # DP-SGD-S's controls (audits): DP-SGD re-planned at DP-SGD-S's noise / accuracy (ΔE ≥ 11 from the above)
+    "dpsgd_noise_matched": "#004488",
     "dpsgd_accuracy_matched": "#CC6677",
 }
 ALGORITHM_SYMBOLS = {"nonprivate": "x", "dpsgd": "diamond", "idp_sample": "circle", "idp_scale": "triangle-up",

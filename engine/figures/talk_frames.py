@@ -35,11 +35,12 @@ def _mean(values) -> float:
     return mean_se(values)[0]
 
 
-def most_private_tier(runs: list[dict]) -> tuple[str, float] | None:
-    """(name, ε) of the smallest-ε tier of the selection's last evaluations, or None."""
+def most_private_tier(runs: list[dict], memo: dict | None = None) -> tuple[str, float] | None:
+    """(name, ε) of the smallest-ε tier of the selection's last evaluations, or None (``memo``: a live view's
+    frame memo, :mod:`engine.figures.frames`)."""
     best = None
     for run in runs:
-        last = fr.last_eval(run)
+        last = fr.last_eval(run, memo)
         for t in last.tiers if last is not None else ():
             if t.epsilon is not None and (best is None or t.epsilon < best[1]):
                 best = (t.name, float(t.epsilon))

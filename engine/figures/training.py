@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 from engine.figures import bands as bd
 from engine.figures import curves as cv
 from engine.figures import frames as fr
+from engine.figures import headline as hd
 from engine.figures import talk
 from engine.figures import talk_frames as tf
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
@@ -24,16 +25,23 @@ from engine.jobs.runs import dp_note, run_label
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
                   "fairness_bars", "mid_summary")
-EXTRA_FIGURES = ("gain_spread", "group_clip")  # built when named (not in the default set)
+EXTRA_FIGURES = ("gain_spread", "group_clip", "private_gain")  # built when named (not in the default set)
 DPSGD_S_LIVE_FIGURES = ("group_clip",)  # the live view's too, when its comparison has a DP-SGD-S run
+# the live view's first figure when its comparison pairs an INO-SGD run with an IDP-SGD one: the headline
+GAIN_LIVE_FIGURES = ("private_gain",)
+# the figures drawn from plans (:mod:`engine.figures.curves`), which a live view patches in place
+CURVE_NAMES = cv.CURVE_FIGURES + GAIN_LIVE_FIGURES
 
 
 def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
-    """The live view's figures of a comparison (run records): :data:`LIVE_FIGURES`, and DP-SGD-S's group clips
-    and noise vs DP-SGD at the same ε (``group_clip``, :func:`engine.figures.talk.fig_group_clip`) when one of
-    its runs is DP-SGD-S."""
+    """The live view's figures of a comparison (run records): the most private tier's INO − IDP recall gain
+    first (``private_gain``) when the comparison pairs an INO-SGD run with an IDP-SGD one
+    (:func:`engine.figures.frames.pair_runs`), :data:`LIVE_FIGURES`, and DP-SGD-S's group clips and noise vs
+    DP-SGD at the same ε (``group_clip``, :func:`engine.figures.talk.fig_group_clip`) when one of its runs is
+    DP-SGD-S."""
     has_dpsgd_s = any(r.get("algorithm") == "dpsgd_s" for r in runs)
-    return LIVE_FIGURES + (DPSGD_S_LIVE_FIGURES if has_dpsgd_s else ())
+    gain = GAIN_LIVE_FIGURES if fr.pair_runs(runs) else ()
+    return gain + LIVE_FIGURES + (DPSGD_S_LIVE_FIGURES if has_dpsgd_s else ())
 
 
 # --- live training: the curves (plans in engine.figures.curves) -----------------------------------------
@@ -195,7 +203,15 @@ def fig_fairness_bars(fair: pd.DataFrame, *, theme: str = "light", run_colors: d
 
 CURVE_TITLES = {"mid_curves": "MID curves", "tier_recall": "Per-tier recall", "class_recall": "Per-class recall",
                 "accuracy": "Overall accuracy", "epsilon_spent": "ε spent vs budget",
-                "recall_gain_time": "Recall gain over training"}
+                "recall_gain_time": "Recall gain over training",
+                "private_gain": "INO gain, most private tier"}
+
+
+def private_gain_title(gain: pd.DataFrame) -> str:
+    """The ``private_gain`` figure's title: the tier's ε when the gain frame has one."""
+    eps = gain["epsilon"].dropna() if "epsilon" in gain else ()
+    where = f" (ε = {float(eps.iloc[0]):g})" if len(eps) else ""
+    return f"Recall gain INO − IDP on the most private tier{where}: paired seeds, mean ± s.e."
 
 
 def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0,
@@ -235,6 +251,9 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
         elif name == "recall_gain_time":
             data = fr.recall_gain_over_time(runs, hist(), memo)
             plan = cv.recall_gain_time_plan(data, **opts)
+        elif name == "private_gain":  # the Results page's gain frame, cut to the tier the lab is about
+            data = hd.private_gain(runs, fr.recall_gain_over_time(runs, hist(), memo), memo)
+            plan = cv.recall_gain_time_plan(data, title=private_gain_title(data), **opts)
         else:
             continue
         out[name] = (plan, data)

@@ -2,14 +2,18 @@
 
     seconds_per_sample(config, history)   seconds per sample-gradient on this machine: the median over the store's
                                           finished runs of the same dataset and model (else a rough constant)
+    start_seconds(history)                a launch's start on this machine (worker, data, plan): the median over
+                                          the store's launches of their first run's wait (else a rough constant)
     run_time_estimate(jobs, history, w)   a comparison's (or a sweep's) wall time: each run's steps × expected
-                                          batch × k seeds × that rate, the runs shared out over w worker processes
+                                          batch × k seeds × that rate, the runs shared out over w worker processes,
+                                          plus one start per wave of w runs
     eta_seconds(run)                      a running run's remaining seconds from its progress so far
-    SmoothEta                             the same, its step rate smoothed over refreshes (the live view's ETA)
+    SmoothEta                             the live view's ETA: from the progress seen since this viewer first saw
+                                          the run (the start is not a step), never rising except to re-anchor
     format_seconds(s)                     "42 s", "3.5 min", "2.1 h"
 
 An audit's estimate measures its own chunk's steps (:func:`engine.audit.estimate.estimate_runtime`). Nothing
-here calls Streamlit.
+here calls Streamlit. ``bench/estimates.py`` compares every estimate with the wall time of the same launch.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import time
 from engine.config.run import RunConfig
 
 FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 4e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3}  # one core, per sample-gradient (rough)
+FALLBACK_START_SECONDS = 5.0  # a worker process importing torch, loading the data and planning, on 2 cores (rough)
 
 
 def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, str]:
@@ -44,17 +49,38 @@ def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, s
     return FALLBACK_SECONDS_PER_SAMPLE[model], "a rough estimate until a run of this dataset and model has finished"
 
 
+def start_seconds(history: list[dict]) -> tuple[float, bool]:
+    """(seconds from Launch to a run's first step, measured?): the median over the launches (groups) in
+    ``history`` of their first run's created → started wait, which holds a worker start (or a warm standby's
+    hand-over), the data and the plan but no queueing behind the launch's own runs; else a rough constant."""
+    first: dict = {}
+    for r in history:
+        if r.get("started_at") is not None and r.get("created_at") is not None and r.get("group_id"):
+            wait = r["started_at"] - r["created_at"]
+            first[r["group_id"]] = min(wait, first.get(r["group_id"], wait))
+    if not first:
+        return FALLBACK_START_SECONDS, False
+    waits = sorted(max(0.0, w) for w in first.values())
+    return waits[len(waits) // 2], True
+
+
 def run_time_estimate(jobs, history: list[dict], workers: int) -> tuple[float, str] | None:
-    """(seconds, how) for runs started together: ``jobs`` is a list of (config, steps, expected batch size or
-    None for the config's batch size); each run takes steps × batch × k seeds × :func:`seconds_per_sample`, the runs
-    shared out over ``workers`` worker processes (never less than the longest run). None for no runs."""
+    """(seconds, how) from Launch to the last run's end, for runs started together: ``jobs`` is a list of
+    (config, steps, expected batch size or None for the config's batch size); each run trains for steps ×
+    batch × k seeds × :func:`seconds_per_sample`, the runs shared out over ``workers`` worker processes (never
+    less than the longest run), and each wave of ``workers`` runs starts in :func:`start_seconds`. None for no
+    runs."""
     total, how = [], ""
     for config, steps, batch in jobs:
         rate, how = seconds_per_sample(config, history)
         total.append(steps * (batch or config.batch_size) * max(1, int(getattr(config, "seeds", 1) or 1)) * rate)
     if not total:
         return None
-    return max(max(total), sum(total) / max(1, workers)), how
+    workers = max(1, workers)
+    start, measured = start_seconds(history)
+    waves = -(-len(total) // workers)
+    how += "; starting measured too" if measured else "; a rough start time"
+    return max(max(total), sum(total) / workers) + waves * start, how
 
 
 def eta_seconds(run: dict, now: float | None = None) -> float | None:
@@ -69,33 +95,41 @@ def eta_seconds(run: dict, now: float | None = None) -> float | None:
 
 
 class SmoothEta:
-    """A run's remaining time, smoothed: the step rate is an exponential moving average over the refreshes
-    (weight ``alpha`` for the newest rate), so the ETA neither jumps with one slow evaluation nor reads a
-    stale value. Reads only the run row it is given; keep one per viewer (the page keeps it in its session)."""
+    """A run's remaining time as the live view shows it, from one viewer's refreshes (keep one per viewer: the
+    page keeps it in its session; it reads only the run row it is given).
 
-    def __init__(self, alpha: float = 0.3):
-        self.alpha = alpha
-        self._last: dict[int, tuple[float, int, float | None]] = {}  # run id → (time, step, rate)
+    * The step rate is the progress seen since this viewer first saw the run make progress, (step − s₀) /
+      (now − t₀): the worker's start and first evaluation are not steps, so a rate from ``started_at`` would
+      put the first ETA far too high. Until a second sighting has moved on there is no ETA (None).
+    * Evaluations pause the steps; averaging over the whole window keeps a pause from swinging the ETA.
+    * Shown ETAs never rise: each is at most the last one shown. A run that really slows down (the rate's
+      ETA ``reanchor`` × the last one shown, and more than ``slack`` seconds above it) re-anchors once
+      upward instead of sitting at a time already past.
+    """
+
+    def __init__(self, reanchor: float = 1.5, slack: float = 5.0):
+        self.reanchor, self.slack = reanchor, slack
+        self._runs: dict[int, tuple[float, int, float | None]] = {}  # run id → (t₀, s₀, last ETA shown)
 
     def __call__(self, run: dict, now: float | None = None) -> float | None:
         now = time.time() if now is None else now
-        if run["status"] != "running":
-            self._last.pop(run["id"], None)
+        step, total = run.get("step") or 0, run.get("total_steps") or 0
+        if run.get("status") != "running" or step <= 0 or not total:
+            if run.get("status") != "running":
+                self._runs.pop(run["id"], None)
             return None
-        raw = eta_seconds(run, now)
-        step, total = run["step"] or 0, run["total_steps"] or 0
-        if raw is None or step <= 0 or not total:
+        seen = self._runs.get(run["id"])
+        if seen is None or step < seen[1]:  # first sighting (or the run restarted from a checkpoint)
+            self._runs[run["id"]] = (now, step, None)
             return None
-        prev = self._last.get(run["id"])
-        rate = step / max(1e-9, now - run["started_at"])  # steps/s over the whole run so far
-        if prev is not None and prev[2] is not None:
-            t0, s0, r0 = prev
-            if now > t0 and step > s0:
-                rate = self.alpha * (step - s0) / (now - t0) + (1 - self.alpha) * r0
-            else:
-                rate = r0
-        self._last[run["id"]] = (now, step, rate)
-        return max(0.0, (total - step) / max(rate, 1e-9))
+        t0, s0, shown = seen
+        if step == s0 or now <= t0:
+            return shown  # no progress since the first sighting: nothing to measure yet
+        raw = max(0.0, (total - step) * (now - t0) / (step - s0))
+        if shown is None or raw <= shown or raw > max(self.reanchor * shown, shown + self.slack):
+            shown = raw
+        self._runs[run["id"]] = (t0, s0, shown)
+        return shown
 
 
 def format_seconds(s: float) -> str:

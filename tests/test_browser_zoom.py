@@ -34,7 +34,8 @@ READ = f"""() => {{
   const ax = gd._fullLayout.xaxis;
   let last = -1;
   for (const t of gd._fullData)
-    if (t.visible === true && (t.xaxis || 'x') === 'x' && t.x) for (const x of t.x) if (typeof x === 'number' && x > last) last = x;
+    if (t.visible === true && (t.xaxis || 'x') === 'x' && t.x)
+      for (const x of t.x) if (typeof x === 'number' && x > last) last = x;
   return {{updates: Number(gd.dataset.updates || 0), range: ax.range.slice(), autorange: ax.autorange === true,
            last, marked: gd.__zoomTest === true,
            traces: gd._fullData.map(t => ({{uid: String(t.uid), name: String(t.name || ''), visible: t.visible,

@@ -260,7 +260,8 @@ def test_train_page_shows_the_figure_and_the_sentence(trained, monkeypatch):
         expected = tf.noise_cost_sentence(frame)
         shown = [w.value.replace("\\", "") for w in at.warning]
         assert expected is not None and expected in shown
-        assert at.get("plotly_chart") and any("noise vs DP-SGD" in c.proto.spec for c in at.get("plotly_chart"))
+        # a live chart is an app_pages/_plotly_live.py component (AppTest: "bidi_component"), its figure in proto.json
+        assert any("noise vs DP-SGD" in c.proto.json for c in at.get("bidi_component"))
     finally:
         from app_pages import _handles
 

@@ -240,6 +240,8 @@ def test_version_1_float32_checkpoints_resume(tmp_path):
 
 
 def test_presets_are_valid_audits_and_the_estimate_is_measured():
+    from engine.audit.estimate import STATS_SECONDS_PER_MODEL_SAMPLE
+
     for name, cfg in PRESETS.items():
         assert isinstance(cfg, AuditConfig) and cfg.validate() is cfg
         assert AuditConfig.from_json(cfg.to_json()) == cfg
@@ -253,8 +255,11 @@ def test_presets_are_valid_audits_and_the_estimate_is_measured():
     est = pv["estimate"]
     assert est["model_steps"] == 2 * 8 * pv["steps_per_model"]
     assert est["seconds"] > 0 and set(est["per_model_step_seconds"]) == {"nonprivate", "dpsgd"}
-    assert est["seconds"] == pytest.approx(sum(v * 8 * pv["steps_per_model"]
-                                               for v in est["per_model_step_seconds"].values()))
+    assert est["train_seconds"] == pytest.approx(sum(v * 8 * pv["steps_per_model"]
+                                                     for v in est["per_model_step_seconds"].values()))
+    # the statistics: a rate per model, sample and algorithm (engine.audit.estimate)
+    assert est["stats_seconds"] == pytest.approx(STATS_SECONDS_PER_MODEL_SAMPLE * 2 * 8 * pv["n_train"])
+    assert est["seconds"] == pytest.approx(est["train_seconds"] + est["stats_seconds"])
     assert "measured" in est["how"]
 
 

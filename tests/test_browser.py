@@ -151,6 +151,16 @@ def click_until(button, pred, what: str, timeout: float = UI, retry: float = 10.
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def cancel_all(page, store) -> None:
+    """Stop every run of the store that is still queued or running with its Cancel button on the page (each
+    click retried until the store says it stopped)."""
+    for r in sorted(store.list_runs(), key=lambda r: r["id"]):
+        cancel = page.locator(f".st-key-cancel-{r['id']} button")
+        if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():
+            click_until(cancel, lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"),
+                        f"run {r['id']} to stop")
+
+
 def points(chart) -> int:
     return chart.locator(".scatterlayer path.point").count()
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from engine.tools.demo import DEFAULT_TRAIN
-from tests.test_browser import CHROMIUM, UI, UI_MS, click_until, wait_until
+from tests.test_browser import CHROMIUM, UI, UI_MS, cancel_all, wait_until
 from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -72,9 +72,5 @@ def test_the_live_gain_and_its_sentence_within_a_minute_of_launch(server, browse
     # the headline comes first: its sentence, then its chart, then the MID chart
     wait_until(lambda: top(page, ".st-key-chart-live-mid") is not None, UI, "the MID chart")
     assert top(page, SENTENCE) < top(page, GAIN) < top(page, ".st-key-chart-live-mid")
-    for r in runs:  # stop them (the fixture's clean-up would too; this frees the 2 cores for the next test)
-        cancel = page.locator(f".st-key-cancel-{r['id']} button")
-        if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():
-            click_until(cancel, lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"),
-                        f"run {r['id']} to stop")
+    cancel_all(page, store)  # (the fixture's clean-up would too; this frees the 2 cores for the next test)
     page.close()

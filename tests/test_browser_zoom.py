@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, click_until, wait_until
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, cancel_all, wait_until
 from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -157,11 +157,7 @@ def test_zoom_and_legend_clicks_survive_live_refreshes(server, browser):  # noqa
     assert after["updates"] >= view["updates"] + REFRESHES, (view["updates"], after["updates"])
 
     # stop the runs (the page reruns once more and the polling ends): the view is still the user's
-    for r in sorted(store.list_runs(), key=lambda r: r["id"]):
-        cancel = page.locator(f".st-key-cancel-{r['id']} button")
-        if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():
-            click_until(cancel, lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"),
-                        f"run {r['id']} to stop")
+    cancel_all(page, store)
     status = page.locator(".st-key-live-status")
     wait_until(lambda: status.get_by_text("cancelled by you").count() >= 2, UI, "both runs cancelled in words")
     kept(wait_until(lambda: read(page), UI, "the live MID chart after the runs stopped"))

@@ -133,7 +133,7 @@ def _pair(hi, lo, report: AuditReport) -> tuple[bool, str]:
         c, sign = report.comparison(lo.key, hi.key), -1
     if c is not None and c.delta.low is not None and c.delta.high is not None:
         d = Estimate(sign * c.delta.value, *sorted((sign * c.delta.low, sign * c.delta.high)))
-        ok = d.low > 0
+        ok = resolved_sign(d) == 1  # the paired CI wholly above 0
         return ok, (f"the paired difference {_pp(d.value)} pp {_ci(d)} "
                     + ("excludes 0" if ok else "covers 0: not resolved"))
     if None in (hi.delta.low, hi.delta.high, lo.delta.low, lo.delta.high):

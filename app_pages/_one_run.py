@@ -37,7 +37,8 @@ DEFAULT_ALGOS = [a.name for a in ONE_RUN_ALGORITHMS]
 EXPLAINER = ("**One-run audit** (Steinke, Nasr & Jagielski, NeurIPS 2023): each tier gets m canaries, each included in "
              "training with probability ½ and treated as a member of its tier (its sampling rate, its clip). After ONE "
              "run per algorithm the auditor guesses which canaries were in from their scores — white-box: the noisy "
-             "updates' projection on each gradient canary; black-box: the final model's confidence on mislabeled input "
+             "updates' projection on each gradient canary (a spare coordinate of its own, so no other sample's "
+             "gradient blurs it); black-box: the final model's confidence on mislabeled input "
              "canaries — and turns the correct guesses into **ε̂**, a lower bound on the ε the tier leaks, valid with "
              "confidence 1 − β. ε̂ above a tier's claimed ε means the implementation breaks its promise.")
 FIELDS = {"canaries": "Gradient canaries per tier", "input_canaries": "Input canaries per tier", "beta": "β",

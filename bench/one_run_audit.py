@@ -7,13 +7,15 @@ the cost against a plain run, and the tightness of the white-box bound.
   "epsilon_hat"}] (``--canaries`` per tier, the likelihood-ratio score, confidence 1 − β);
 * ``broken_detected``: the same run with the ε = 1 tier's noise divided by 4 (its clip × 4 under the same
   noise, unaccounted: ``engine.audit.one_run.Fault``) — true when that tier's ε̂ exceeds its claimed 1.0;
-  ``broken_rate_x4``: the same for its sampling rate × 4 (reported, not required);
+  ``broken_rate_x4`` / ``broken_rate_x4_detected``: the same for its sampling rate × 4;
 * ``seconds`` (the IDP-SGD one-run audit) and ``overhead_vs_plain_run`` (its seconds over a plain
   ``engine.train.loop.train`` of the same config, timed in this process just before and just after it: the
   quicker of the two);
 * ``tightness``: DP-SGD with one tier at ε ∈ {1, 2, 4, 8}, ``--tight-canaries`` white-box canaries: ε̂, ε̂/ε, and
   ``gaussian_ceiling``: the mean ε̂ this estimator reaches at the same m on the Gaussian mechanism that is exactly
-  (ε, δ)-DP (``engine.audit.one_run_bound.expected_gaussian_bound``): what any white-box attack could show.
+  (ε, δ)-DP (``engine.audit.one_run_bound.expected_gaussian_bound``), and ``mechanism_ceiling``: the mean ε̂ on
+  the subsampled Gaussian mechanism this run composes (its q, σ and T; ``expected_subsampled_bound``): what a
+  perfect white-box attack on this run could show.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 
 from engine.audit.one_run import Fault, design_canaries, run_one_algorithm  # noqa: E402
-from engine.audit.one_run_bound import expected_gaussian_bound  # noqa: E402
+from engine.audit.one_run_bound import expected_gaussian_bound, expected_subsampled_bound  # noqa: E402
 from engine.audit.one_run_config import OneRunConfig  # noqa: E402
 from engine.config.run import AlgorithmConfig, TierConfig, TiersConfig  # noqa: E402
 from engine.train.loop import prepare, train  # noqa: E402
@@ -46,6 +48,8 @@ def main():
     ap.add_argument("--tight-canaries", dest="tight", type=int, default=5000)
     ap.add_argument("--tight-epsilons", dest="tight_eps", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0])
     ap.add_argument("--max-train", dest="max_train", type=int, default=None)
+    ap.add_argument("--canary-slots", dest="slots", choices=("spare", "model"), default="spare",
+                    help="the gradient canaries' coordinates: spare slots (default) or the model's own")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     use_shared_data()
@@ -53,7 +57,7 @@ def main():
     torch.set_num_threads(2)
     run = {**PAPER, "epochs": args.epochs, "data": {"name": "mnist", "max_train": args.max_train}}
     cfg = OneRunConfig.from_dict({"run": run, "canaries": args.canaries, "input_canaries": 0,
-                                  "algorithms": ["idp_sample"]}).validate()
+                                  "canary_slots": args.slots, "algorithms": ["idp_sample"]}).validate()
     algo = AlgorithmConfig(name="idp_sample")
     prep = prepare(cfg.run_for(algo))
     can = design_canaries(cfg, prep)
@@ -75,12 +79,18 @@ def main():
     for eps in args.tight_eps:
         one = TiersConfig(assign="class", tiers=(TierConfig(epsilon=eps, classes=tuple(range(10)), name=f"ε={eps:g}"),))
         tcfg = OneRunConfig.from_dict({"run": {**run, "tiers": json.loads(json.dumps(_tiers_dict(one)))},
-                                       "canaries": args.tight, "input_canaries": 0, "algorithms": ["dpsgd"]}).validate()
-        got, _, _ = run_one_algorithm(tcfg, AlgorithmConfig(name="dpsgd"), "dpsgd")
+                                       "canaries": args.tight, "input_canaries": 0, "canary_slots": args.slots,
+                                       "algorithms": ["dpsgd"]}).validate()
+        tprep = prepare(tcfg.run_for(AlgorithmConfig(name="dpsgd")))
+        got, _, _ = run_one_algorithm(tcfg, AlgorithmConfig(name="dpsgd"), "dpsgd", prep=tprep)
         b = got.tiers[0].white
+        plan = tprep.privacy.plan
         tight.append({"epsilon": got.tiers[0].epsilon, "epsilon_hat": b.epsilon_hat,
                       "ratio": b.epsilon_hat / got.tiers[0].epsilon, "canaries": b.m,
-                      "gaussian_ceiling": expected_gaussian_bound(got.tiers[0].epsilon, run["delta"], b.m, trials=10)})
+                      "gaussian_ceiling": expected_gaussian_bound(got.tiers[0].epsilon, run["delta"], b.m, trials=10),
+                      "mechanism_ceiling": expected_subsampled_bound(
+                          float(plan.sample_rates[0]), float(plan.noise_multiplier), got.steps, b.m,
+                          delta=run["delta"], beta=cfg.beta, trials=10)})
 
     def rows(r):
         return [{"tier": x.tier, "epsilon": x.epsilon, "epsilon_hat": x.white.epsilon_hat} for x in r.tiers]
@@ -90,7 +100,7 @@ def main():
            "broken_rate_x4_detected": bool(rate.tiers[0].white.epsilon_hat > rate.tiers[0].epsilon),
            "seconds": seconds, "plain_seconds": plain, "overhead_vs_plain_run": seconds / plain,
            "accuracy": sound.accuracy, "steps": sound.steps, "canaries_per_tier": args.canaries,
-           "beta": cfg.beta, "score": cfg.white_score, "epochs": args.epochs, "tightness": tight}
+           "beta": cfg.beta, "score": cfg.white_score, "canary_slots": args.slots, "epochs": args.epochs, "tightness": tight}
     if args.json:
         print(json.dumps(out, sort_keys=True))
         return

@@ -4,7 +4,7 @@ and no "-0.00"."""
 from __future__ import annotations
 
 from engine.audit.report import AlgorithmReport, AuditReport, Estimate, PairedComparison
-from engine.audit.summary import summary_table
+from engine.audit.summary import compact_summary, summary_table
 from engine.audit.verdict import delta_verdict, verdict_lines
 
 
@@ -89,3 +89,10 @@ def test_one_algorithm_no_ci_no_null_and_no_negative_zero():
     assert delta_verdict(r)[0] == "Δ not resolved: Non-private SGD 2.00 pp [—, —] ≥ DP-SGD 1.00 [—, —]; no CI to tell them apart."
     assert delta_verdict(r)[1] == "Non-private SGD: Δ 2.00 pp (no CI), no null Δ to resolve it against."
     assert delta_verdict(_report()) == []
+
+
+def test_the_json_summary_carries_the_verdict_with_or_without_paired_comparisons():
+    lone = _report(_algo(*NP, (12.5, 11.3, 14.0)), _algo(*DP, (8.9, 8.2, 9.6)))
+    out = compact_summary(lone)
+    assert "comparisons" not in out and out["verdict"] == verdict_lines(lone)
+    assert out["verdict"][0].startswith("Δ resolved: Non-private SGD 12.50 pp [11.30, 14.00] > DP-SGD 8.90")

@@ -15,7 +15,7 @@ from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import OneRunReport
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
-from engine.dp.canaries import GradientCanaries
+from engine.dp.canaries import SPARE, GradientCanaries
 from engine.dp.grad_sample import ModuleGrads
 from engine.dp.step import PoissonSampler
 from engine.jobs.kinds import execute
@@ -33,17 +33,19 @@ def _lr_models(seed=0):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), n_can=st.integers(1, 6))
-def test_a_gradient_canary_adds_exactly_its_weighted_clip_at_its_coordinate(seed, n_can):
+@given(seed=st.integers(0, 10_000), n_can=st.integers(1, 6), spare=st.booleans())
+def test_a_gradient_canary_adds_exactly_its_weighted_clip_at_its_coordinate(seed, n_can, spare):
     """Σ coef_i g_i with canaries = the plain samples' sum + coef_j · norm_j · e_{c_j}; a canary's norm is what the
-    mechanism clips, so adding one changes the clipped sum by at most its clip C_j (the mechanisms' invariant)."""
+    mechanism clips, so adding one changes the clipped sum by at most its clip C_j (the mechanisms' invariant).
+    With spare slots e_{c_j} is slot c_j of the extra entry SPARE, and the model's own sums are the plain ones."""
     rng = np.random.default_rng(seed)
     models, shapes = _lr_models(seed)
     n = 10
     x, y = torch.as_tensor(rng.standard_normal((n, 6))), torch.as_tensor(rng.integers(0, 3, n))
-    coords = rng.choice(21, size=n_can, replace=False)
+    coords = rng.permutation(n_can) if spare else rng.choice(21, size=n_can, replace=False)
     norms = rng.uniform(1.0, 3.0, n_can)
-    wrapped = GradientCanaries(models, n_inputs=n, coords=coords, norms=norms, param_shapes=shapes, device="cpu")
+    wrapped = GradientCanaries(models, n_inputs=n, coords=coords, norms=norms, param_shapes=shapes, device="cpu",
+                               spare=spare)
     idx = torch.as_tensor(np.concatenate([rng.choice(n, 4, replace=False), n + np.arange(n_can)]))[None, :]
     mask = torch.ones_like(idx, dtype=torch.bool)
     mask[0, -1] = bool(rng.random() < 0.5)  # the last canary may be a padded entry
@@ -54,7 +56,11 @@ def test_a_gradient_canary_adds_exactly_its_weighted_clip_at_its_coordinate(seed
     flat_got = torch.cat([got[k].reshape(-1) for k in shapes])
     flat_plain = torch.cat([plain[k].reshape(-1) for k in shapes])
     diff = (flat_got - flat_plain).numpy()
-    want = np.zeros(21)
+    if spare:  # no canary reaches the model's coordinates; each one is in its own slot
+        np.testing.assert_allclose(diff, 0.0, atol=1e-12)
+        assert set(got) == set(shapes) | {SPARE} and got[SPARE].shape == (1, n_can)
+        diff = got[SPARE].reshape(-1).numpy()
+    want = np.zeros(n_can if spare else 21)
     for j in range(n_can):
         want[coords[j]] += float(coef[0, 4 + j] * mask[0, 4 + j]) * norms[j]
     np.testing.assert_allclose(diff, want, rtol=1e-12, atol=1e-12)
@@ -104,6 +110,33 @@ def test_bug_detector_a_tier_whose_noise_is_divided_by_4_is_caught():
     assert sound.tiers[0].white.epsilon_hat < broken.tiers[0].white.epsilon_hat
 
 
+def test_bug_detector_a_tier_whose_sampling_rate_is_quadrupled_is_caught():
+    """The issue's other bug: the ε = 1 tier sampled at 4× its planned rate (the accountant and the auditor's
+    likelihood ratio still assume the planned one). Its canaries' spare slots see it; the sound run does not."""
+    cfg = OneRunConfig(canaries=1200, input_canaries=0).validate()
+    assert cfg.canary_slots == "spare"
+    algo = AlgorithmConfig(name="idp_sample")
+    prep = prepare(cfg.run_for(algo))
+    can = design_canaries(cfg, prep)
+    broken, _, _ = run_one_algorithm(cfg, algo, "idp", can, fault=Fault(tier=0, rate_factor=4.0))
+    sound, _, _ = run_one_algorithm(cfg, algo, "idp", can)
+    assert broken.tiers[0].white.epsilon_hat > broken.tiers[0].epsilon >= sound.tiers[0].white.epsilon_hat
+
+
+def test_spare_slots_see_more_than_model_coordinates():
+    """The canaries' own slots take the other samples' gradients out of the score: on the broken tier ε̂ is higher
+    than with canaries at model coordinates (same seed, same bug)."""
+    algo = AlgorithmConfig(name="idp_sample")
+    got = {}
+    for slots in ("spare", "model"):
+        cfg = OneRunConfig(canaries=1200, input_canaries=0, canary_slots=slots).validate()
+        prep = prepare(cfg.run_for(algo))
+        broken, _, _ = run_one_algorithm(cfg, algo, "idp", design_canaries(cfg, prep),
+                                         fault=Fault(tier=0, sensitivity_factor=4.0))
+        got[slots] = broken.tiers[0].white.epsilon_hat
+    assert got["spare"] > got["model"]
+
+
 def test_soundness_every_formal_algorithm_stays_below_its_claim_and_non_formal_runs_have_no_claim():
     cfg = SMALL.replace(algorithms=SMALL.algorithms + (AlgorithmConfig(name="nonprivate"),)).validate()
     report = run_one_run_audit(cfg)
@@ -137,10 +170,15 @@ def test_config_errors_name_the_field():
         with pytest.raises(ConfigError) as e:
             OneRunConfig.from_dict(bad).validate()
         assert e.value.field == field
-    too_many = SMALL.replace(canaries=100_000)
     with pytest.raises(ConfigError) as e:
-        design_canaries(too_many, prepare(too_many.run_for(AlgorithmConfig(name="dpsgd"))))
+        OneRunConfig.from_dict({"canary_slots": "weights"}).validate()
+    assert e.value.field == "canary_slots"
+    too_many = SMALL.replace(canaries=100_000, canary_slots="model")  # more than the model has coordinates
+    prep = prepare(too_many.run_for(AlgorithmConfig(name="dpsgd")))
+    with pytest.raises(ConfigError) as e:
+        design_canaries(too_many, prep)
     assert e.value.field == "canaries" and "coordinates" in e.value.message
+    assert design_canaries(too_many.replace(canary_slots="spare"), prep).n_grad == 3 * 100_000  # slots of their own
     assert OneRunConfig.from_dict(SMALL.to_dict()) == SMALL
 
 

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from engine.audit.one_run_bound import (count_correct, epsilon_from_count, epsilon_lower_bound, gaussian_delta,
-                                        gaussian_epsilon, gaussian_mu, gaussian_scores, guess_grid, p_value)
+                                        gaussian_epsilon, gaussian_mu, gaussian_scores, guess_grid, p_value,
+                                        expected_subsampled_bound, subsampled_scores)
+from engine.dp.accounting import epsilon
 
 BETA = 0.05
 
@@ -95,3 +97,16 @@ def test_bad_scores_are_refused():
         epsilon_lower_bound([0.0, np.nan], [True, False], delta=1e-5)
     with pytest.raises(ValueError):
         epsilon_lower_bound([0.0, 1.0], [True], delta=1e-5)
+
+
+def test_subsampled_gaussian_truth_the_bound_stays_below_the_accountants_epsilon():
+    """The mechanism DP-SGD composes (rate q, σ, T steps), with the most powerful per-step score: over many seeds
+    ε̂ exceeds the accountant's ε no more often than β, and it rises with the mechanism's leakage (σ smaller)."""
+    q, steps, m = 0.05, 40, 800
+    for sigma in (0.6, 1.0):
+        truth = epsilon(sample_rate=q, noise_multiplier=sigma, steps=steps, delta=1e-5)
+        rate = _violations(truth, lambda rng: subsampled_scores(q, sigma, steps, m, rng), trials=40, delta=1e-5)
+        assert rate <= BETA
+    strong = expected_subsampled_bound(q, 0.6, steps, m, delta=1e-5, trials=4)
+    weak = expected_subsampled_bound(q, 2.0, steps, m, delta=1e-5, trials=4)
+    assert strong > weak >= 0.0 and strong > 0.2

@@ -7,7 +7,8 @@ are ordinary members of their tier.
         extend the index space by the canaries: rate q_k, clip C_k, INO-SGD's weights, DP-SGD-S's group of tier k
             — the mechanism is built by the one factory from the extended per-sample arrays: no special path
         for t in 1..T: dp_step on the models with the gradient canaries (engine.dp.canaries.GradientCanaries)
-            white-box score_j += noisy update_t at canary j's coordinate (the auditor sees every update)
+            white-box score_j += noisy update_t at canary j's coordinate (the auditor sees every update; by
+                default a spare slot no input's gradient reaches: OneRunConfig.canary_slots)
         black-box score_j = logit-scaled confidence of input canary j's (wrong) label on the final model
         per tier: ε̂ (engine.audit.one_run_bound.epsilon_lower_bound) next to the accountant's ε_k after T steps
 
@@ -32,7 +33,7 @@ from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import AlgorithmOneRun, OneRunReport, TierBound
 from engine.config.run import ALGORITHM_LABELS
 from engine.config.schema import ConfigError
-from engine.dp.canaries import GradientCanaries
+from engine.dp.canaries import SPARE, GradientCanaries
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.step import PoissonSampler, dp_step
 from engine.store.lifecycle import NO_STORE, Cancelled, RunLifecycle
@@ -82,7 +83,8 @@ def design_canaries(config: OneRunConfig, prep) -> Canaries:
     train_tier = np.asarray(tiers.train)
     n_params = sum(p.numel() for p in prep.model.parameters())
     mg = config.canaries * k_tiers
-    if mg > n_params:
+    spare = config.canary_slots == "spare"
+    if not spare and mg > n_params:
         raise ConfigError("canaries", f"{config.canaries} gradient canaries per tier need {mg} distinct parameter "
                                       f"coordinates; the model has {n_params}: lower canaries")
     y_test = ds.y_test.numpy()
@@ -104,7 +106,7 @@ def design_canaries(config: OneRunConfig, prep) -> Canaries:
     grad_tier = np.repeat(np.arange(k_tiers), config.canaries)
     input_tier = np.asarray(ti, dtype=np.int64)
     return Canaries(grad_tier=grad_tier, grad_in=rng.random(mg) < 0.5,
-                    coords=np.sort(rng.choice(n_params, size=mg, replace=False)),
+                    coords=np.arange(mg) if spare else np.sort(rng.choice(n_params, size=mg, replace=False)),
                     grad_donor=_donors(rng, train_tier, grad_tier), input_tier=input_tier,
                     input_in=rng.random(len(ti)) < 0.5, source=np.asarray(src, dtype=np.int64),
                     label=np.asarray(lab, dtype=np.int64), input_donor=_donors(rng, train_tier, input_tier))
@@ -185,7 +187,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
         grad_norms = clip[n + can.n_input:] * config.canary_norm
     shapes = {k: tuple(p.shape) for k, p in models.grads_of.params.items()}
     wrapped = GradientCanaries(models.grads_of, n_inputs=n + can.n_input, coords=can.coords, norms=grad_norms,
-                               param_shapes=shapes, device=dev)
+                               param_shapes=shapes, device=dev, spare=config.canary_slots == "spare")
     x_test, y_test = ds.x_test, ds.y_test
     x = torch.cat([ds.x_train, x_test[can.source]]).to(dev)
     y = torch.cat([ds.y_train, torch.as_tensor(can.label, dtype=ds.y_train.dtype)]).to(dev)
@@ -208,7 +210,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units
                                noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=norm_cap))
         optimizer.zero_grad(set_to_none=True)
-        models.set_grads(out.grads)
+        models.set_grads({k: g for k, g in out.grads.items() if k != SPARE})  # the spare slots train nothing
         optimizer.step()
         if on_step is not None:
             on_step(step)

@@ -4,8 +4,8 @@ ConfigError names a dotted field.
 
     {"run": {"data": {"name": "mnist"}, "tiers": {...}, "epochs": 4.0, "batch_size": 256, ...},
      "algorithms": ["dpsgd", "idp_sample", "idp_scale", "ino", {"name": "dpsgd_s", "group_by": "tier"}],
-     "canaries": 500, "input_canaries": 500, "canary_norm": 1.0, "beta": 0.05, "white_score": "likelihood",
-     "name": ""}
+     "canaries": 500, "input_canaries": 500, "canary_norm": 1.0, "canary_slots": "spare", "beta": 0.05,
+     "white_score": "likelihood", "name": ""}
 
 ``canaries``: white-box gradient canaries per tier; ``input_canaries``: black-box input canaries (mislabeled test
 examples) per tier, at most what half the test set affords (the rest measures accuracy); 0 turns a kind off.
@@ -38,6 +38,7 @@ _NOT_IN_ONE_RUN = {"algorithm": "a one-run audit lists its algorithms in the top
                    "seed_index": "a one-run audit trains one run per algorithm"}
 MAX_CANARIES = 100_000
 WHITE_SCORES = ("likelihood", "sum")
+CANARY_SLOTS = ("spare", "model")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class OneRunConfig:
     canaries: int = 500  # white-box gradient canaries per tier (0: none)
     input_canaries: int = 500  # black-box input canaries per tier (0: none; capped by half the test set)
     canary_norm: float = 1.0  # a gradient canary's norm, in units of its tier's clip (≥ 1: clipped to exactly C_k)
+    # where the gradient canaries live: "spare" — coordinates of their own, noised with the update, that no input's
+    # gradient reaches (the score sees the canary and the noise only: the strongest white-box attack); "model" —
+    # distinct coordinates of the model's parameters (the canaries push the weights, and every other sample's
+    # gradient at those coordinates blurs the score)
+    canary_slots: str = "spare"
     beta: float = 0.05  # the bounds hold with confidence 1 − β
     # the white-box score: "likelihood" (per-step likelihood ratio of a Poisson-subsampled Gaussian step, the most
     # powerful test of one step) or "sum" (Σ_t of the noisy update at the canary's coordinate)
@@ -71,6 +77,7 @@ class OneRunConfig:
         if self.canaries == 0 and self.input_canaries == 0:
             raise ConfigError("canaries", "no canaries: give canaries (white-box) or input_canaries (black-box) > 0")
         check_number(self.canary_norm, "canary_norm", 1.0, 1e6)
+        check_choice(self.canary_slots, "canary_slots", CANARY_SLOTS)
         check_number(self.beta, "beta", 0.0, 0.5, low_open=True)
         check_choice(self.white_score, "white_score", WHITE_SCORES)
         check_str(self.name, "name", max_len=200)

@@ -31,7 +31,7 @@ def compact_summary(results) -> dict:
                                "gpr_diff_pp": {g: e.value for g, e in c.groups.items()},
                                "gpr_diff_ci": {g: [e.low, e.high] for g, e in c.groups.items()}}
                               for c in r.comparisons]
-        out["verdict"] = verdict_lines(r)
+    out["verdict"] = verdict_lines(r)  # every audit has its Δ verdict; paired comparisons add to it
     return out
 
 

@@ -2,9 +2,14 @@
 
 A canary is one more sample of the step's index space — the sampler draws it with its tier's rate q_k, the
 mechanism gives it its tier's clip C_k (and INO-SGD its weight, DP-SGD-S its group's clip) — whose per-sample
-gradient is not computed from an input but fixed: ``norm`` × the unit vector e_c of one parameter coordinate c
-(a distinct coordinate per canary). :class:`GradientCanaries` wraps the step's ``models`` (anything
-``engine.dp.step.dp_step`` accepts) so that ``dp_step`` itself does not change:
+gradient is not computed from an input but fixed: ``norm`` × the unit vector e_c of one coordinate c (a distinct
+coordinate per canary). The coordinates are either the model's own parameters (``spare=False``: the canaries also
+push the weights) or **spare slots**: one more gradient entry, :data:`SPARE`, of m coordinates that no input
+reaches. ``dp_step`` noises it like every parameter (it noises every entry of the sums), so the release is the
+same mechanism, one coordinate per canary wider; but no other sample's gradient adds to a canary's coordinate, so
+the auditor's score holds the canary and the noise only — the strongest white-box attack, and what the bound is
+tight against. :class:`GradientCanaries` wraps the step's ``models`` (anything ``engine.dp.step.dp_step``
+accepts) so that ``dp_step`` itself does not change:
 
     index space   [0, n_inputs)         ordinary samples (the training set, then any input canaries)
                   [n_inputs, n_inputs+m) gradient canaries, canary j at n_inputs + j
@@ -25,18 +30,25 @@ import torch
 
 from engine.dp.grad_sample import PerSampleGrads
 
+SPARE = "audit_canary_slots"  # the spare slots' entry in the step's gradients; not a parameter of any model
+
 
 class GradientCanaries:
     """``models`` with m gradient canaries at indices ``n_inputs + j``; see the module docstring.
 
     ``coords`` (m,): each canary's flat coordinate into the parameters in ``param_shapes`` order (one model's
-    shapes, without the model axis); ``norms`` (m,): each canary's gradient norm (at least its tier's clip, so
-    clipping leaves it at exactly C_k)."""
+    shapes, without the model axis), or with ``spare`` its slot in :data:`SPARE` (which then has ``max(coords)+1``
+    slots); ``norms`` (m,): each canary's gradient norm (at least its tier's clip, so clipping leaves it at
+    exactly C_k). The caller takes :data:`SPARE` out of the step's gradients before the optimizer sees them."""
 
-    def __init__(self, models, *, n_inputs: int, coords, norms, param_shapes: dict, device):
+    def __init__(self, models, *, n_inputs: int, coords, norms, param_shapes: dict, device, spare: bool = False):
         self.models = models
         self.n_inputs = int(n_inputs)
+        self.spare = bool(spare)
         coords = np.asarray(coords, dtype=np.int64)
+        if self.spare:
+            self._spare_size = int(coords.max(initial=-1)) + 1
+            param_shapes = {SPARE: (self._spare_size,)}
         sizes = [int(np.prod(s)) for s in param_shapes.values()]
         if len(np.unique(coords)) != len(coords) or coords.min(initial=0) < 0 or coords.max(initial=-1) >= sum(sizes):
             raise ValueError(f"canary coordinates must be distinct and in [0, {sum(sizes)})")
@@ -121,6 +133,10 @@ class GradientCanaries:
         if self.m == 0:
             return sums
         n_models = coef.shape[0]
+        if self.spare:  # the slots start at zero: no input's gradient reaches them
+            like = next(iter(sums.values()))
+            sums = {**sums, SPARE: torch.zeros((n_models, self._spare_size), dtype=like.dtype,
+                                              device=like.device)}
         per_canary = torch.zeros((n_models, self.m), dtype=torch.float64, device=self.device)
         per_canary.scatter_add_(1, j, coef.to(torch.float64) * self.norms[j])
         out = dict(sums)

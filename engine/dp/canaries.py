@@ -7,8 +7,8 @@ coordinate per canary). The coordinates are either the model's own parameters (`
 push the weights) or **spare slots**: one more gradient entry, :data:`SPARE`, of m coordinates that no input
 reaches. ``dp_step`` noises it like every parameter (it noises every entry of the sums), so the release is the
 same mechanism, one coordinate per canary wider; but no other sample's gradient adds to a canary's coordinate, so
-the auditor's score holds the canary and the noise only — the strongest white-box attack, and what the bound is
-tight against. :class:`GradientCanaries` wraps the step's ``models`` (anything ``engine.dp.step.dp_step``
+the auditor's score holds the canary and the noise only: on MNIST it reaches what a perfect attack on the run's
+mechanism reaches (bench/one_run_audit.py, its mechanism ceiling). :class:`GradientCanaries` wraps the step's ``models`` (anything ``engine.dp.step.dp_step``
 accepts) so that ``dp_step`` itself does not change:
 
     index space   [0, n_inputs)         ordinary samples (the training set, then any input canaries)

@@ -13,23 +13,28 @@ import streamlit as st
 
 from app_pages._plotly_live import live_plotly_chart
 from engine.figures import export
-from engine.figures.scaffold import FigureSpec, apply_theme
+from engine.figures.scaffold import FigureSpec, apply_theme, wrap_title
 from engine.figures.training import build_figures
 from engine.jobs.runs import algorithm_label
 
+# about what a half-width column of the wide layout shows of a 17 px title on a laptop screen (1280 px)
+NARROW_TITLE_CHARS = 52
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
 def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
-          uirevision: str | None = None) -> None:
+          uirevision: str | None = None, narrow: bool = False) -> None:
     """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu.
     ``uirevision`` (the live charts): while it stays the same, a redrawn figure keeps the user's zoom, pan and
     legend clicks; such a chart is drawn by app_pages/_plotly_live.py, whose plot survives reruns (an
-    st.plotly_chart is mounted afresh whenever its figure changes, losing the view)."""
+    st.plotly_chart is mounted afresh whenever its figure changes, losing the view). ``narrow``: the chart sits
+    in a half-width column, so its title is wrapped for the page (Plotly clips it); the export keeps one line."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
         if height:
             fig.update_layout(height=height)
+        if narrow:
+            fig = wrap_title(fig, NARROW_TITLE_CHARS)
         if uirevision is not None:
             live_plotly_chart(fig, key=f"plot-{key}", config=PLOT_CONFIG, uirevision=uirevision)
         else:

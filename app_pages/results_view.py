@@ -139,9 +139,9 @@ with st.container(key="headline"):
                   help=md("loss above its initial value: " + "; ".join(mids)))
 c1, c2 = st.columns(2)
 with c1:
-    charts.chart(mid, key="res-mid", export_key="e-mid-curves")
+    charts.chart(mid, key="res-mid", export_key="e-mid-curves", narrow=True)
 with c2:
-    charts.chart(specs["recall_gain_time"], key="res-gain-time", export_key="e-gain-time")
+    charts.chart(specs["recall_gain_time"], key="res-gain-time", export_key="e-gain-time", narrow=True)
 st.caption("On easy tasks the INO gain lives early, in the MID window, and fades by the end: "
            "the area under each tier's recall curve keeps it visible.")
 
@@ -154,9 +154,9 @@ with st.container(key="pearson-table"):
 st.subheader("INO-SGD vs IDP-SGD")
 c1, c2 = st.columns(2)
 with c1:
-    charts.chart(specs["recall_gain_class"], key="res-gain-class", export_key="e-gain-class")
+    charts.chart(specs["recall_gain_class"], key="res-gain-class", export_key="e-gain-class", narrow=True)
 with c2:
-    charts.chart(specs["recall_auc"], key="res-auc", export_key="e-auc")
+    charts.chart(specs["recall_auc"], key="res-auc", export_key="e-auc", narrow=True)
 
 st.subheader("For a talk")
 c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
@@ -193,13 +193,13 @@ if report is not None:
 st.subheader("Utility and fairness")
 c1, c2 = st.columns(2)
 with c1:
-    charts.chart(specs["overall_bars"], key="res-overall", export_key="e-overall")
+    charts.chart(specs["overall_bars"], key="res-overall", export_key="e-overall", narrow=True)
 with c2:
     if specs["fairness_bars"].data.empty:
         st.info("Outcome-fairness metrics (demographic parity, equalized odds) are computed for binary tabular "
                 "datasets with a sensitive attribute, e.g. adult.")
     else:
-        charts.chart(specs["fairness_bars"], key="res-fair", export_key="e-fair")
+        charts.chart(specs["fairness_bars"], key="res-fair", export_key="e-fair", narrow=True)
 
 st.subheader("MID summary")
 st.dataframe(specs["mid_summary"].data, hide_index=True, width="stretch")

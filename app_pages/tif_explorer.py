@@ -111,9 +111,9 @@ with view:
     charts.chart(spec_bif, key="x-bif", export_key="xe-bif")
     c1, c2 = st.columns(2)
     with c1:
-        charts.chart(spec_tif, key="x-tif", export_key="xe-tif", height=360)
+        charts.chart(spec_tif, key="x-tif", export_key="xe-tif", height=360, narrow=True)
     with c2:
-        charts.chart(spec_rho, key="x-rho", export_key="xe-rho", height=360)
+        charts.chart(spec_rho, key="x-rho", export_key="xe-rho", height=360, narrow=True)
     st.caption(f"Figures computed in {elapsed_ms:.0f} ms · losses from an under-fitted reference model "
                f"(logistic regression), rates and clip norms from the IDP-SGD {mode or 'sample'} plan.")
 

@@ -328,9 +328,9 @@ def live(group: str) -> None:
     charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
     c1, c2 = st.columns(2)
     with c1:
-        charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=group)
+        charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=group, narrow=True)
     with c2:
-        charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group)
+        charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group, narrow=True)
     charts.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
     if "group_clip" in specs:  # a DP-SGD-S run in the comparison: its clips and its noise vs DP-SGD's
         charts.chart(specs["group_clip"], key="live-group-clip", export_key="x-clip", uirevision=group)

@@ -615,3 +615,17 @@ def test_gpr_bars_of_different_algorithms_sit_side_by_side_with_their_own_null_f
     assert fig.layout.barmode == "group" and len(bars) == 2
     assert len({b.offsetgroup for b in bars}) == len(bars) and all(b.offsetgroup for b in bars)  # not stacked
     assert {f.offsetgroup for f in floors} == {b.offsetgroup for b in bars}  # each floor tick on its own bar
+
+
+def test_a_narrow_column_wraps_a_long_title_on_a_copy_and_keeps_short_ones():
+    title = "Recall of the most private tier over steps (shaded: MID window, loss above its start) & more"
+    fig = scaffold.base_figure(title, "light")
+    wrapped = scaffold.wrap_title(fig, 40)
+    lines = wrapped.layout.title.text.split("<br>")
+    assert len(lines) >= 3 and all(len(line) <= 40 for line in lines)
+    assert " ".join(lines) == fig.layout.title.text  # every word kept, in order, escaping intact ("&amp;")
+    assert "&amp;" in wrapped.layout.title.text
+    assert wrapped.layout.margin.t > (fig.layout.margin.t or 80) - 1  # room for the extra lines
+    assert "<br>" not in fig.layout.title.text  # the exported figure keeps its one line
+    short = scaffold.base_figure("Accuracy", "light")
+    assert scaffold.wrap_title(short, 40) is short

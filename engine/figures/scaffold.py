@@ -170,6 +170,28 @@ def base_figure(title: str, theme: str, fig: go.Figure | None = None, *, legend:
     return fig
 
 
+def wrap_title(fig: go.Figure, width: int) -> go.Figure:
+    """A copy whose title is broken into lines of at most ``width`` characters (at spaces; the title is
+    already escaped, and an entity holds no space, so no break lands inside one), for a figure drawn in a
+    narrow column: Plotly clips a title longer than its plot instead of wrapping it. The input figure (the
+    one exported) is not changed; a title that fits is left as it is."""
+    text = fig.layout.title.text or ""
+    if len(text) <= width or "<br>" in text:
+        return fig
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    out = go.Figure(fig)
+    top = out.layout.margin.t if out.layout.margin.t is not None else 80
+    out.update_layout(title_text="<br>".join(lines), margin_t=top + 20 * (len(lines) - 1))
+    return out
+
+
 def empty_figure(title: str, theme: str, message: str, *, legend: str = "bottom") -> go.Figure:
     """A figure that says why there is nothing to show (the message is escaped: it may be an error)."""
     fig = base_figure(title, theme, legend=legend)

@@ -3,7 +3,9 @@
     tier_editor(start, dataset, key)            the tier tables: one row per tier (its owners, its one ε,
                                                 editable) above the owners' table (tier number editable)
                                                 → TiersConfig, validated (TierTableError names the tier or owner
-                                                in the tables' words: "tier 2 ε: …", never a config path)
+                                                in the tables' words: "tier 2 ε: …", never a config path);
+                                                ``resume=True``: back as the user left them after runs that
+                                                did not draw them (the Audit page's presets)
     url_tier_editor(url, base, dataset, key)    the same tables bound to the URL's ``?tiers=`` (the Train page)
     tier_labels(key)                            the table's number of each tier (for the page's messages)
     tiers_to_rows / rows_to_tiers               TiersConfig ↔ one row per owner (class / attribute value)
@@ -49,29 +51,34 @@ class TierTableError(ConfigError):
         self.args = (f"{field_label(field, labels)}: {message}",)
 
 
-def tier_editor(start: TiersConfig, dataset, *, key: str) -> TiersConfig:
+def tier_editor(start: TiersConfig, dataset, *, key: str, resume: bool = False) -> TiersConfig:
     """The tier tables → TiersConfig, validated; raises :class:`TierTableError` naming the tier (or owner) in
     the tables' words. Explicit per-sample assignments have no table: ``start`` is returned as is.
 
     Class / attribute tiers: one row per tier listing its owners with its one ε (editable), above the owners'
     table where an owner's tier number moves it (a new number makes a new tier, with the ε of the tier the
     owner came from until it is edited). A random split: one row per tier (ε, ratio). The ε typed per tier is
-    kept in the session while the owners' table lives (``key``), so that moving an owner never drops it."""
+    kept in the session while the owners' table lives (``key``), so that moving an owner never drops it.
+
+    ``resume``: after runs that did not draw the tables (a preset shown in their place), they come back as the
+    user left them, not from ``start`` (:func:`_start_rows`)."""
     if start.assign == "explicit":
         st.info("Explicit per-sample tier assignments are set in a JSON config (python -m engine run).")
         return start
     if start.assign == "random":
-        return _random_editor(start, key=key)
+        return _random_editor(start, key=key, resume=resume)
     owner_col = "class" if start.assign == "class" else "value"
     eps_key = f"{key}:ε"
-    if key not in st.session_state or eps_key not in st.session_state:  # the table starts: ε from ``start``
+    owners, afresh = _start_rows(key, tiers_to_rows(start, dataset).drop(columns=["ε"]), resume=resume,
+                                 kept=(eps_key,))
+    if afresh:  # the table starts from ``start``: so does its ε
         st.session_state[eps_key] = {k + 1: eps_text(t.epsilon) for k, t in enumerate(start.tiers)}
     eps = st.session_state[eps_key]  # the table's tier number → the ε text typed for it
-    owners = tiers_to_rows(start, dataset).drop(columns=["ε"])
-    came_from = dict(zip(owners[owner_col], owners["tier"]))  # owner → its tier in ``start``
+    came_from = dict(zip(owners[owner_col], owners["tier"]))  # owner → its tier when the table started
     tier_box = st.container()  # the per-tier table, drawn above the owners' table once its tiers are known
     edited = st.data_editor(owners, key=key, hide_index=True, column_config=OWNER_COLUMNS, height="auto",
                             disabled=[c for c in ("class", "name", "value") if c in owners.columns])
+    _left_as(key, edited, resume=resume)
     st.caption(f"Move a {owner_col} to another tier by changing its tier number; a new number makes a new tier.")
     groups, problem = _owner_groups(edited, owner_col, len(owners))
     labels = sorted(groups)
@@ -152,11 +159,13 @@ def parse_epsilon(text, field: str, labels=None) -> float:
     return value
 
 
-def _random_editor(start: TiersConfig, *, key: str) -> TiersConfig:
+def _random_editor(start: TiersConfig, *, key: str, resume: bool) -> TiersConfig:
     table = tiers_to_rows(start, None)
     table["ε"] = [eps_text(e) for e in table["ε"]]
+    table, _ = _start_rows(key, table, resume=resume)
     edited = st.data_editor(table, key=key, hide_index=True, column_config=TIER_COLUMNS, height="auto",
                             disabled=["tier"])
+    _left_as(key, edited, resume=resume)
     labels = list(edited["tier"])
     st.session_state[f"{key}:labels"] = labels
     rows = edited.assign(ε=[parse_epsilon(t, f"tiers.tiers[{k}].epsilon", labels) for k, t in enumerate(edited["ε"])])
@@ -166,6 +175,35 @@ def _random_editor(start: TiersConfig, *, key: str) -> TiersConfig:
     except ConfigError as e:
         raise TierTableError(e.field, user_message(e.message, labels=labels), labels) from None
     return tiers
+
+
+def _start_rows(key: str, fresh: pd.DataFrame, *, resume: bool,
+                kept: tuple[str, ...] = ()) -> tuple[pd.DataFrame, bool]:
+    """The rows the data editor ``key`` is drawn from, and whether the table starts anew from ``fresh``.
+
+    A run that does not draw the editor drops its widget state, and the table starts again. Without ``resume``
+    it is drawn from ``fresh`` (the caller keeps that the same while the table lives: :func:`url_tier_editor`).
+    With ``resume`` it starts again from the rows as the user left them (``{key}:left``, :func:`_left_as`), and
+    those rows stay the rows it is drawn from while it lives (``{key}:start``): Streamlit keeps a data editor's
+    edits as changes to the rows it was drawn from, and a table redrawn from its last edited rows at every rerun
+    dropped edits. ``kept``: the other session keys the table's state lives in (the ε typed per tier); the table
+    starts anew from ``fresh`` without them."""
+    state_kept = all(k in st.session_state for k in kept)
+    lives = key in st.session_state and state_kept
+    if not resume:
+        return fresh, not lives
+    start_key = f"{key}:start"
+    if lives and start_key in st.session_state:
+        return st.session_state[start_key], False
+    left = st.session_state.get(f"{key}:left") if state_kept else None
+    st.session_state[start_key] = fresh if left is None else left
+    return st.session_state[start_key], left is None
+
+
+def _left_as(key: str, edited: pd.DataFrame, *, resume: bool) -> None:
+    """Remember the table ``key`` as this run's edits left it, for :func:`_start_rows` to resume from."""
+    if resume:
+        st.session_state[f"{key}:left"] = edited.copy()
 
 
 def tier_labels(key: str):

@@ -1,5 +1,6 @@
 """The pages' settings widgets: URL-parameter checks, run pickers bound to the URL, an error slot under each
-setting, the training settings Train and Audit share, and the algorithm choices.
+setting, the training settings Train and Audit share, the algorithm choices, and how long an unbound setting
+keeps its value (``KEEP``).
 
 (Helper modules of app_pages/ start with "_": app.py's navigation names the pages, these never are.)
 """
@@ -16,6 +17,12 @@ from engine.jobs.runs import run_config
 
 # the algorithms in the order the pickers (Train, Audit) list them
 ALGORITHM_CHOICES = ["idp_sample", "ino", "idp_scale", "dpsgd", "dpsgd_s", "nonprivate"]
+
+# ``persist_state`` of the settings widgets that are not bound to the URL. Streamlit drops the value of a widget
+# that a run does not draw (the Audit page's form while a preset is shown, the attribute while the groups are the
+# classes), and the field came back with its default; kept for the session, as a bound widget's value is by its
+# binding. (A tier table keeps its edits with ``_tiers.tier_editor(resume=True)``.)
+KEEP = "session"
 
 
 # --- URL parameters ---------------------------------------------------------------------------------

@@ -167,16 +167,18 @@ if chosen is None:  # custom: the form's fields are what runs
         if dataset is not None and not dataset.sensitive_train:
             group_options = ["class", "tier"]
         c1, c2, c3 = st.columns(3)
-        group_by = c1.selectbox("Groups (GPR per …)", group_options, key="a_group_by",
+        group_by = c1.selectbox("Groups (GPR per …)", group_options, key="a_group_by", persist_state=widgets.KEEP,
                                 help="attribute: a sensitive attribute's values (e.g. sex); class: the label; "
                                      "tier: the privacy tiers below")
         attrs = sorted(dataset.sensitive_train) if dataset is not None else []
         attribute = None
         if group_by == "attribute" and attrs:
             default_attr = dataset.default_sensitive if dataset.default_sensitive in attrs else attrs[0]
-            attribute = c2.selectbox("Attribute", attrs, index=attrs.index(default_attr), key="a_attr")
+            attribute = c2.selectbox("Attribute", attrs, index=attrs.index(default_attr), key="a_attr",
+                                     persist_state=widgets.KEEP)
         tier_modes = ["single ε"] + [n for n in (preset_names(dataset) if dataset is not None else []) if n != "single"]
         tier_mode = c3.selectbox("Privacy tiers", tier_modes, index=min(1, len(tier_modes) - 1), key="a_tiers",
+                                 persist_state=widgets.KEEP,
                                  help="single ε: everyone shares one budget (then IDP-SGD is DP-SGD); tiered presets come "
                                       "from the engine")
         tiers_cfg: TiersConfig | None = None
@@ -187,7 +189,7 @@ if chosen is None:  # custom: the form's fields are what runs
         elif dataset is not None:
             try:
                 tiers_cfg = tier_editor(preset(tier_mode, dataset), dataset,
-                                        key=f"a-tier-editor-{dataset_name}-{tier_mode}")
+                                        key=f"a-tier-editor-{dataset_name}-{tier_mode}", resume=True)
             except ConfigError as e:
                 errors.append(str(e))
                 show_error(e)
@@ -219,12 +221,14 @@ if chosen is None:  # custom: the form's fields are what runs
             train = widgets.training_inputs("a_", epochs=2.0, batch=256, batch_step=16, lr=1.0, lr_step=0.1)
             c1, c2, c3 = st.columns(3)
             n_boot = c1.number_input("Bootstrap resamples", min_value=10, max_value=100000, value=1000, step=100,
-                                     key="a_boot")
-            score = c3.selectbox("Score", SCORES, key="a_score",
+                                     key="a_boot", persist_state=widgets.KEEP)
+            score = c3.selectbox("Score", SCORES, key="a_score", persist_state=widgets.KEEP,
                                  help="logit_confidence: log p_y − log(1 − p_y) (LiRA's score; ties are rare); loss: "
                                       "−cross-entropy (both float64)")
-            tail_pct = c2.slider("INO tail γ, % of expected batch clip mass", 1, 100, 50, key="a_tail")
-else:  # a preset: its settings in place of the form's fields (what the page shows is what runs)
+            tail_pct = c2.slider("INO tail γ, % of expected batch clip mass", 1, 100, 50, key="a_tail",
+                                 persist_state=widgets.KEEP)
+else:  # a preset: its settings in place of the form's fields (what the page shows is what runs); the fields keep
+    # their values meanwhile (widgets.KEEP, tier_editor(resume=True)): back on custom, the form is as the user left it
     with st.container(key="a-preset-settings"):
         st.info(md(f"Preset {preset_name} runs {describe(chosen)}."), icon=":material/tune:")
         st.dataframe(preset_settings(chosen), hide_index=True, width="stretch", column_config={
@@ -267,16 +271,19 @@ if launch and config is not None:
 # --- runs -----------------------------------------------------------------------------------------------------------
 st.divider()
 audits = store.list_runs(kind="audit")
+any_active = False
+# the run goes on to its end, never st.stop(): Streamlit keeps the state of the widgets a stopped run did not draw,
+# so a tier table hidden behind a preset came back drawn from its start while the page read the old edits
 if not audits:
     url.check()
     st.info("No audits yet: launch one above. Audits keep running in the background when you close the tab.")
-    st.stop()
-by_id = {r["id"]: r for r in audits}
-active = [r["id"] for r in audits if status.is_active(r)]
-current = widgets.run_picker("Audit", list(by_id), key="a_pick", param="audit", default=(active or list(by_id))[0],
-                             format_func=lambda i: widgets.audit_label(by_id[i]), url=url, cast=int)
-url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
-any_active = status.is_active(by_id[current])
+else:
+    by_id = {r["id"]: r for r in audits}
+    active = [r["id"] for r in audits if status.is_active(r)]
+    current = widgets.run_picker("Audit", list(by_id), key="a_pick", param="audit", default=(active or list(by_id))[0],
+                                 format_func=lambda i: widgets.audit_label(by_id[i]), url=url, cast=int)
+    url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
+    any_active = status.is_active(by_id[current])
 
 
 @st.fragment(run_every=status.LIVE_INTERVAL if any_active else None)
@@ -319,4 +326,5 @@ def view(run_id: int) -> None:
         st.rerun()  # finished: one full rerun stops the polling
 
 
-view(current)
+if audits:
+    view(current)

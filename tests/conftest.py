@@ -3,8 +3,10 @@ there); runs go to a throw-away store so nothing touches a user's ~/.privacy-imb
 
 Markers (pytest.ini registers them; README's fast subset is ``-m "not browser and not slow"``):
 ``browser`` is every test of a ``tests/test_browser*.py`` module (given here, by file, so a new browser
-test cannot be forgotten); ``slow`` is set on the test itself, for a test that trains or serves long and
-whose invariant another fast test also covers (none is marked yet)."""
+test cannot be forgotten); ``slow`` is set on the test itself, for a test that trains, serves or starts processes for long (over ~1.5 s
+on a quiet 2-core machine) and is not the only check of a privacy invariant: the fast subset keeps every test
+of sensitivity, accounting, the planner, the audit estimator and the one-run bound (ResNet-18's gradient
+equalities are slow: LR, MLP and CNN check the same identity fast)."""
 import os
 from pathlib import Path
 

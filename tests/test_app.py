@@ -49,6 +49,7 @@ def wait_done(store: RunStore, n: int, timeout: float = 120) -> list[dict]:
     raise AssertionError(f"runs did not finish: {[(r['id'], r['status']) for r in store.list_runs()]}")
 
 
+@pytest.mark.slow
 def test_every_page_renders_on_an_empty_store(lab):
     at, _ = lab
     at.run()
@@ -68,6 +69,7 @@ def test_every_page_renders_on_an_empty_store(lab):
     assert "audit" in at.title[0].value.lower()
 
 
+@pytest.mark.slow
 def test_tif_explorer_redraws_from_its_controls(lab):
     at, _ = lab
     at.switch_page(APP).run()
@@ -81,6 +83,7 @@ def test_tif_explorer_redraws_from_its_controls(lab):
     assert len(at.get("plotly_chart")) == 3 and not at.error
 
 
+@pytest.mark.slow
 def test_launch_a_tiny_comparison_through_the_ui(lab):
     at, store = lab
     for k, v in TINY.items():
@@ -123,6 +126,7 @@ def warnings(at: AppTest) -> list[str]:
     ("[1, 2]", "tiers"),
     ('{"assign": "class", "tiers": [{"epsilon": 1, "classes": "0123456789"}]}', "tiers.tiers[0].classes"),
 ])
+@pytest.mark.slow
 def test_an_invalid_tiers_url_is_warned_about_and_the_preset_used(lab, text, message):
     at, _ = lab
     at.query_params["tiers"] = text
@@ -177,6 +181,7 @@ def column_of(at: AppTest, key: str):
     return min((c for c in at.columns if any(n.key == key for n in c.number_input)), key=lambda c: len(c.number_input))
 
 
+@pytest.mark.slow
 def test_an_out_of_range_setting_disables_launch_and_says_why_next_to_the_field(lab):
     at, _ = lab
     at.query_params.update({"max_train": "100", "batch": "500"})
@@ -195,6 +200,7 @@ def test_an_out_of_range_setting_disables_launch_and_says_why_next_to_the_field(
     assert any(c.value.startswith("about ") for c in at.caption), [c.value for c in at.caption]  # the estimate
 
 
+@pytest.mark.slow
 def test_no_formal_dp_is_flagged_before_launch(lab):
     at, _ = lab
     at.query_params.update({**TINY, "algos": ["DP-SGD-S"], "private_q": "false"})
@@ -271,6 +277,7 @@ def test_staggered_redraws_each_at_most_every_interval_and_one_per_refresh(monke
     assert calls[-3:] == [(106.1, "x"), (106.1, "y"), (106.1, "z")] and got["z"] == ("z", 106.1)
 
 
+@pytest.mark.slow
 def test_runs_page_rerun_button_queues_a_new_comparison(tmp_path, monkeypatch):
     from engine.config.run import DataConfig, ModelConfig, RunConfig
     from engine.jobs.kinds import execute

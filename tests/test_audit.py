@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from in_process import cli_here
 
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AuditReport
@@ -270,12 +271,11 @@ def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
-def _cli(*args, timeout=240):
-    env = _env()
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def _cli(*args):
+    return cli_here(*args)  # in this process (tests/in_process.py); SIGTERM of a worker below is a real process
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_through_the_store(tmp_path):
     cfg = TINY.replace(algorithms=(AlgorithmConfig(name="dpsgd"), AlgorithmConfig(name="dpsgd_s", group_by="class")),
                        threshold="held_out")
@@ -344,6 +344,7 @@ def test_an_old_flat_audit_in_a_store_resumes_from_its_checkpoints(tmp_path):
     assert store.get_artifact(run_id, "chunk/dpsgd/aloo/0") == first  # resumed, not retrained
 
 
+@pytest.mark.slow
 def test_worker_runs_a_queued_audit_and_sigterm_cancels(tmp_path):
     store_path = tmp_path / "w.sqlite"
     store = RunStore(store_path)

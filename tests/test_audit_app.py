@@ -88,6 +88,7 @@ def test_invalid_url_values_are_warned_about_by_name():
     assert not at.button(key="a_launch").disabled
 
 
+@pytest.mark.slow
 def test_paper_tiers_render_and_no_algorithms_disables_launch():
     at = _app().run()
     at.selectbox(key="a_dataset").set_value("digits").run()
@@ -98,6 +99,7 @@ def test_paper_tiers_render_and_no_algorithms_disables_launch():
     assert at.button(key="a_launch").disabled
 
 
+@pytest.mark.slow
 def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     at = _app().run()
     at.selectbox(key="a_dataset").set_value("digits").run()
@@ -134,6 +136,7 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert "audit" not in at.query_params  # dropped from the URL, but not silently
 
 
+@pytest.mark.slow
 def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_verdict():
     from engine.audit.config import DEFAULT_RUN, AuditConfig
     from engine.config.run import AlgorithmConfig

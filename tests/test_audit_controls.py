@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from in_process import cli_here
 
 from engine.audit import compare, controls
 from engine.audit.config import DEFAULT_RUN, AuditConfig
@@ -202,6 +201,7 @@ def audited():
     return report, recorded
 
 
+@pytest.mark.slow
 def test_noise_matched_control_uses_the_realised_multiplier_and_the_accountants_epsilon(audited):
     report, recorded = audited
     s = report.algorithm("dpsgd_s")
@@ -264,6 +264,7 @@ def test_audit_comparisons_are_paired_and_the_verdict_reads_them(audited):
     assert row["accuracy cost (points)"] == pytest.approx(round(report.comparisons[0].accuracy.value, 2))
 
 
+@pytest.mark.slow
 def test_a_resumed_audit_with_controls_gives_the_uninterrupted_results(tmp_path, audited):
     from engine.jobs.kinds import execute
     from engine.store.db import RunStore
@@ -291,19 +292,18 @@ def test_cli_controls_flag(tmp_path):
     cfg = SMALL.replace(controls=False, R=2)
     path = tmp_path / "audit.json"
     path.write_text(cfg.to_json())
-    out = subprocess.run([sys.executable, "-m", "engine", "audit", str(path), "--controls", "--json"],
-                         capture_output=True, text=True, timeout=600)
+    out = cli_here("audit", str(path), "--controls", "--json")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert [a["key"] for a in summary["algorithms"]][-2:] == ["dpsgd_noise_matched", "dpsgd_accuracy_matched"]
     assert summary["verdict"] and summary["comparisons"][0]["a"] == "dpsgd_s"
     bad = tmp_path / "bad.json"
     bad.write_text(cfg.replace(algorithms=(AlgorithmConfig(name="dpsgd"),)).to_json())
-    out = subprocess.run([sys.executable, "-m", "engine", "audit", str(bad), "--controls"], capture_output=True,
-                         text=True, timeout=120)
+    out = cli_here("audit", str(bad), "--controls")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "controls" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_accuracy_search_trains_its_pilot_within_the_audit_chunks():
     """A pilot larger than a chunk trains chunk by chunk (the memory budget), and its first chunk is the one
     a single-chunk pilot trains (so a small chunk size changes only the later chunks' batches)."""

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from in_process import cli_here
 from scipy.special import logsumexp
 
 from engine.audit import stats
@@ -58,6 +59,7 @@ def _tie_rate(a: np.ndarray) -> float:
 # the score
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_logit_confidence_is_float64_stable_and_rarely_tied():
     ds = load_dataset("adult", seed=0, max_train=2000)
     ens = _train_all_members("lr", 4, ds, steps=1000, lr=10.0)  # well fit: large margins
@@ -89,6 +91,7 @@ def _quick(epsilon, algorithms, **changes):
                                     R=32, n_boot=300, null_perms=5, **changes)
 
 
+@pytest.mark.slow
 def test_quick_config_orders_nonprivate_above_eps10_above_eps1_beyond_the_cis():
     """One GPR over all training samples (group_by tier with one tier), its bootstrap CI per algorithm."""
     hi = run_audit(_quick(10.0, ("nonprivate", "dpsgd"), group_by="tier"))
@@ -104,6 +107,7 @@ def test_quick_config_orders_nonprivate_above_eps10_above_eps1_beyond_the_cis():
         assert a.resolved is None  # one group: no Δ to resolve
 
 
+@pytest.mark.slow
 def test_null_delta_flags_a_delta_that_the_permutations_reach():
     """Per class: non-private leakage differs between digits beyond the null Δ spread (resolved); models that
     all trained on the identical full data have no membership signal, so their Δ is not resolved."""
@@ -132,6 +136,7 @@ def test_null_delta_flags_a_delta_that_the_permutations_reach():
 # no formal guarantee → claimed ε null everywhere
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_non_formal_algorithms_have_null_claimed_epsilon_in_every_output(tmp_path):
     cfg = PRESETS["quick"].replace(R=3, n_boot=50, null_perms=2, looa_k=1, looa_models=2, **{"run.epochs": 2.0},
                                    algorithms=(AlgorithmConfig(name="nonprivate"),
@@ -264,18 +269,8 @@ def test_presets_are_valid_audits_and_the_estimate_is_measured():
 
 
 def test_cli_takes_a_preset_and_refuses_a_bad_one_in_one_line(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p))
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "engine", "--store", str(tmp_path / "s.sqlite"), "audit", *args],
-                              cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    def cli(*args):  # in this process (tests/in_process.py)
+        return cli_here("--store", tmp_path / "s.sqlite", "audit", *args)
 
     out = cli("--preset", "nope")
     assert out.returncode == 2 and out.stderr.strip().startswith("error: preset: unknown preset 'nope'; known: quick")

@@ -1,10 +1,17 @@
-"""The CLI as a user runs it: subprocesses, exit codes, one-line errors."""
+"""The CLI as a user runs it: exit codes, one-line errors. ``cli`` runs ``python -m engine`` as a subprocess,
+as a user does (a run's JSON, a config error, the app server, cancelling a running run); ``cli_here`` runs the
+same ``main`` in this process (tests/in_process.py), for tests of what the commands say rather than of the
+process, without the ~6 s import each subprocess pays."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from in_process import cli_here
+
+from engine.config.run import RunConfig
+from engine.store.db import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,6 +26,7 @@ def store(tmp_path):
     return tmp_path / "runs.sqlite"
 
 
+@pytest.mark.slow
 def test_run_json_show_list(tmp_path, store):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 3, "algorithm": {"name": "ino"}}))
@@ -28,16 +36,16 @@ def test_run_json_show_list(tmp_path, store):
     assert summary["run_id"] == 1 and summary["accuracy"] > 0.3
     assert [t["epsilon"] for t in summary["tiers"]] == [1.0, 2.0, 3.0]
     assert all(0 <= t["recall"] <= 1 for t in summary["tiers"])
-    shown = cli("show", "1", store=store)
+    shown = cli_here("show", "1", store=store)
     assert "finished" in shown.stdout and "ε=1" in shown.stdout
-    listed = json.loads(cli("list", "--json", store=store).stdout)
+    listed = json.loads(cli_here("list", "--json", store=store).stdout)
     assert listed[0]["status"] == "finished" and listed[0]["algorithm"] == "ino"
 
 
 def test_run_prints_per_tier_recall(tmp_path, store):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 2, "algorithm": {"name": "idp_sample"}}))
-    out = cli("run", str(cfg), store=store)
+    out = cli_here("run", str(cfg), store=store)
     assert out.returncode == 0, out.stderr
     assert "recall" in out.stdout and out.stdout.count("ε=") >= 3
 
@@ -48,13 +56,14 @@ def test_run_prints_per_tier_recall(tmp_path, store):
 def test_config_error_is_one_line_exit_2(tmp_path, store, config, field):
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps(config))
-    out = cli("run", str(cfg), store=store)
+    out = cli_here("run", str(cfg), store=store)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}:")
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_not_json_and_missing_file(tmp_path, store):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -64,77 +73,92 @@ def test_not_json_and_missing_file(tmp_path, store):
 
 
 def test_plan_flags(store):
-    out = cli("plan", "--mode", "dpsgd", "--epsilons", "1", "2", "3", "--tier-sizes", "20000", "20000", "20000",
+    out = cli_here("plan", "--mode", "dpsgd", "--epsilons", "1", "2", "3", "--tier-sizes", "20000", "20000", "20000",
               "--batch-size", "600", "--steps", "3000", "--json", store=store)
     plan = json.loads(out.stdout)
     assert plan["noise_multiplier"] == pytest.approx(2.35909, rel=1e-3)
-    table = cli("plan", "--mode", "scale", "--epsilons", "1", "3", "--tier-sizes", "1000", "3000",
+    table = cli_here("plan", "--mode", "scale", "--epsilons", "1", "3", "--tier-sizes", "1000", "3000",
                 "--batch-size", "100", "--steps", "200", store=store)
     assert table.returncode == 0 and "tier 1" in table.stdout
-    bad = cli("plan", "--mode", "sample", "--epsilons", "-1", "--tier-sizes", "10", "--batch-size", "5",
+    bad = cli_here("plan", "--mode", "sample", "--epsilons", "-1", "--tier-sizes", "10", "--batch-size", "5",
               "--steps", "10", store=store)
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 
 
+@pytest.mark.slow
 def test_rerun_overrides_and_bad_values(tmp_path, store):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"max_train": 200},
                                "algorithm": {"name": "idp_sample"}}))
-    assert cli("run", str(cfg), "--json", store=store).returncode == 0
-    out = cli("rerun", "1", "--set", "seed=7", "--set", "optimizer.lr=0.2", "--json", store=store)
+    assert cli_here("run", str(cfg), "--json", store=store).returncode == 0
+    out = cli_here("rerun", "1", "--set", "seed=7", "--set", "optimizer.lr=0.2", "--json", store=store)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == 2 and summary["rerun_of"] == 1
-    shown = json.loads(cli("show", "2", "--json", store=store).stdout)
+    shown = json.loads(cli_here("show", "2", "--json", store=store).stdout)
     assert shown["status"] == "finished" and shown["config"]["seed"] == 7
     assert shown["config"]["optimizer"]["lr"] == 0.2 and shown["config"]["data"]["max_train"] == 200
     for bad, field in (("seed=-1", "seed"), ("seed=1.5", "seed"), ("data.nope=1", "data.nope"),
                        ("=3", "--set"), ("tiers=[]", "tiers")):
-        out = cli("rerun", "1", "--set", bad, store=store)
+        out = cli_here("rerun", "1", "--set", bad, store=store)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}"), (bad, out.stderr)
-    missing = cli("rerun", "99", store=store)
+    missing = cli_here("rerun", "99", store=store)
     assert missing.returncode == 2 and "no run 99" in missing.stderr
-    assert len(json.loads(cli("list", "--json", store=store).stdout)) == 2  # no bad override started a run
+    assert len(json.loads(cli_here("list", "--json", store=store).stdout)) == 2  # no bad override started a run
     # a re-run is a new comparison of its own (it must not change the old one's figures), unless --join
-    joined = json.loads(cli("rerun", "2", "--join", "--json", store=store).stdout.strip().splitlines()[-1])
-    again = json.loads(cli("rerun", "2", "--json", store=store).stdout.strip().splitlines()[-1])
-    groups = {r["id"]: r["group_id"] for r in json.loads(cli("list", "--json", store=store).stdout)}
+    joined = json.loads(cli_here("rerun", "2", "--join", "--json", store=store).stdout.strip().splitlines()[-1])
+    again = json.loads(cli_here("rerun", "2", "--json", store=store).stdout.strip().splitlines()[-1])
+    groups = {r["id"]: r["group_id"] for r in json.loads(cli_here("list", "--json", store=store).stdout)}
     assert summary["group_id"] == groups[2] and groups[2] and groups[2] != groups[1]
     assert joined["group_id"] == groups[3] == groups[2] and again["group_id"] == groups[4] != groups[2]
 
 
+@pytest.mark.parametrize("override,field", [("epochs=abc", "epochs"), ("nope=1", "nope"),
+                                            ("algorithm.name=\"banana\"", "algorithm.name"),
+                                            ("epochs", "--set"), ("delta=5", "delta"),
+                                            ("epochs.x=1", "epochs.x")])
+def test_bad_override_is_one_line_exit_2_and_starts_nothing(store, override, field):
+    RunStore(store).create_run(RunConfig().validate(), status="finished")
+    out = cli_here("rerun", "1", "--set", override, store=store)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), out.stderr
+    assert len(RunStore(store, readonly=True).list_runs()) == 1  # nothing was started
+
+
+@pytest.mark.slow
 def test_run_with_seeds_lists_shows_and_reruns_the_job(tmp_path, store):
     """``run --set seeds=3`` trains one job of three rows; ``rerun`` of a replica row re-runs the whole job;
     ``--set seeds=1 --set seed=S`` re-runs one seed alone."""
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"max_train": 200}, "seed": 3,
                                "algorithm": {"name": "ino"}}))
-    out = cli("run", str(cfg), "--set", "seeds=3", "--json", store=store)
+    out = cli_here("run", str(cfg), "--set", "seeds=3", "--json", store=store)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["run_ids"] == [1, 2, 3] and result["run_id"] == 1
     assert [s["seed"] for s in result["per_seed"]] == [3, 4, 5] and [s["run_id"] for s in result["per_seed"]] == [1, 2, 3]
-    listed = json.loads(cli("list", "--json", store=store).stdout)
+    listed = json.loads(cli_here("list", "--json", store=store).stdout)
     assert [(r["id"], r["seed"], r["seed_index"], r["seeds"], r["job_id"], r["status"]) for r in listed] == \
         [(3, 5, 2, 3, 1, "finished"), (2, 4, 1, 3, 1, "finished"), (1, 3, 0, 3, 1, "finished")]
-    table = cli("list", store=store).stdout
+    table = cli_here("list", store=store).stdout
     assert "3/3 #1" in table and "1/3 #1" in table
-    shown = cli("show", "2", store=store).stdout
+    shown = cli_here("show", "2", store=store).stdout
     assert "seed 4, 2 of 3 in job #1" in shown and "job rows: 1, 2, 3" in shown and "ε=1" in shown
-    again = cli("rerun", "2", "--json", store=store)  # a replica row: the whole job again
+    again = cli_here("rerun", "2", "--json", store=store)  # a replica row: the whole job again
     assert again.returncode == 0, again.stderr
     rerun = json.loads(again.stdout.strip().splitlines()[-1])
     assert rerun["run_ids"] == [4, 5, 6] and rerun["rerun_of"] == 2
     assert [s["seed"] for s in rerun["per_seed"]] == [3, 4, 5]
     assert [s["accuracy"] for s in rerun["per_seed"]] == [s["accuracy"] for s in result["per_seed"]]  # reproducible
-    one = cli("rerun", "2", "--set", "seeds=1", "--set", "seed=4", "--json", store=store)
+    one = cli_here("rerun", "2", "--set", "seeds=1", "--set", "seed=4", "--json", store=store)
     assert one.returncode == 0, one.stderr
     single = json.loads(one.stdout.strip().splitlines()[-1])
     assert single["run_id"] == 7 and "run_ids" not in single and single["seed"] == 4
-    row = json.loads(cli("show", "7", "--json", store=store).stdout)
+    row = json.loads(cli_here("show", "7", "--json", store=store).stdout)
     assert row["seeds"] == 1 and row["job_id"] is None and "seeds" not in row["config"]
-    bad = cli("run", str(cfg), "--set", "seeds=17", store=store)
+    bad = cli_here("run", str(cfg), "--set", "seeds=17", store=store)
     assert bad.returncode == 2 and bad.stderr.startswith("error: seeds:") and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -144,10 +168,11 @@ def test_data_dir_flag_is_used(tmp_path, store):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"name": "nope-set"}}))
     empty = tmp_path / "data"
-    out = cli("--data-dir", str(empty), "run", str(cfg), store=store)
+    out = cli_here("--data-dir", str(empty), "run", str(cfg), store=store)
     assert out.returncode == 2 and out.stderr.startswith("error: data.name")
 
 
+@pytest.mark.slow
 def test_app_serves_on_localhost_and_ends_with_its_parent(tmp_path, store):
     import signal
     import socket
@@ -207,6 +232,7 @@ def _listening(port: int) -> set[str]:
     return addrs
 
 
+@pytest.mark.slow
 def test_list_active_and_cancel_a_running_run(tmp_path, store):
     import time
 
@@ -219,24 +245,24 @@ def test_list_active_and_cancel_a_running_run(tmp_path, store):
         deadline = time.time() + 120
         active = []
         while time.time() < deadline:  # poll the store until the run trains
-            out = cli("list", "--active", "--json", store=store)
+            out = cli_here("list", "--active", "--json", store=store)
             active = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
             if active and active[0]["status"] == "running" and (active[0]["step"] or 0) > 0:
                 break
             time.sleep(0.2)
         assert active and active[0]["id"] == 1 and active[0]["status"] == "running", active
-        out = cli("cancel", "1", store=store)
+        out = cli_here("cancel", "1", store=store)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "run 1: cancelled"
         assert proc.wait(timeout=30) is not None  # the run's process ended
-        listed = json.loads(cli("list", "--json", store=store).stdout)
+        listed = json.loads(cli_here("list", "--json", store=store).stdout)
         assert listed[0]["status"] == "cancelled" and listed[0]["step"] > 0  # what it logged is kept
-        assert json.loads(cli("list", "--active", "--json", store=store).stdout) == []
-        again = cli("cancel", "1", store=store)
+        assert json.loads(cli_here("list", "--active", "--json", store=store).stdout) == []
+        again = cli_here("cancel", "1", store=store)
         assert again.returncode == 0 and "not active (cancelled)" in again.stdout
     finally:
         if proc.poll() is None:
             proc.kill()
-    missing = cli("cancel", "99", store=store)
+    missing = cli_here("cancel", "99", store=store)
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: run_id: no run 99")
     assert len(missing.stderr.strip().splitlines()) == 1

@@ -171,6 +171,7 @@ def test_example_runs_show_inos_early_gain_on_the_most_private_tier():
     assert len(frame) and set(frame.tier) == {tier}
 
 
+@pytest.mark.slow
 def test_the_first_results_view_renders_the_examples():
     from engine.figures.training import RESULT_FIGURES, build_figures
 

@@ -190,6 +190,7 @@ def test_a_device_less_call_added_to_the_step_fails_a_run(recorder, monkeypatch)
 
 # --- the pipeline ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dpsgd", "ino", "dpsgd_s"])
 def test_training_makes_every_tensor_on_the_run_device(recorder, algo):
     result = train(TINY_RUN.replace(**{"algorithm.name": algo}))  # digits → the Papernot CNN, one live module
@@ -197,6 +198,7 @@ def test_training_makes_every_tensor_on_the_run_device(recorder, algo):
     _assert_explicit(recorder)
 
 
+@pytest.mark.slow
 def test_stacked_seeds_make_every_tensor_on_the_run_device(recorder):
     """k = 2 seeds: the model axis (stacked CNN parameters, vmap) and DP-SGD-S's per-model state."""
     result = train(TINY_RUN.replace(**{"algorithm.name": "dpsgd_s", "seeds": 2, "data.max_train": 600}))
@@ -208,6 +210,7 @@ AUDIT_RUN = DEFAULT_RUN.replace(**{"data.name": "digits", "data.max_train": 600,
                                    "threads": 1})
 
 
+@pytest.mark.slow
 def test_audit_chunks_make_every_tensor_on_the_run_device(recorder):
     """R = 2 (4 models per algorithm, stacked LR chunks: the closed form), one PA-LOOA record, every mechanism."""
     config = AuditConfig(run=AUDIT_RUN, group_by="class", R=2, epsilon=2.0, n_boot=20, null_perms=2, looa_k=1,

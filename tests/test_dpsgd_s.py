@@ -305,6 +305,7 @@ def _one_tier(data, eps, max_train=None, model="lr", epochs=5.0, group_by="class
                                   "tiers": tiers, "algorithm.group_by": group_by, "device": "cpu", "eval_every": 10**6})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["adult LR ε=1", "digits CNN paper tiers ×10", "digits CNN ε=10 class groups"])
 def test_accuracy_within_two_points_of_dpsgd(case, one_thread, shared_data):
     """Issue 8's acceptance where it holds (seeds 0–2, paired: same init, batches and gradient noise). Not met
@@ -343,6 +344,7 @@ def test_with_every_clip_at_c_dpsgd_s_trains_as_dpsgd(one_thread, shared_data):
     ({"algorithm.clip_rule": "reference"}, "reference clip rule"),
     ({"algorithm.name": "nonprivate"}, "non-private SGD"),
 ])
+@pytest.mark.slow
 def test_null_epsilon_everywhere(changes, why, tmp_path, capsys):
     from engine import cli
     from engine.figures.export import configs_json, load_runs, metrics_csv

@@ -89,6 +89,7 @@ def test_setup_keeps_dpsgd_sigma_before_the_release_raises_it():
 
 # --- the ratio: one owner, equal to an independent computation ---------------------------------------------
 
+@pytest.mark.slow
 def test_ratio_is_dpsgd_s_noise_over_dpsgd_noise_at_the_same_epsilon(trained):
     dp_plan = PlanRecord.of(trained["dpsgd"]["plan"])
     for name in ("dpsgd_s", "large", "pinned"):
@@ -124,6 +125,7 @@ def test_ratio_is_dpsgd_s_noise_over_dpsgd_noise_at_the_same_epsilon(trained):
 
 # --- the sentence -------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sentence_when_the_cost_is_large_with_numbers_from_the_data(trained):
     run = trained["large"]
     frame = tf.group_clip_frame([run, trained["dpsgd"]])
@@ -139,6 +141,7 @@ def test_sentence_when_the_cost_is_large_with_numbers_from_the_data(trained):
     assert float(m.group(1)) == pytest.approx(float(m.group(2)) * float(m.group(3)), abs=0.1)  # their product
 
 
+@pytest.mark.slow
 def test_no_sentence_when_small_or_without_dpsgd_s(trained):
     assert tf.noise_cost_sentence(tf.group_clip_frame([trained["pinned"], trained["dpsgd"]])) is None  # ≈ 1.01×
     assert tf.noise_cost_sentence(tf.group_clip_frame([trained["dpsgd"]])) is None  # no DP-SGD-S run
@@ -150,6 +153,7 @@ def test_no_sentence_when_small_or_without_dpsgd_s(trained):
     assert tf.noise_cost_sentence(small, threshold=latest).startswith("DP-SGD-S adds ")
 
 
+@pytest.mark.slow
 def test_several_series_are_named_and_only_the_costly_ones(trained):
     runs = [trained["dpsgd"], trained["large"], trained["pinned"]]
     frame = tf.group_clip_frame(runs)
@@ -178,6 +182,7 @@ def test_sentence_is_the_mean_over_a_series_seeds():
 
 # --- the record: the new field round-trips, old plans load ---------------------------------------------------
 
+@pytest.mark.slow
 def test_field_round_trips_and_an_old_plan_loads(trained):
     stored = trained["dpsgd_s"]["plan"]
     rec = PlanRecord.from_dict(stored)
@@ -203,6 +208,7 @@ def test_field_round_trips_and_an_old_plan_loads(trained):
 
 # --- the figure and the live view --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_figure_draws_the_ratio_with_dpsgd_at_one(trained):
     runs = [trained["dpsgd"], trained["large"]]
     spec = build_figures(runs, names=["group_clip"])[0]
@@ -232,6 +238,7 @@ def test_user_text_is_escaped_in_the_ratio_figure():
     assert tf.noise_cost_sentence(spec.data).startswith("DP-SGD-S adds 3.0× the noise")
 
 
+@pytest.mark.slow
 def test_live_view_adds_the_figure_only_with_a_dpsgd_s_run(trained):
     assert live_figure_names([trained["dpsgd"]]) == LIVE_FIGURES
     both = [trained["dpsgd"], trained["large"]]
@@ -245,6 +252,7 @@ def test_live_view_adds_the_figure_only_with_a_dpsgd_s_run(trained):
     assert live.builds == 2  # not a curve: built again on new evaluations
 
 
+@pytest.mark.slow
 def test_train_page_shows_the_figure_and_the_sentence(trained, monkeypatch):
     """The page only displays: the figure (key live-group-clip) and the engine's sentence as a warning."""
     from streamlit.testing.v1 import AppTest

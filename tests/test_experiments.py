@@ -2,24 +2,25 @@
 paired-seed property they rely on, and the two configurable conventions (steps rule, CNN padding).
 The quick and full runs are not run here (they take minutes to hours)."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from in_process import main_here
 
 from engine.config.run import ModelConfig, RunConfig, total_steps
 from engine.config.schema import ConfigError
 from engine.models.nets import build_model
+from experiments import group_risk, ino_vs_idp, pareto
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ("ino_vs_idp.py", "pareto.py", "group_risk.py")
+SCRIPT_MAINS = {"ino_vs_idp.py": ino_vs_idp.main, "pareto.py": pareto.main, "group_risk.py": group_risk.main}
+SCRIPTS = tuple(SCRIPT_MAINS)
 
 
 def _cli(script, *args):
-    return subprocess.run([sys.executable, str(REPO / "experiments" / script), *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
+    """``python experiments/SCRIPT ARGS`` in this process (tests/in_process.py): its exit code, stdout, stderr."""
+    return main_here(SCRIPT_MAINS[script], list(args), cwd=REPO)
 
 
 # --- conventions ---------------------------------------------------------------------------------
@@ -101,6 +102,7 @@ def _tiny(algorithm, seed=0):
                                 "optimizer": {"lr": 0.5, "momentum": 0.5}, "algorithm": algorithm}).validate()
 
 
+@pytest.mark.slow
 def test_paired_runs_share_init_batches_and_noise_draws(one_thread):
     from experiments.pairing import check_pairing
 
@@ -119,9 +121,8 @@ def _main(module, argv, capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_ino_vs_idp_smoke(tmp_path, capsys, one_thread):
-    from experiments import ino_vs_idp
-
     store = tmp_path / "s.sqlite"
     d = _main(ino_vs_idp, ["--smoke", "--json", "--no-figures", "--store", str(store)], capsys)
     for key in ("epochs", "recall_gain_by_tier", "overall_accuracy", "pearson", "seeds", "mid", "per_epoch", "pairing"):
@@ -146,9 +147,8 @@ def test_ino_vs_idp_smoke(tmp_path, capsys, one_thread):
     assert again["run_ids"] == d["run_ids"] and again["recall_gain_by_tier"] == g
 
 
+@pytest.mark.slow
 def test_pareto_smoke(tmp_path, capsys, one_thread):
-    from experiments import pareto
-
     d = _main(pareto, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "p.sqlite")], capsys)
     kinds = [s["kind"] for s in d["settings"]]
     assert kinds == ["reference", "ino"] and d["n_seeds"] == 2
@@ -156,9 +156,8 @@ def test_pareto_smoke(tmp_path, capsys, one_thread):
         assert s["n"] == 2 and 0 <= s["accuracy"] <= 100 and s["imbalance"] is not None
 
 
+@pytest.mark.slow
 def test_group_risk_smoke(tmp_path, capsys, one_thread):
-    from experiments import group_risk
-
     figures = tmp_path / "figures"
     d = _main(group_risk, ["--smoke", "--json", "--figures", str(figures), "--store", str(tmp_path / "g.sqlite")], capsys)
     # the figures come through the project's own builders and export (real PNGs, Kaleido + Chromium); the tiered

@@ -5,13 +5,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from in_process import cli_here
 from PIL import Image
 from test_plots import make_run
 
@@ -43,6 +42,7 @@ def figure():
     return build_figures([make_run(1, "idp_sample"), make_run(2, "ino")], names=["mid_curves"])[0]
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_static_formats_are_valid_files(figure):
     png = export.figure_bytes(figure.figure, "png", width=640, height=400, scale=1)
@@ -78,6 +78,7 @@ def test_csv_and_json_round_trip(figure):
     assert len(metrics[(metrics.scope == "tier") & (metrics.metric == "recall")]) == 11 * 3
 
 
+@pytest.mark.slow
 def test_without_chromium_static_export_explains_and_html_still_works(monkeypatch, figure, tmp_path):
     monkeypatch.setattr(export, "chromium_path", lambda: None)
     ok, reason = export.static_export_available()
@@ -134,6 +135,7 @@ def _html_scripts(html: str) -> list[str]:
     return re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html)
 
 
+@pytest.mark.slow
 def test_presentation_pack_shares_one_plotly_js(trained_runs):
     seen = []
     data = export.presentation_pack(trained_runs, width=1600, height=900, scale=2.0,
@@ -171,6 +173,7 @@ def test_presentation_pack_shares_one_plotly_js(trained_runs):
         assert "Chromium" in z.read("README.txt").decode()
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_presentation_pack_static_images_present(trained_runs):
     z = zipfile.ZipFile(io.BytesIO(export.presentation_pack(trained_runs, names=["mid_curves"], width=800,
@@ -181,6 +184,7 @@ def test_presentation_pack_static_images_present(trained_runs):
     assert b"<svg" in z.read("svg/01_mid_curves.svg")[:2000]
 
 
+@pytest.mark.slow
 def test_presentation_pack_holds_the_picked_figures_only(trained_runs):
     picked = ["recall_gain_time", "mid_summary", "tier_recall"]
     z = zipfile.ZipFile(io.BytesIO(export.presentation_pack(trained_runs, names=picked, formats=("html", "csv"))))
@@ -190,6 +194,7 @@ def test_presentation_pack_holds_the_picked_figures_only(trained_runs):
     assert z.namelist().count(f"html/{export.PLOTLY_JS}") == 1
 
 
+@pytest.mark.slow
 def test_mid_summary_slide_fills_the_slide(trained_runs):
     spec = export.pack_figures(trained_runs, names=["mid_summary"])[0]
     small = spec.figure.data[0]
@@ -201,13 +206,13 @@ def test_mid_summary_slide_fills_the_slide(trained_runs):
     assert spec.figure.layout.width is None  # the dashboard's figure is left as it was
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_cli_export_writes_pngs(tmp_path):
     store, ids = _store_with_runs(tmp_path)
     out = tmp_path / "figs"
-    proc = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "export", *map(str, ids),
-                           "--format", "png", "--format", "json", "--out", str(out), "--width", "500",
-                           "--height", "300", "--scale", "1"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = cli_here("export", *ids, "--format", "png", "--format", "json", "--out", out, "--width", "500",
+                    "--height", "300", "--scale", "1", store=store.path)
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) >= 10 and (out / f"runs-{ids[0]}-{ids[1]}_configs.json").exists()
@@ -220,9 +225,7 @@ def test_cli_export_writes_pngs(tmp_path):
 
 def test_export_unknown_run_is_a_config_error(tmp_path):
     store, _ = _store_with_runs(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "export", "999",
-                           "--format", "html", "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = cli_here("export", "999", "--format", "html", "--out", tmp_path / "x", store=store.path)
     assert proc.returncode == 2 and "no run 999" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -243,6 +246,7 @@ def test_markup_in_a_run_name_is_drawn_as_text():
     assert not bold
 
 
+@pytest.mark.slow
 def test_talk_figures_are_exported_and_packed(trained_runs, tmp_path):
     from engine.figures.talk import TALK_FIGURES
     from engine.figures.talk_frames import RHO_KEY

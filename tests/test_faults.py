@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from in_process import cli_here
 
 from engine.data import DataError, files, load_dataset
 from engine.store.db import RunStore
@@ -33,9 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PRIVACY_LAB_OFFLINE="1", OMP_NUM_THREADS="1")
 
 
-def cli(*args, store, timeout=300, **kw):
+def cli_process(*args, store, timeout=300, **kw):
+    """``python -m engine`` as a user runs it (for what only a process shows: a file-size limit, kill -9)."""
     return subprocess.run([sys.executable, "-m", "engine", "--store", str(store), *args], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def cli(*args, store):
+    """The same command in this process (tests/in_process.py), downloads off as in ``ENV``."""
+    return cli_here(*args, store=store, env={"PRIVACY_LAB_OFFLINE": "1"})
 
 
 def one_line_error(out, *, naming) -> str:
@@ -107,7 +114,7 @@ def test_directory_in_place_of_the_store(tmp_path, cmd):
 @pytest.mark.parametrize("cmd", [["list"], ["show", "1"], ["export", "1"]])
 def test_missing_store_is_not_created_by_read_commands(tmp_path, cmd):
     path = tmp_path / "sub" / "runs.sqlite"
-    line = one_line_error(cli(*cmd, store=path, timeout=120), naming=path)
+    line = one_line_error(cli(*cmd, store=path), naming=path)
     assert "no run store" in line
     assert not path.parent.exists()
 
@@ -215,6 +222,7 @@ def _wait_for(predicate, what: str, timeout: float = 180.0):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_kill_9_of_engine_run_shows_interrupted(tmp_path, finished_store):
     path = tmp_path / "runs.sqlite"
     shutil.copy(finished_store, path)
@@ -283,7 +291,7 @@ def test_full_disk_keeps_the_original_error(tmp_path, finished_store):
             def small_disk():
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-            out = cli("run", str(cfg), "--json", store=path, preexec_fn=small_disk)
+            out = cli_process("run", str(cfg), "--json", store=path, preexec_fn=small_disk)
         line = one_line_error(out, naming=path)
         assert "disk is full" in line or "disk I/O error" in line
         for p in folder.iterdir():  # read a copy: the full disk has no room for a reader's -shm
@@ -328,6 +336,7 @@ def _peak_bytes(fn) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_gzip_bomb_refused_on_its_checksum_before_decompressing(tmp_path):
     bomb = gzip_bomb(tmp_path / "german_credit" / "german.data.gz", 256)
     with pytest.raises(DataError) as e:
@@ -340,6 +349,7 @@ def test_gzip_bomb_refused_on_its_checksum_before_decompressing(tmp_path):
     assert peak < 8 * bomb.stat().st_size  # the stored bytes only, never the 256 MiB
 
 
+@pytest.mark.slow
 def test_checksummed_but_oversized_stream_refused_by_the_cap(tmp_path):
     bomb = gzip_bomb(tmp_path / "bomb.gz", 256)
     pinned = files.KnownFile("bomb.gz", hashlib.sha256(bomb.read_bytes()).hexdigest(), raw_size=79793)

@@ -84,6 +84,7 @@ def test_epochs_zero_or_negative_from_a_link_is_refused_once_and_launch_waits(la
         launch_note(at)  # it names the field; the message itself is said once, next to it
 
 
+@pytest.mark.slow
 def test_the_training_fields_take_any_number_for_the_engine_to_check(lab):
     """A bounded number input refuses a value below its minimum silently in the browser (a red outline, the
     last valid value kept): the Train page's fields have no bounds; the engine refuses a bad value next to
@@ -177,6 +178,7 @@ def url_tiers(at: AppTest) -> list[dict]:
                       else at.query_params["tiers"])["tiers"]
 
 
+@pytest.mark.slow
 def test_the_tier_table_has_one_row_per_tier_and_one_edit_changes_the_tier(editing):
     at, fake = editing
     at.run()
@@ -193,6 +195,7 @@ def test_the_tier_table_has_one_row_per_tier_and_one_edit_changes_the_tier(editi
     assert not at.button(key="launch").disabled
 
 
+@pytest.mark.slow
 def test_1e9_typed_as_epsilon_is_1e9_and_a_bad_epsilon_names_its_tier(editing):
     at, fake = editing
     at.run()
@@ -211,6 +214,7 @@ def test_1e9_typed_as_epsilon_is_1e9_and_a_bad_epsilon_names_its_tier(editing):
         assert at.button(key="launch").disabled, typed
 
 
+@pytest.mark.slow
 def test_moving_a_class_makes_a_new_tier_with_its_tiers_epsilon(editing):
     at, fake = editing
     at.run()
@@ -250,6 +254,7 @@ def test_engine_paths_and_words_become_the_forms():
 
 # --- Results and the comparison picker ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_results_talk_table_has_rows_no_negative_zero_and_a_readable_pearson_table(lab):
     at, _ = lab
     at.run()
@@ -265,6 +270,7 @@ def test_results_talk_table_has_rows_no_negative_zero_and_a_readable_pearson_tab
     assert "-0.0" not in text and "−0.0" not in text and "+0.0 pp" not in text
 
 
+@pytest.mark.slow
 def test_readable_results_table_drops_the_sign_of_a_zero(monkeypatch):
     """The talk table (and its exported figure) with "-0.0 ± 0.2" as "0.0 ± 0.2"."""
     from engine.figures import talk_frames

@@ -149,6 +149,7 @@ def test_ghost_sum_equals_the_per_sample_path(name, step):
     _check_equal(name, step)
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None)
 @given(step=steps(max_len=4))
 def test_ghost_sum_equals_the_per_sample_path_resnet18_groupnorm(step):

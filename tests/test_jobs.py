@@ -54,6 +54,7 @@ def test_defaults_and_worker_command(tmp_path):
     assert cmd[:3] == [sys.executable, "-m", "engine"] and cmd[-4:] == ["worker", "7", "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_queue_cancel_kill_and_reattach(managers):
     mgr = managers(max_workers=1)
     store = mgr.store
@@ -112,6 +113,7 @@ def test_runs_without_a_group_are_left_to_their_owner(tmp_path):
     mgr.shutdown()
 
 
+@pytest.mark.slow
 def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_cleanly(managers, tmp_path):
     mgr = managers(max_workers=2, prewarm=True)
     store = mgr.store
@@ -147,6 +149,7 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     assert mgr.log_path(warm).exists()
 
 
+@pytest.mark.slow
 def test_a_standby_prepares_the_queued_run_next_in_line(managers):
     """While a comparison's first runs train, a standby prepares the queued run next in line (not only what
     the UI hints), so that run starts warm, on the standby that prepared it."""
@@ -200,6 +203,7 @@ def _rows(store, ids):
     return [store.get_run(i) for i in ids]
 
 
+@pytest.mark.slow
 def test_a_k_seed_job_is_one_worker_writing_k_rows(managers):
     mgr = managers(max_workers=2)
     store = mgr.store
@@ -223,6 +227,7 @@ def test_a_k_seed_job_is_one_worker_writing_k_rows(managers):
     assert store.get_run(lone[1])["status"] == "queued" and not mgr.owns(lone[1]) and lone[1] not in mgr._procs
 
 
+@pytest.mark.slow
 def test_k_seed_jobs_count_as_one_worker_cancel_any_row_kill_and_delete(managers):
     mgr = managers(max_workers=2)
     store = mgr.store

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from in_process import cli_here
 
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
@@ -15,7 +14,6 @@ from engine.jobs.kinds import JOB_KINDS, execute, job_kind, run_queued
 from engine.store.db import RunStore
 from engine.store.lifecycle import Cancelled, store_lifecycle
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
 
 
@@ -139,13 +137,10 @@ def test_run_queued_of_a_replica_row_runs_its_whole_job(store):
 
 def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
     rid = store.create_run({"x": 1}, kind="nope", group_id="g")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    out = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "worker", str(rid)], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = cli_here("worker", rid, store=store.path)  # what `python -m engine worker` runs (tests/in_process.py)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: kind: unknown job kind 'nope'; known: train, audit, one_run"]
     run = store.get_run(rid)
     assert run["status"] == "failed" and run["error"] == "kind: unknown job kind 'nope'; known: train, audit, one_run"
-    shown = subprocess.run([sys.executable, "-m", "engine", "--store", str(store.path), "show", str(rid)], cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=120)
+    shown = cli_here("show", rid, store=store.path)
     assert shown.returncode == 0 and "kind=nope" in shown.stdout and "failed" in shown.stdout

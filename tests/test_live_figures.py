@@ -72,6 +72,7 @@ OPTIONS = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(options=OPTIONS, diverge=st.booleans(),
        arrivals=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=4), min_size=2, max_size=4))
@@ -87,6 +88,7 @@ def test_patched_figures_equal_a_fresh_build(options, diverge, arrivals):
     assert live.builds >= len(NAMES)  # the first refresh builds every figure
 
 
+@pytest.mark.slow
 def test_new_evaluations_patch_without_calling_the_builders(monkeypatch):
     runs = full_runs()
     live = LiveFigures(NAMES)
@@ -116,6 +118,7 @@ def test_new_evaluations_patch_without_calling_the_builders(monkeypatch):
     assert_same_specs(specs, snapshot(runs, [11] * 5))
 
 
+@pytest.mark.slow
 def test_structural_changes_rebuild():
     runs = full_runs()
     live = LiveFigures(NAMES)
@@ -147,6 +150,7 @@ def test_unknown_names_and_options_are_refused():
         LiveFigures(NAMES, smoothing=1.0)
 
 
+@pytest.mark.slow
 def test_long_curves_are_drawn_thinned_and_patched_alike(monkeypatch):
     """A curve over MAX_DRAWN_POINTS is drawn with that many evenly spaced points, its first and last kept and
     the band edges on the line's points, in a fresh build and in a patch alike; the frames keep every point."""
@@ -176,6 +180,7 @@ def test_long_curves_are_drawn_thinned_and_patched_alike(monkeypatch):
                     assert list(lines[edge + unit].x) == list(t.x)
 
 
+@pytest.mark.slow
 def test_a_refresh_converts_only_the_new_evaluations(monkeypatch):
     """Each stored evaluation becomes its record once: the first refresh converts what is there, every later
     one only what arrived; a run whose status changes (it may have been run again) is read afresh."""

@@ -132,6 +132,7 @@ def test_no_pair_no_gain_figure():
     assert spec.data.empty and headline.gain_sentence(spec.data) is None
 
 
+@pytest.mark.slow
 def test_the_live_gain_figure_is_patched_and_equals_a_fresh_build():
     runs = pair_runs(2)
     names = ["private_gain", "mid_curves", "tier_recall"]

@@ -40,6 +40,7 @@ def _text(elements) -> str:
     return " ".join(e.value.replace("\\", "") for e in elements)  # the page escapes Markdown
 
 
+@pytest.mark.slow
 def test_the_radio_opens_the_one_run_section_with_the_engine_defaults():
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     assert not at.exception and not at.error
@@ -85,6 +86,7 @@ def test_no_canaries_and_no_algorithms_are_refused():
     assert at.button(key="o_launch").disabled
 
 
+@pytest.mark.slow
 def test_a_finished_one_run_audit_shows_its_figure_table_and_verdicts():
     report = figs.make_report(broken=True)
     store = RunStore()  # the page's store (conftest: a temporary file)
@@ -124,6 +126,7 @@ def test_progress_words_say_where_a_run_is():
     assert one_run.progress_words({**done, "status": "cancelled"}, None, None).startswith("stopped at step 500/560")
 
 
+@pytest.mark.slow
 def test_launch_a_tiny_one_run_audit_until_its_figure():
     at = _app().run()
     at.number_input(key="o_epochs").set_value(1.0).run()

@@ -1,12 +1,10 @@
 """The one-run audit in training: canaries are ordinary members of their tier, the bug detector sees a broken tier,
 and every formal algorithm's ε̂ stays below its claim (engine.audit.one_run, engine.dp.canaries)."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from in_process import cli_here
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -95,6 +93,7 @@ def test_canaries_are_fixed_by_the_seed_and_input_canaries_carry_a_wrong_label_o
     assert not np.array_equal(a.grad_in, other.grad_in)
 
 
+@pytest.mark.slow
 def test_bug_detector_a_tier_whose_noise_is_divided_by_4_is_caught():
     """The point of the feature: IDP-SGD whose ε = 1 tier gets 4× its clip under the same noise (its noise divided
     by 4, unaccounted) must show ε̂ > 1 on that tier; the same run without the bug stays below every claim."""
@@ -110,6 +109,7 @@ def test_bug_detector_a_tier_whose_noise_is_divided_by_4_is_caught():
     assert sound.tiers[0].white.epsilon_hat < broken.tiers[0].white.epsilon_hat
 
 
+@pytest.mark.slow
 def test_bug_detector_a_tier_whose_sampling_rate_is_quadrupled_is_caught():
     """The issue's other bug: the ε = 1 tier sampled at 4× its planned rate (the accountant and the auditor's
     likelihood ratio still assume the planned one). Its canaries' spare slots see it; the sound run does not."""
@@ -123,6 +123,7 @@ def test_bug_detector_a_tier_whose_sampling_rate_is_quadrupled_is_caught():
     assert broken.tiers[0].white.epsilon_hat > broken.tiers[0].epsilon >= sound.tiers[0].white.epsilon_hat
 
 
+@pytest.mark.slow
 def test_spare_slots_see_more_than_model_coordinates():
     """The canaries' own slots take the other samples' gradients out of the score: on the broken tier ε̂ is higher
     than with canaries at model coordinates (same seed, same bug)."""
@@ -190,10 +191,8 @@ def test_job_kind_stores_the_report_and_the_cli_prints_it(tmp_path):
     report = execute(store, run_id, cfg, kind="one_run")
     run = store.get_run(run_id)
     assert run["status"] == "finished" and OneRunReport.from_dict(run["summary"]) == report
-    env = {**os.environ, "PRIVACY_LAB_STORE": str(tmp_path / "s.db")}
-    shown = subprocess.run([sys.executable, "-m", "engine", "show", str(run_id)], capture_output=True, text=True,
-                           env=env, timeout=120)
+    env = {"PRIVACY_LAB_STORE": str(tmp_path / "s.db")}
+    shown = cli_here("show", run_id, env=env)
     assert shown.returncode == 0 and "claimed ε" in shown.stdout and "DP-SGD" in shown.stdout
-    bad = subprocess.run([sys.executable, "-m", "engine", "one-run-audit", "--set", "beta=3"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    bad = cli_here("one-run-audit", "--set", "beta=3", env=env)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "beta" in bad.stderr

@@ -164,6 +164,7 @@ def test_build_specs_carry_the_tidy_frame():
         build_one_run_figures(report, names=["nope"])
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_the_figure_exports_to_png_and_through_export_runs(tmp_path):
     report = make_report()

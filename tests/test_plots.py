@@ -62,6 +62,7 @@ def pair():
     return [make_run(1, "idp_sample"), make_run(2, "ino", gain=0.2)]
 
 
+@pytest.mark.slow
 def test_engine_modules_import_without_streamlit():
     code = ("import sys, engine.figures.training, engine.figures.audit, engine.figures.explorer, "
             "engine.tools.tif_explorer, engine.figures.export, engine.jobs.manager; "
@@ -177,6 +178,7 @@ def test_epsilon_spent_has_budget_lines_and_dp_notes():
     assert dp_note(runs[0]) == "" and dp_note(make_run(3, "nonprivate")).startswith("non-private")
 
 
+@pytest.mark.slow
 def test_build_figures_all_names_and_themes(pair):
     runs = pair + [make_run(3, "dpsgd", fairness=True)]
     for theme in scaffold.THEMES:
@@ -195,6 +197,7 @@ def test_build_figures_all_names_and_themes(pair):
         scaffold.template("neon")
 
 
+@pytest.mark.slow
 def test_builders_do_not_mutate_their_inputs(pair):
     before = copy.deepcopy(pair)
     training.build_figures(pair)
@@ -248,6 +251,7 @@ def test_explorer_batch_weights_match_the_engine():
         assert isinstance(fig, go.Figure) and fig.data
 
 
+@pytest.mark.slow
 def test_explorer_sample_on_digits():
     from engine.data import load_dataset
     from engine.dp.tiers import preset
@@ -301,6 +305,7 @@ def hostile_run(run_id: int, algorithm: str) -> dict:
     return run
 
 
+@pytest.mark.slow
 def test_user_text_is_escaped_in_every_training_figure():
     runs = [hostile_run(1, "idp_sample"), hostile_run(2, "ino")]
     assert run_label(runs[0]) == f"{HOSTILE} #1"  # labels stay raw text: the figures escape
@@ -538,6 +543,7 @@ def test_smoothing_draws_the_ema_and_the_raw_curve_faint(pair):
             training.build_figures(pair, smoothing=bad)
 
 
+@pytest.mark.slow
 def test_x_axes_step_epoch_wall_time_and_epsilon():
     runs = [make_run(1, "idp_sample"), make_run(2, "nonprivate")]
     for r in runs[1:]:

@@ -140,6 +140,7 @@ def plans(draw):
     return PlanRecord(**fields)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.one_of(evals, summaries, plans()))
 def test_generated_records_round_trip(record):
@@ -218,6 +219,7 @@ def assert_round_trips(cls, d):
     return record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*RUNS, "random_tiers"])
 def test_stored_records_round_trip_and_are_the_loops(trained, name):
     store, ids, result = trained[name]
@@ -240,6 +242,7 @@ def test_stored_records_round_trip_and_are_the_loops(trained, name):
         assert tier_table(run["summary"]) == tier_table(summary)
 
 
+@pytest.mark.slow
 def test_what_each_run_records(trained):
     ino = trained["ino_k2"][2]
     assert [r.run_summary.seed_index for r in ino.per_seed] == [0, 1]
@@ -272,6 +275,7 @@ def test_what_each_run_records(trained):
         assert res.plan_record.to_plan() == prepare(res.config.job_config()).plan, name
 
 
+@pytest.mark.slow
 def test_preview_is_the_plan_record_with_the_preview_fields(trained):
     for name in ("sample", "ino_k2", "dpsgd_s", "nonprivate"):
         res = trained[name][2]
@@ -285,6 +289,7 @@ def test_preview_is_the_plan_record_with_the_preview_fields(trained):
         assert p.private == (name != "nonprivate")
 
 
+@pytest.mark.slow
 def test_tabular_run_records_fairness(shared_data, tmp_path, one_thread):
     from engine.data import load_dataset
     from engine.dp.tiers import preset
@@ -349,6 +354,7 @@ def test_old_store_opens_and_every_record_round_trips(old_store):
     assert all(len(e.group_clip.clip_norms) == 3 for e in dps_evals)
 
 
+@pytest.mark.slow
 def test_old_store_records_have_the_keys_today_writes(old_store, tmp_path, one_thread):
     """The stored format did not change: today's run of the fixture's configs writes the same keys."""
     store = RunStore(tmp_path / "today.sqlite")
@@ -387,6 +393,7 @@ def test_old_store_runs_feed_the_figures(old_store):
 SCALE = TINY.replace(**{"algorithm.name": "idp_scale"})
 
 
+@pytest.mark.slow
 def test_scale_noise_multipliers_agree_between_preview_audit_and_plan():
     prep = prepare(SCALE)
     planned = prep.plan.noise_multipliers

@@ -59,6 +59,7 @@ def test_writer_and_reader_concurrently(tmp_path):
     assert len(store.eval_metrics(1)) == 300 and len(seen) > 1
 
 
+@pytest.mark.slow
 def test_killed_worker_is_interrupted_and_finished_runs_survive(tmp_path):
     path = tmp_path / "runs.sqlite"
     store = RunStore(path)
@@ -81,6 +82,7 @@ def test_killed_worker_is_interrupted_and_finished_runs_survive(tmp_path):
     assert finished["status"] == "finished" and finished["summary"]["tiers"]
 
 
+@pytest.mark.slow
 def test_sigterm_marks_cancelled(tmp_path):
     path = tmp_path / "runs.sqlite"
     store = RunStore(path)
@@ -95,6 +97,7 @@ def test_sigterm_marks_cancelled(tmp_path):
     assert run["status"] == "cancelled" and len(store.eval_metrics(run_id)) >= 2
 
 
+@pytest.mark.slow
 def test_failed_run_records_error(tmp_path):
     path = tmp_path / "runs.sqlite"
     store = RunStore(path)

@@ -100,7 +100,8 @@ def _sample_grads(grads_of, x, y, i):
 
 @pytest.mark.parametrize("model,channels,dtype", [
     ("lr", 1, torch.float64), ("mlp", 1, torch.float64), ("cnn", 1, torch.float64), ("cnn", 3, torch.float64),
-    ("resnet18", 1, torch.float64),  # float64 (model and inputs cast to double): well-conditioned for every model
+    # float64 (model and inputs cast to double): well-conditioned for every model; ResNet-18 in the full suite
+    pytest.param("resnet18", 1, torch.float64, marks=pytest.mark.slow),
     ("lr", 1, torch.float32), ("mlp", 1, torch.float32),  # float32 where it is well-conditioned
 ])
 @pytest.mark.parametrize("method", ["layerwise", "vmap"])
@@ -195,6 +196,7 @@ def test_random_tiers_measured_on_train_subsample():
     assert [t["epsilon"] for t in result.summary["tiers"]] == [3.0, 2.0, 1.0]
 
 
+@pytest.mark.slow
 def test_tabular_fairness_metrics(shared_data):
     from engine.data import load_dataset
     from engine.dp.tiers import preset

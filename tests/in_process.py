@@ -7,8 +7,8 @@ and returns what ``subprocess.run(..., capture_output=True, text=True)`` would: 
 ``SystemExit`` included), stdout and stderr, and an unexpected exception's traceback on stderr with exit 1
 (so a "no traceback" assertion still fails when the CLI would have crashed).
 
-What it cannot show stays with subprocess tests: signals and kill -9 of a run, the installed console command,
-the app server, the last-resort handler of ``python -m engine``, and warnings (pytest captures them here).
+What it cannot show stays with subprocess tests: signals and kill -9 of a run, a per-process file-size limit, the
+installed console command, the app server, and warnings (pytest captures them here).
 Whatever a call changes in the process (``--data-dir`` sets ``$PRIVACY_LAB_DATA_DIR``, a run sets torch's
 thread count, the working directory) is put back after it.
 """

@@ -346,10 +346,12 @@ def app_idle(page) -> bool:
 def edit_grid_cell(page, grid, row: int, column: int, value: str) -> None:
     """Type ``value`` into cell (row, column) of a data editor's canvas ``grid`` and commit it (Enter), then wait
     for the rerun it causes to end. Rows are 35 px under a 35 px header; the cell is reached from the row's first
-    column with the arrow keys, and opened with Enter (again, should a rerun have redrawn the grid meanwhile)."""
-    editor = page.locator("#portal input.gdg-input")
+    column with the arrow keys, and opened with Enter. A click or key that lands while a rerun redraws the grid is
+    lost: then nothing opens, or a neighbouring read-only cell opens (its editor is disabled); either way the
+    editor is closed and the cell reached again. Number and text cells alike (an input or a textarea)."""
+    editor = page.locator("#portal .gdg-input")
     deadline = time.time() + UI
-    while editor.count() == 0:
+    while True:
         assert time.time() < deadline, f"the editor of cell ({row}, {column}) did not open"
         grid.scroll_into_view_if_needed()
         box = grid.bounding_box()
@@ -359,8 +361,12 @@ def edit_grid_cell(page, grid, row: int, column: int, value: str) -> None:
         page.keyboard.press("Enter")
         try:
             editor.wait_for(timeout=5000)
-        except Exception:  # the click landed while the grid was redrawn: again
+        except Exception:  # nothing opened: again
             continue
+        if editor.is_enabled():
+            break
+        page.keyboard.press("Escape")  # a read-only cell opened, not this one
+        editor.wait_for(state="detached")
     editor.fill(value)
     editor.press("Enter")
     editor.wait_for(state="detached")

@@ -15,7 +15,7 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, UI, UI_MS, app_idle, browser, server, wait_until  # noqa: F401
+from test_browser import CHROMIUM, UI, UI_MS, app_idle, browser, edit_grid_cell, server, wait_until  # noqa: F401
 from test_browser_forms import settled, type_into
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -46,25 +46,8 @@ def shown(page, key: str):
 
 
 def edit_cell(page, selector: str, row: int, column: int, value: str) -> None:
-    """Type ``value`` into cell (row, column) of the data editor ``selector`` and wait for its rerun: as
-    test_browser.edit_grid_cell, but for text cells too (their editor is a textarea, not an input)."""
-    grid = page.locator(f'{selector} [data-testid="data-grid-canvas"]')
-    editor = page.locator("#portal .gdg-input")
-    while editor.count() == 0:  # (a click that lands while the grid is redrawn opens nothing: again)
-        grid.scroll_into_view_if_needed()
-        box = grid.bounding_box()
-        page.mouse.click(box["x"] + 10, box["y"] + 35 * (row + 1) + 17)  # rows of 35 px under a 35 px header
-        for _ in range(column):
-            page.keyboard.press("ArrowRight")
-        page.keyboard.press("Enter")
-        try:
-            editor.wait_for(timeout=5000)
-        except Exception:  # noqa: BLE001
-            continue
-    editor.fill(value)
-    editor.press("Enter")
-    editor.wait_for(state="detached")
-    settled(page)
+    """Type ``value`` into cell (row, column) of the data editor ``selector`` and wait for its rerun."""
+    edit_grid_cell(page, page.locator(f'{selector} [data-testid="data-grid-canvas"]'), row, column, value)
 
 
 def table_rows(page, selector: str) -> list[list[str]]:

@@ -178,31 +178,32 @@ def _preview(config_json: str) -> dict:
 
 
 def _form(errors: list[str]) -> OneRunConfig | None:
+    """The one-run form; its fields keep their values while the PA-ALOOA section is shown (``widgets.KEEP``)."""
     names = dataset_names()
     left, right = st.columns([3, 2], gap="large")
     with left:
         st.subheader("Data and tiers")
         c1, c2 = st.columns(2)
-        dataset_name = c1.selectbox("Dataset", names, index=names.index("digits"), key="o_dataset",
+        dataset_name = c1.selectbox("Dataset", names, index=names.index("digits"), key="o_dataset", persist_state=widgets.KEEP,
                                     format_func=lambda n: n if DATASETS[n].is_available() else f"{n} (files missing)",
                                     help="digits ships with the lab and works offline; MNIST is the paper's")
         dataset = handles.dataset_or_error(dataset_name, 0, errors)
         tier_names = [n for n in (preset_names(dataset) if dataset is not None else []) if n != "single"]
-        tier_mode = c2.selectbox("Privacy tiers", tier_names or ["—"], key="o_tiers",
+        tier_mode = c2.selectbox("Privacy tiers", tier_names or ["—"], key="o_tiers", persist_state=widgets.KEEP,
                                  help="paper: ε 1/2/3 by class (MNIST/digits); the tiers' ε are what the audit checks")
         c1, c2, c3 = st.columns(3)
-        epochs = c1.number_input("Epochs", value=float(DEFAULT_ONE_RUN.epochs), step=1.0, key="o_epochs")
-        canaries = c2.number_input("Gradient canaries per tier", value=500, step=100, key="o_canaries",
+        epochs = c1.number_input("Epochs", value=float(DEFAULT_ONE_RUN.epochs), step=1.0, key="o_epochs", persist_state=widgets.KEEP)
+        canaries = c2.number_input("Gradient canaries per tier", value=500, step=100, key="o_canaries", persist_state=widgets.KEEP,
                                    help="white-box: the auditor sees every noisy update (0: none)")
-        inputs = c3.number_input("Input canaries per tier", value=500, step=100, key="o_inputs",
+        inputs = c3.number_input("Input canaries per tier", value=500, step=100, key="o_inputs", persist_state=widgets.KEEP,
                                  help="black-box: mislabeled test examples, scored on the final model (0: none; at "
                                       "most what half the test set affords)")
     with right:
         st.subheader("Algorithms and bound")
         algos = st.multiselect("Algorithms", ALGORITHM_CHOICES, default=DEFAULT_ALGOS, format_func=algorithm_label,
-                               key="o_algos", help="one training run each, with the same canaries")
+                               key="o_algos", persist_state=widgets.KEEP, help="one training run each, with the same canaries")
         beta = st.number_input("β (the bound holds with confidence 1 − β)", value=0.05, step=0.01, format="%.3f",
-                               key="o_beta")
+                               key="o_beta", persist_state=widgets.KEEP)
     if errors or dataset is None:
         return None
     try:

@@ -297,6 +297,13 @@ def test_cli_end_to_end_through_the_store(tmp_path):
     finite = adv[np.isfinite(adv)]
     assert finite.min() >= -1 and finite.max() <= 1  # held-out may dip below 0 by noise
     assert len(store.artifact_keys(run["id"])) >= 1 + 2 * 2  # meta + ALOOA and LOOA chunks of each algorithm
+    # its figures and their data export like a training run's (no training curves: the audit's own)
+    out = _cli("--store", str(store_path), "export", str(run["id"]), "--format", "html", "--format", "csv",
+               "--out", str(tmp_path / "export"))
+    assert out.returncode == 0, out.stderr
+    written = sorted(Path(p).name for p in out.stdout.split())
+    assert f"runs-{run['id']}_gpr_bars.html" in written and f"runs-{run['id']}_delta_table.csv" in written, written
+    assert all((tmp_path / "export" / n).stat().st_size > 0 for n in written)
     bad = tmp_path / "bad.json"
     bad.write_text('{"R": 0}')
     out = _cli("--store", str(store_path), "audit", str(bad))

@@ -1,4 +1,4 @@
-"""The Audit page's custom settings survive a look at a preset, in a real browser (reuses tests/test_browser.py's
+"""The Audit page's custom settings survive a look at a preset and at the other section, in a real browser (reuses tests/test_browser.py's
 Streamlit server and Chromium).
 
 A preset is shown in place of the custom form, so none of the form's widgets is drawn while it is chosen; Streamlit
@@ -17,6 +17,8 @@ import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
 from test_browser import CHROMIUM, UI, UI_MS, app_idle, browser, edit_grid_cell, server, wait_until  # noqa: F401
 from test_browser_forms import settled, type_into
+
+from app_pages._one_run import ONE_RUN, PA_ALOOA
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -48,6 +50,13 @@ def shown(page, key: str):
 def edit_cell(page, selector: str, row: int, column: int, value: str) -> None:
     """Type ``value`` into cell (row, column) of the data editor ``selector`` and wait for its rerun."""
     edit_grid_cell(page, page.locator(f'{selector} [data-testid="data-grid-canvas"]'), row, column, value)
+
+
+def pick_section(page, label: str, key: str) -> None:
+    """Choose the Audit page's section ``label`` and wait until its widget ``key`` is drawn."""
+    page.locator(".st-key-a_section").get_by_text(label, exact=True).click()
+    settled(page)
+    wait_until(lambda: shown(page, key) is not None and app_idle(page), UI, f"the section {label}")
 
 
 def table_rows(page, selector: str) -> list[list[str]]:
@@ -137,5 +146,18 @@ def test_custom_settings_survive_a_look_at_a_preset(server, browser, audits):  #
     edit_cell(page, PER_TIER, 0, column=2, value="4")
     wait_until(lambda: table_rows(page, PER_TIER) == [["2", "Female, Male", "4"]], UI, "tier 2 at ε = 4")
     assert table_rows(page, OWNERS) == [["Female", "2"], ["Male", "2"]]
+
+    # the other section hides the whole form, and the PA-ALOOA one hides the one-run form: both come back
+    pick_section(page, ONE_RUN, "o_canaries")
+    type_into(page, "o_canaries", "300")
+    type_into(page, "o_inputs", "200")
+    pick_section(page, PA_ALOOA, "a_group_by")
+    wait_until(lambda: page.locator(PER_TIER).count() == 1, UI, "the per-tier table")
+    now = {**set_up, "a_group_by": "attribute", "a_attr": "race", "per tier": [["2", "Female, Male", "4"]]}
+    back = fields(page)
+    lost = {k: (now[k], back[k]) for k in now if back[k] != now[k]}
+    assert not lost, f"settings lost after a look at the one-run section (set → shown): {lost}"
+    pick_section(page, ONE_RUN, "o_canaries")
+    assert (shown(page, "o_canaries"), shown(page, "o_inputs")) == ("300", "200"), "the one-run form was reset"
     assert [r["status"] for r in store.list_runs()] == (["cancelled"] if audits == "one listed" else [])  # no launch
     page.close()

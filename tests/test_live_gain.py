@@ -19,22 +19,26 @@ from test_plots import make_run, seed_series
 
 # --- the sentence, on constructed gain frames ------------------------------------------------------------
 
-def gain_frame(steps, ino, idp, *, eps: float = 1.0, total: int | None = None) -> pd.DataFrame:
+def gain_frame(steps, ino, idp, *, eps: float = 1.0, total: int | None = None, idp_loss=None) -> pd.DataFrame:
     """A one-tier gain frame (engine.figures.frames.GAIN_TIME_COLUMNS) for pairs j: ino[j], idp[j] the recalls
-    at ``steps`` (progress = step / total, total the last step by default)."""
+    at ``steps`` (progress = step / total, total the last step by default); ``idp_loss`` IDP-SGD's tier loss at
+    ``steps`` (default :data:`RISEN`: in its MID)."""
     total = total or steps[-1]
+    idp_loss = RISEN if idp_loss is None else idp_loss
     rows = []
     for j, (a, b) in enumerate(zip(ino, idp)):
-        for s, ra, rb in zip(steps, a, b):
+        for s, ra, rb, lb in zip(steps, a, b, idp_loss):
             rows.append({"pair": f"INO #{10 + j} − IDP-SGD (SAMPLE) #{j}", "ino_run_id": 10 + j, "idp_run_id": j,
                          "seed": j, "seed_index": j, "series": "INO − IDP", "step": s, "epoch": s / 100,
                          "elapsed": s / 10, "progress": s / total, "tier": "ε=1", "tier_index": 0, "epsilon": eps,
-                         "epsilon_spent": eps * s / total, "ino_recall": ra, "idp_recall": rb, "gain": ra - rb})
+                         "epsilon_spent": eps * s / total, "ino_recall": ra, "idp_recall": rb, "gain": ra - rb,
+                         "idp_loss": lb})
     return pd.DataFrame(rows, columns=frames.GAIN_TIME_COLUMNS)
 
 
 STEPS = [0, 39, 78, 117]
-DIPPING = [0.30, 0.10, 0.12, 0.15]  # IDP-SGD's recall falls from its early peak and has not come back
+DIPPING = [0.30, 0.10, 0.12, 0.15]  # IDP-SGD's recall of the tier
+RISEN = [2.30, 2.52, 2.47, 2.41]  # IDP-SGD's loss of the tier: above its initial value since step 39, still
 
 
 def test_ahead_and_in_the_mid():
@@ -55,19 +59,35 @@ def test_behind_level_and_no_negative_zero():
 
 
 def test_mid_recovered_none_and_undecided():
-    recovered = gain_frame(STEPS, [[0.30, 0.2, 0.3, 0.4]], [[0.30, 0.10, 0.29, 0.35]], total=1406)
+    ino, idp = [[0.30, 0.2, 0.3, 0.4]], [[0.30, 0.10, 0.29, 0.35]]
+    recovered = gain_frame(STEPS, ino, idp, total=1406, idp_loss=[2.30, 2.5, 2.30, 2.1])  # back at its start
     assert headline.gain_sentence(recovered).endswith("; IDP-SGD out of its MID since step 78")
-    rising = gain_frame(STEPS, [[0.1, 0.2, 0.3, 0.4]], [[0.1, 0.15, 0.2, 0.3]], total=1406)
-    assert "MID" not in headline.gain_sentence(rising)  # running, no drop yet: its MID may be ahead
-    done = gain_frame(STEPS, [[0.1, 0.2, 0.3, 0.4]], [[0.1, 0.15, 0.2, 0.3]])  # progress 1 at the last step
+    falling = [2.30, 2.2, 2.1, 2.0]
+    rising = gain_frame(STEPS, ino, idp, total=1406, idp_loss=falling)
+    assert "MID" not in headline.gain_sentence(rising)  # running, no rise yet: its MID may be ahead
+    done = gain_frame(STEPS, ino, idp, idp_loss=falling)  # progress 1 at the last step
     assert headline.gain_sentence(done).endswith("; IDP-SGD had no MID")
-    early = gain_frame(STEPS[:2], [[0.30, 0.2]], [[0.30, 0.05]], total=1406)  # two evaluations: undecided
+    early = gain_frame(STEPS[:1], [[0.30]], [[0.30]], total=1406)  # the initial evaluation only: undecided
     assert "MID" not in headline.gain_sentence(early)
-    # an untrained model's lucky peak no trained one reaches: finished, the level it recovered to counts
-    assert headline.idp_mid([0, 1, 2, 3], [1.0, 0.2, 0.6, 0.6], finished=False) == ("ongoing", 1)
-    assert headline.idp_mid([0, 1, 2, 3], [1.0, 0.2, 0.6, 0.6], finished=True) == ("recovered", 2)
-    assert headline.idp_mid([0, 1, 2], [0.3, 0.29, 0.31]) == (None, None)  # within the tolerance: no drop
-    assert headline.idp_mid([0, 1, 2], [0.3, float("nan"), 0.31]) == (None, None)
+    assert headline.idp_mid([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=False) == ("ongoing", 1)
+    assert headline.idp_mid([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=True) == ("ongoing", 1)  # ended in it
+    assert headline.idp_mid([0, 1, 2], [2.3, 2.3, 2.2], finished=True) == ("none", None)  # level is not above
+    assert headline.idp_mid([0, 1, 2], [2.3, float("nan"), 2.2]) == (None, None)
+
+
+@pytest.mark.parametrize("count", [2, 3, 5, 8, 11])
+def test_the_sentence_and_the_mid_chart_read_one_rule(count):
+    """The sentence's MID of IDP-SGD is the MID the chart shades and the MID table lists (frames.mid_spans) for
+    the same run and tier, at every stage of a run whose ε = 1 tier rises above its initial loss and comes back."""
+    runs = snapshot([make_run(1, "idp_sample", status="running"), make_run(2, "ino", gain=0.2, status="running")],
+                    [count, count])
+    spans = frames.mid_spans(runs)
+    span = spans[(spans.run_id == 1) & (spans.tier == "ε=1")].iloc[0]
+    text = headline.gain_sentence(headline.private_gain(runs))
+    expected = "; IDP-SGD still in its MID" if span.state == "ongoing" else \
+        f"; IDP-SGD out of its MID since step {span.end_step:.0f}"
+    assert text.endswith(expected), (span.state, text)
+    assert {2: "ongoing", 11: "recovered"}.get(count, span.state) == span.state  # both states are met
 
 
 def test_seeds_give_a_spread_only_when_several():

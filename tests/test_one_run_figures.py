@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.audit.config import AuditConfig
 from engine.audit.one_run_bound import OneRunBound
 from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import AlgorithmOneRun, OneRunReport, TierBound
 from engine.figures import export
+from engine.figures.audit import AUDIT_FIGURES
 from engine.figures.one_run import (BROKEN_COLOR, NO_FORMAL_DP, ONE_RUN_FIGURES, bar_positions, build_one_run_figures,
-                                    claimed_vs_empirical, is_one_run, one_run_run_figures)
+                                    claimed_vs_empirical)
 from engine.store.db import RunStore
+from test_plots import hostile_audit
 
 TIERS = ("ε=1", "ε=2", "ε=3")
 needs_chromium = pytest.mark.skipif(not export.static_export_available()[0],
@@ -184,12 +187,15 @@ def test_the_figure_exports_to_png_and_through_export_runs(tmp_path):
     assert all(p.parent == tmp_path / "out" for p in paths)
 
 
-def test_export_finds_the_one_run_audits_among_run_records():
+def test_export_finds_the_audits_among_run_records():
+    """Each audit gives its own kind's figures (the type of its configuration decides), a training run none here."""
     summary = make_report().to_dict()
     one = {"id": 7, "kind": "one_run", "config": OneRunConfig().to_dict(), "summary": summary}
     train = {"id": 8, "kind": "train", "config": OneRunConfig().run.to_dict(), "summary": {"final": {}}}
-    assert is_one_run(one) and not is_one_run(train)
-    assert [s.name for s in one_run_run_figures([one, train])] == ["one_run_epsilon"]
-    assert [s.name for s in one_run_run_figures([one, {**one, "id": 9}, train])] == ["one_run_epsilon_7",
-                                                                                    "one_run_epsilon_9"]
-    assert one_run_run_figures([{**one, "summary": None}]) == []  # queued: nothing to draw yet
+    pa = {"id": 5, "kind": "audit", "config": AuditConfig().to_dict(), "summary": hostile_audit()}
+    assert [s.name for s in export.audit_figures([one, train])] == ["one_run_epsilon"]
+    assert [s.name for s in export.audit_figures([one, {**one, "id": 9}, train])] == ["one_run_epsilon_7",
+                                                                                     "one_run_epsilon_9"]
+    assert [s.name for s in export.audit_figures([pa, train])] == list(AUDIT_FIGURES)
+    assert [s.name for s in export.audit_figures([pa, one])] == [f"{n}_5" for n in AUDIT_FIGURES] + ["one_run_epsilon_7"]
+    assert export.audit_figures([{**one, "summary": None}, {**pa, "summary": None}]) == []  # queued: nothing yet

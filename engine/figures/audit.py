@@ -273,3 +273,4 @@ def build_audit_figures(results, *, theme: str = "light", names=None) -> list[Fi
         title, fig, frame = figures[name]
         out.append(FigureSpec(name, title, fig(report, theme=theme), frame()))
     return out
+

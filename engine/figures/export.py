@@ -19,12 +19,16 @@ import time
 import zipfile
 from pathlib import Path
 
+from engine.audit.config import AuditConfig
+from engine.audit.one_run_config import OneRunConfig
 from engine.config.schema import ConfigError
 from engine.figures.frames import run_evals
-from engine.figures.one_run import is_one_run, one_run_run_figures
+from engine.figures.audit import build_audit_figures
+from engine.figures.one_run import build_one_run_figures
+from engine.figures.scaffold import FigureSpec
 from engine.figures.talk import TALK_FIGURES, build_talk_figures
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
-from engine.jobs.runs import run_record
+from engine.jobs.runs import run_config, run_record
 from engine.store.artifacts import load_array
 
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -269,12 +273,30 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "figure"
 
 
+# an audit's figures by the type of its configuration (read through the job-kind registry): PA-ALOOA's GPR bars,
+# Δ table … (engine.figures.audit); a one-run audit's claimed-vs-empirical ε (engine.figures.one_run)
+AUDIT_FIGURE_BUILDERS = {AuditConfig: build_audit_figures, OneRunConfig: build_one_run_figures}
+
+
+def audit_figures(runs: list[dict], *, theme: str = "light") -> list[FigureSpec]:
+    """The figures of the audits among run records (those with a stored summary, a partial one too), each by its
+    kind's builder (:data:`AUDIT_FIGURE_BUILDERS`); with several audits each name ends in its run id."""
+    audits = [r for r in runs if r.get("summary") and type(run_config(r)) in AUDIT_FIGURE_BUILDERS]
+    out = []
+    for run in audits:
+        for spec in AUDIT_FIGURE_BUILDERS[type(run_config(run))](run["summary"], theme=theme):
+            if len(audits) > 1:
+                spec.name = f"{spec.name}_{run['id']}"
+            out.append(spec)
+    return out
+
+
 def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: int = 1000, height: int = 600,
                 scale: float = 2.0, theme: str = "light") -> list[Path]:
     """Write every figure of the selected runs in each format into ``out_dir``; returns the paths.
 
     png/svg/pdf/html: one file per figure; csv: the data behind each figure; json: ``configs.json``. A one-run
-    audit (kind "one_run") adds its claimed-vs-empirical ε figure (:mod:`engine.figures.one_run`).
+    audit has no training curves: it gives its own figures instead (:func:`audit_figures`).
     Raises ConfigError for unknown run ids and ExportUnavailable for static formats without Chromium.
     """
     formats = [f.lower() for f in (formats or ["png"])]
@@ -290,8 +312,8 @@ def export_runs(store, run_ids, *, formats=("png",), out_dir="export", width: in
     out.mkdir(parents=True, exist_ok=True)
     prefix = "runs-" + "-".join(str(r["id"]) for r in runs)
     paths: list[Path] = []
-    trained = [r for r in runs if not is_one_run(r)]  # a one-run audit has no training curves: its own figure
-    specs = all_figures(trained, theme=theme, skip_empty=True) + one_run_run_figures(runs, theme=theme)
+    trained = [r for r in runs if type(run_config(r)) not in AUDIT_FIGURE_BUILDERS]  # an audit: its own figures
+    specs = all_figures(trained, theme=theme, skip_empty=True) + audit_figures(runs, theme=theme)
     for spec in specs:
         for fmt in formats:
             if fmt == "json":

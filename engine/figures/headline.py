@@ -17,17 +17,14 @@ import pandas as pd
 from engine.figures import frames as fr
 from engine.figures import talk_frames as tf
 from engine.figures.bands import mean_se
+from engine.models.metrics import mid_markers
 
 # A mean gain within this many recall points of zero reads "level": below it the two algorithms' recalls of a
 # tier of a few hundred test samples differ by about one sample, and a sign would flicker from one refresh to
 # the next.
 LEVEL_POINTS = 0.5
-# How far (recall, a fraction) IDP-SGD's recall must fall below its early peak to start a MID, and how close to
-# it it must come back to end one: evaluation noise on a small tier moves recall by about a point between two
-# evaluations, which is no drop.
-MID_TOLERANCE = 0.02
 
-CURVE_COLUMNS = ["step", "progress", "gain", "se", "n", "idp_recall", "tier", "epsilon"]
+CURVE_COLUMNS = ["step", "progress", "gain", "se", "n", "idp_recall", "idp_loss", "tier", "epsilon"]
 
 
 def private_gain(runs: list[dict], gain: pd.DataFrame | None = None, memo: dict | None = None) -> pd.DataFrame:
@@ -43,49 +40,39 @@ def private_gain(runs: list[dict], gain: pd.DataFrame | None = None, memo: dict 
 
 def gain_curve(gain: pd.DataFrame) -> pd.DataFrame:
     """Per INO evaluation step of a one-tier gain frame: the mean paired gain, its standard error over the pairs
-    (nan for one pair), the pairs counted, IDP-SGD's mean recall, the tier and its ε; in step order."""
+    (nan for one pair), the pairs counted, IDP-SGD's mean recall and mean tier loss, the tier and its ε; in step
+    order."""
     if gain.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)
     rows = []
     for step, g in gain.groupby("step", sort=True):
         m, se, n = mean_se(g["gain"])
         rows.append({"step": int(step), "progress": float(g["progress"].mean()), "gain": m, "se": se, "n": n, "idp_recall": float(g["idp_recall"].mean()),
+                     "idp_loss": float(g["idp_loss"].mean()),
                      "tier": g["tier"].iloc[0], "epsilon": float(g["epsilon"].iloc[0])})
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
-def idp_mid(steps, recall, *, finished: bool = False) -> tuple[str | None, int | None]:
-    """IDP-SGD's MID of a tier read from its recall curve (evaluations in step order): (state, step).
+def idp_mid(steps, loss, *, finished: bool = False) -> tuple[str | None, int | None]:
+    """IDP-SGD's MID of a tier from its test loss (evaluations in step order, the first the initial one) by the
+    lab's one MID rule, :func:`engine.models.metrics.mid_markers` (the MID chart's shading, the MID table and the
+    run summary read the same): (state, step).
 
-    The rule. The *early peak* is the highest recall before the first *drop*, the first evaluation whose recall
-    is more than :data:`MID_TOLERANCE` below the highest recall before it. The MID runs from that drop until the
-    recall is back within :data:`MID_TOLERANCE` of the *recovery level*: the early peak while the run goes on;
-    once it has ended (``finished``), the lower of the early peak and the best recall after the drop — the level
-    it did recover to (an untrained model that happens to call every sample of the tier's classes right has a
-    peak no trained model comes back to). States:
-
-    * ``"ongoing"`` (step: the drop's) — the latest recall is still below the recovery level: "still in its MID";
-    * ``"recovered"`` (step: the first evaluation back) — it came back;
-    * ``"none"`` (step None) — a finished run whose recall never dropped;
-    * ``None`` (step None) — not decidable: fewer than three evaluations (a drop needs one before it and one to
-      see where it goes), non-finite recalls, or a running run that has not dropped yet (its MID may be ahead).
+    * ``"ongoing"`` (step: the onset) — the loss rose above its initial value and is still above it;
+    * ``"recovered"`` (step: the end, the first evaluation back at or below it);
+    * ``"none"`` (step None) — a finished run whose loss never rose above it;
+    * ``None`` (step None) — not decidable: fewer than two evaluations, a non-finite loss, or a running run whose
+      loss has not risen yet (its MID may be ahead).
     """
-    r = np.asarray(recall, dtype=float)
-    s = list(steps)
-    if len(r) < 3 or not np.isfinite(r).all():
+    x = np.asarray(loss, dtype=float)
+    if len(x) < 2 or not np.isfinite(x).all():
         return None, None
-    best = np.maximum.accumulate(r)
-    drops = np.flatnonzero(r[1:] < best[:-1] - MID_TOLERANCE) + 1
-    if not len(drops):
+    m = mid_markers([[v] for v in x], list(steps))[0]
+    if m["onset_step"] is None:
         return ("none", None) if finished else (None, None)
-    d = int(drops[0])
-    level = float(best[d - 1])
-    if finished:
-        level = min(level, float(r[d:].max()))
-    back = np.flatnonzero(r[d:] >= level - MID_TOLERANCE)
-    if len(back):
-        return "recovered", int(s[d + int(back[0])])
-    return "ongoing", int(s[d])
+    if m["end_step"] is not None:
+        return "recovered", int(m["end_step"])
+    return "ongoing", int(m["onset_step"])
 
 
 def _points(value: float) -> float:
@@ -98,7 +85,7 @@ def gain_sentence(gain: pd.DataFrame) -> str | None:
     """One sentence on a one-tier gain frame (:func:`private_gain`): who leads at the latest evaluation every
     pair has reached (the latest one when the pairs have none in common), by how many recall points (mean over
     the paired seeds, ± its s.e. when there are several), and IDP-SGD's MID (:func:`idp_mid`) when it can be
-    decided (from IDP-SGD's recall averaged over the pairs, up to that evaluation; "finished" when INO-SGD's
+    decided (from IDP-SGD's tier loss averaged over the pairs, up to that evaluation; "finished" when INO-SGD's
     progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points (after rounding to one
     decimal, so never "−0.0") is "level". None without a gain."""
     curve = gain_curve(gain).dropna(subset=["gain"])
@@ -119,7 +106,7 @@ def gain_sentence(gain: pd.DataFrame) -> str | None:
         text = f"{leader} ahead by +{abs(points):.1f}{spread} recall points {where}{seeds}"
     upto = curve[curve["step"] <= step]
     finished = bool(upto["progress"].iloc[-1] >= 1.0 - 1e-9)
-    state, mid_step = idp_mid(upto["step"], upto["idp_recall"], finished=finished)
+    state, mid_step = idp_mid(upto["step"], upto["idp_loss"], finished=finished)
     if state == "ongoing":
         text += "; IDP-SGD still in its MID"
     elif state == "recovered":

@@ -20,10 +20,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import KINDS, OneRunReport
 from engine.figures.scaffold import EXTRA_COLORS, FigureSpec, algo_color, base_figure, empty_figure, esc
-from engine.jobs.runs import run_config
 
 ONE_RUN_FIGURES = ("one_run_epsilon",)
 TITLE = "Claimed vs empirical ε per tier"
@@ -188,23 +186,4 @@ def build_one_run_figures(report, *, theme: str = "light", names=None) -> list[F
         if name not in ONE_RUN_FIGURES:
             raise ValueError(f"unknown one-run figure {name!r}; allowed: {', '.join(ONE_RUN_FIGURES)}")
         out.append(FigureSpec(name, TITLE, claimed_vs_empirical(report, kind="both", theme=theme), report.frame()))
-    return out
-
-
-def is_one_run(run: dict) -> bool:
-    """Whether a run record is a one-run audit (its typed configuration, read through the job-kind registry, is
-    a :class:`~engine.audit.one_run_config.OneRunConfig`)."""
-    return isinstance(run_config(run), OneRunConfig)
-
-
-def one_run_run_figures(runs: list[dict], *, theme: str = "light") -> list[FigureSpec]:
-    """The figures of the one-run audits among run records (those with a stored summary, a partial one too), for
-    :func:`engine.figures.export.export_runs`; with several such runs each name ends in its run id."""
-    audits = [r for r in runs if r.get("summary") and is_one_run(r)]
-    out = []
-    for run in audits:
-        for spec in build_one_run_figures(run["summary"], theme=theme):
-            if len(audits) > 1:
-                spec.name = f"{spec.name}_{run['id']}"
-            out.append(spec)
     return out

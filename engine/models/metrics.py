@@ -74,7 +74,13 @@ def fairness_metrics(y_true, y_pred, sensitive) -> dict:
 
 
 def mid_markers(tier_losses: list[list[float]], steps: list[int]) -> list[dict]:
-    """MID onset/end per tier from the evaluation history.
+    """MID onset/end per tier from the evaluation history: the lab's one MID rule (the run summary, the MID chart's
+    shading and table, and the Train page's sentence all read it).
+
+    The rule: a tier is in its MID (minority initial drop) from the first evaluation whose test loss is above the
+    tier's initial loss (onset) to the first later one back at or below it (end). The loss, not the recall: an
+    untrained model's recall of a tier is whatever its first guesses happen to hit (all of a class or none),
+    while its loss starts where every tier's does (about ln K), so "above the start" means the same on every tier.
 
     ``tier_losses[e][k]`` is tier k's test loss at evaluation e (e = 0 is the initial one).
     Returns per tier {"onset_step", "end_step", "peak_step", "peak_increase"}; None where absent.

@@ -16,7 +16,7 @@ from engine.audit.runner import preview_audit
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import DataError
-from engine.jobs.estimates import format_seconds, start_seconds
+from engine.jobs.estimates import format_seconds
 from engine.jobs.runs import algorithm_label
 from engine.train.loop import preview
 from engine.train.records import PlanRecord
@@ -110,7 +110,7 @@ def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:
         return None
     est = p.get("estimate")
     if est:
-        start, measured = start_seconds(handles.manager().store.list_runs(kind="audit"))
+        start, measured = handles.manager().start_estimate("audit")
         st.caption(f"Estimated runtime ≈ **{format_seconds(est['seconds'] + start)}** from Launch — " + md(est["how"])
                    + f"; the worker's start {start:.0f} s ({'measured on this machine' if measured else 'rough'}).")
     with st.expander(f"Plan: {len(p['algorithms'])} × {p['n_models']} models of {p['steps_per_model']} steps on "

@@ -19,7 +19,7 @@ from engine.dp.tiers import preset, preset_names
 from engine.figures.explorer import fig_bif_batch, fig_tier_rho, fig_tif
 from engine.figures.scaffold import FigureSpec
 from engine.figures.talk import build_talk_figures
-from engine.jobs.estimates import format_seconds, run_time_estimate
+from engine.jobs.estimates import format_seconds
 from engine.jobs.manager import new_group_id
 from engine.jobs.runs import run_record
 from engine.tools import sweep, tif_explorer
@@ -150,7 +150,7 @@ if sweep_error is not None:
     show_error(sweep_error)
 else:
     steps = jobs[0][1]  # every cell trains the reference's epochs and batch size
-    secs, how = run_time_estimate(jobs, store.list_runs(kind="train"), mgr.max_workers)
+    secs, how = mgr.run_time_estimate(jobs)
     c4.metric("Runs", len(configs), help=f"1 IDP-SGD reference + {len(configs) - 1} INO-SGD cells, {steps} steps each")
     st.caption(md(f"{len(configs)} runs × {steps} steps · ≈ {format_seconds(secs)} ({how}; "
                   f"{mgr.max_workers} at a time)"))

@@ -23,7 +23,7 @@ from engine.figures.live import LiveFigures
 from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.talk_frames import noise_cost_sentence
 from engine.figures.training import live_figure_names
-from engine.jobs.estimates import format_seconds, run_time_estimate
+from engine.jobs.estimates import format_seconds
 from engine.jobs.manager import new_group_id, queue_positions
 from engine.jobs.runs import algorithm_label
 from engine.jobs.runs import dataset_name as run_dataset
@@ -246,7 +246,7 @@ with l2.container(key="launch-note"):
         st.caption("Launch is disabled: see the message below.")
     elif configs and len(previews) == len(configs):
         jobs = [(c, previews[c.algorithm.name].steps, previews[c.algorithm.name].expected_batch_size) for c in configs]
-        est = run_time_estimate(jobs, mgr.store.list_runs(kind="train"), mgr.max_workers)
+        est = mgr.run_time_estimate(jobs)
         if est is not None:
             st.caption(md(f"about {format_seconds(est[0])} from Launch to the end of {len(configs)} run(s) "
                           f"({est[1]})"))

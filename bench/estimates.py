@@ -9,9 +9,13 @@ Everything goes through a temporary run store and real worker processes (``engin
 as the pages launch them:
 
 * **train**: the default comparison (IDP-SGD SAMPLE and INO-SGD on digits, the lab's default tiers) is
-  launched twice. The first launch meets an empty store, so its estimate is the per-model constant; the
-  second one's is measured from the first's finished runs (what a user sees from the second launch on).
-  Actual = submit → the last run finished, worker start included.
+  launched three times. Before each launch the bench waits, as a user reads the page, until the manager's
+  standbys are warm (``JobManager.standbys_ready``; the app's manager starts with the first page). The first
+  launch meets an empty store, so its estimate is the rough per-model constant (reported, not judged); the
+  second's and third's are measured from the finished runs before them (what a user sees from the second
+  launch on). Actual = submit → the last run finished, worker start included. ``--cold-first``: the first
+  launch comes at once (its runs start cold, beside the standbys importing torch; they train ~3× slower, which
+  the second launch's measured rate then carries).
 * **live ETA**: during the second launch the bench polls the first run's row every 0.25 s (as the page does
   every 0.5 s) and feeds it to ``engine.jobs.estimates.SmoothEta``; afterwards it compares each ETA with the
   time that was really left, after the first evaluation, and counts how often the ETA went up.
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.audit.presets import preset  # noqa: E402
 from engine.audit.runner import preview_audit  # noqa: E402
 from engine.config.run import AlgorithmConfig, RunConfig  # noqa: E402
-from engine.jobs.estimates import SmoothEta, run_time_estimate, start_seconds  # noqa: E402
+from engine.jobs.estimates import SmoothEta  # noqa: E402
 from engine.jobs.manager import JobManager  # noqa: E402
 from engine.train.loop import preview  # noqa: E402
 
@@ -54,7 +58,15 @@ def train_estimate(mgr: JobManager, configs: list[RunConfig]) -> tuple[float, st
     for c in configs:
         plan = preview(c)
         jobs.append((c, plan.steps, plan.expected_batch_size))
-    return run_time_estimate(jobs, mgr.store.list_runs(kind="train"), mgr.max_workers)
+    return mgr.run_time_estimate(jobs)
+
+
+def think(mgr: JobManager, runs: int, timeout: float = 120.0) -> float:
+    """A user's time on the page before Launch: until ``runs`` standbys are warm (seconds waited)."""
+    t0 = time.time()
+    while mgr.standbys_ready() < runs and time.time() - t0 < timeout:
+        time.sleep(0.2)
+    return time.time() - t0
 
 
 def wait_done(mgr: JobManager, ids: list[int], watch: int | None = None, timeout: float = 1800.0) -> list[tuple]:
@@ -94,47 +106,59 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--epochs", type=float, default=10.0, help="the comparison's epochs (default: the form's 10)")
+    ap.add_argument("--cold-first", action="store_true", help="launch the first comparison at once (a cold start)")
     args = ap.parse_args()
     out: dict = {"load_average": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         mgr = JobManager(Path(tmp) / "runs.sqlite")
         try:
             configs = comparison(args.epochs)
-            for phase in ("first", "second"):
+            for phase in ("first", "second", "third"):
+                waited = 0.0 if phase == "first" and args.cold_first else think(mgr, len(configs))
                 est, how = train_estimate(mgr, configs)
                 t0 = time.time()
                 ids = mgr.submit(configs)
                 trace = wait_done(mgr, ids, watch=ids[0] if phase == "second" else None)
                 actual = max(mgr.store.get_run(i)["finished_at"] for i in ids) - t0
-                out[f"train_{phase}"] = {"estimate_s": est, "actual_s": actual, "ratio": est / actual, "how": how}
+                out[f"train_{phase}"] = {"estimate_s": est, "actual_s": actual, "ratio": est / actual, "how": how,
+                                         "think_s": waited,
+                                         "start_waits_s": [r["started_at"] - r["created_at"] for r in
+                                                           map(mgr.store.get_run, ids)]}
                 if phase == "second":
                     out["live_eta"] = eta_quality(trace, mgr.store.get_run(ids[0])["finished_at"])
             cfg = preset("quick")
+            waited = think(mgr, 1)
             # what the Audit page says (app_pages/_plans.audit_plan): the engine's estimate + the worker's start
-            est = preview_audit(cfg, estimate=True)["estimate"]["seconds"] + \
-                start_seconds(mgr.store.list_runs(kind="audit"))[0]
+            est = preview_audit(cfg, estimate=True)["estimate"]["seconds"] + mgr.start_estimate("audit")[0]
             t0 = time.time()
             (aid,) = mgr.submit([cfg], kind="audit")
             wait_done(mgr, [aid])
             actual = mgr.store.get_run(aid)["finished_at"] - t0
-            out["audit_quick"] = {"estimate_s": est, "actual_s": actual, "ratio": est / actual}
+            out["audit_quick"] = {"estimate_s": est, "actual_s": actual, "ratio": est / actual, "think_s": waited}
         finally:
             mgr.shutdown(cancel_running=True)
-    ratios = [out[k]["ratio"] for k in ("train_first", "train_second", "audit_quick")]
-    out["within_2x"] = all(1 / TARGET_RATIO <= r <= TARGET_RATIO for r in ratios)
+    phases = ("train_first", "train_second", "train_third", "audit_quick")
+    # the issue's target is for estimates measured on this machine ("the store has them"); the first launch on an
+    # empty store has only the rough per-model constant (reported, not judged)
+    measured = ("train_second", "train_third", "audit_quick")
+    out["within_2x"] = all(1 / TARGET_RATIO <= out[k]["ratio"] <= TARGET_RATIO for k in measured)
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"load average at start {out['load_average']:.2f}")
-    for k in ("train_first", "train_second", "audit_quick"):
+    for k in phases:
         v = out[k]
+        waits = ", ".join(f"{w:.1f}" for w in v.get("start_waits_s", []))
         print(f"{k:13s} estimate {v['estimate_s']:7.1f} s   actual {v['actual_s']:7.1f} s   estimate/actual "
-              f"{v['ratio']:.2f}" + (f"   ({v['how']})" if "how" in v else ""))
+              f"{v['ratio']:.2f}   after {v['think_s']:.1f} s on the page" + (f"; runs started after {waits} s"
+                                                                             if waits else "")
+              + (f"   ({v['how']})" if "how" in v else ""))
     e = out["live_eta"]
     if e.get("samples"):
         print(f"live ETA after the first evaluation: {e['samples']} readings, ETA/actual left "
               f"{e['ratio_min']:.2f}–{e['ratio_max']:.2f}, rose {e['rises']}×; first reading {e['first_ratio']:.2f}")
-    print(f"all three estimates within {TARGET_RATIO:g}× of actual: {out['within_2x']}")
+    print(f"the {len(measured)} measured estimates ({', '.join(measured)}) within {TARGET_RATIO:g}× of actual: "
+          f"{out['within_2x']}; the first launch's rough one: {out['train_first']['ratio']:.2f}")
     return 0
 
 

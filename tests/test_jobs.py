@@ -123,12 +123,17 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
              and set(mgr._hinted) == {TINY.to_json(), other.to_json()}, 60, "two hinted standbys")
     pid_of = dict(zip(mgr._hinted, [p.pid for p in mgr._standbys]))  # each standby prepares its own config
     assert all(os.getpriority(os.PRIO_PROCESS, pid) >= WORKER_NICENESS for pid in pid_of.values())
+    # each standby says when it is warm (the estimate's warm start): both, once imported
+    wait_for(lambda: mgr.standbys_ready() == 2, 90, "two warm standbys")
+    markers = [p.ready_path for p in mgr._standbys]
     # (a standby reads its hint before the run line, so the run always finds what it prepared)
     warm, warm_other = mgr.submit([TINY, other], group_id="g-warm")
     runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, warm_other)])
                     and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "the warm runs")
     assert [r["status"] for r in runs] == ["finished", "finished"]
     assert runs[0]["pid"] == pid_of[TINY.to_json()] and runs[1]["pid"] == pid_of[other.to_json()]
+    assert not any(m.exists() for m in markers)  # a standby that took a run is no longer counted as ready
+    assert all(r["started_at"] - r["created_at"] < 1.5 for r in runs)  # what start_seconds counts as warm
 
     cold_mgr = JobManager(tmp_path / "cold.sqlite", max_workers=1, prewarm=False)
     try:
@@ -139,6 +144,7 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     finally:
         cold_mgr.shutdown(cancel_running=True)
     assert [r["status"] for r in cruns] == ["finished", "failed"]
+    assert cold_mgr.standbys_ready() == 0
     assert cruns[0]["pid"] not in pid_of.values()
     assert "batch_size" in cruns[1]["error"]
     s1, s2 = runs[0]["summary"], cruns[0]["summary"]

@@ -2,11 +2,13 @@
 
     seconds_per_sample(config, history)   seconds per sample-gradient on this machine: the median over the store's
                                           finished runs of the same dataset and model (else a rough constant)
-    start_seconds(history)                a launch's start on this machine (worker, data, plan): the median over
-                                          the store's launches of their first run's wait (else a rough constant)
+    start_seconds(history, warm)          a launch's start on this machine (worker, data, plan): the median over
+                                          the store's launches of their first run's wait, warm (a ready standby)
+                                          or cold (a worker importing torch) as asked (else a rough constant)
     run_time_estimate(jobs, history, w)   a comparison's (or a sweep's) wall time: each run's steps × expected
                                           batch × k seeds × that rate, the runs shared out over w worker processes,
-                                          plus one start per wave of w runs
+                                          plus one start per wave of w runs (``JobManager.run_time_estimate``
+                                          gives it the manager's workers and ready standbys)
     eta_seconds(run)                      a running run's remaining seconds from its progress so far
     SmoothEta                             the live view's ETA: from the progress seen since this viewer first saw
                                           the run (the start is not a step), never rising except to re-anchor
@@ -18,12 +20,17 @@ here calls Streamlit. ``bench/estimates.py`` compares every estimate with the wa
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 from engine.config.run import RunConfig
 
-FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 4e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3}  # one core, per sample-gradient (rough)
+# one core, per sample-gradient (rough). The CNN's: the Papernot CNN measured 7e-5 on digits (the default
+# comparison) and ~1.3e-4 on MNIST on a quiet 2-core machine (bench/estimates.py, bench/step_overhead.py)
+FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 1.2e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3}
 FALLBACK_START_SECONDS = 5.0  # a worker process importing torch, loading the data and planning, on 2 cores (rough)
+FALLBACK_WARM_START_SECONDS = 0.5  # a ready standby taking the run, loading the data and planning (rough)
+WARM_START_MAX_SECONDS = 1.5  # a longer wait is a cold start: importing torch alone takes longer on 2 cores
 
 
 def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, str]:
@@ -43,33 +50,41 @@ def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, s
         samples = r["total_steps"] * max(1, int(cfg.get("batch_size") or 1)) * max(1, int(cfg.get("seeds") or 1))
         rates.append((r["finished_at"] - r["started_at"]) / samples)
     if rates:
-        rates.sort()
-        return rates[len(rates) // 2], f"measured on this machine from {len(rates)} finished run(s)"
+        return statistics.median(rates), f"measured on this machine from {len(rates)} finished run(s)"
     model = config.model.name if config.model.name in FALLBACK_SECONDS_PER_SAMPLE else "cnn"
     return FALLBACK_SECONDS_PER_SAMPLE[model], "a rough estimate until a run of this dataset and model has finished"
 
 
-def start_seconds(history: list[dict]) -> tuple[float, bool]:
+def start_seconds(history: list[dict], *, warm: bool | None = None) -> tuple[float, bool]:
     """(seconds from Launch to a run's first step, measured?): the median over the launches (groups) in
     ``history`` of their first run's created → started wait, which holds a worker start (or a warm standby's
-    hand-over), the data and the plan but no queueing behind the launch's own runs; else a rough constant."""
+    hand-over), the data and the plan but no queueing behind the launch's own runs; else a rough constant.
+
+    ``warm``: whether the launch finds a ready standby (``JobManager.standbys_ready``). A warm hand-over takes a
+    fraction of a second, a cold start imports torch (seconds): measured here, one was 0.3 s and the other 6–8 s
+    on the same machine, so mixing them would miss both. A wait of at most ``WARM_START_MAX_SECONDS`` counts as
+    a warm start, a longer one as cold; ``warm`` picks the median of its kind (None: of every launch)."""
     first: dict = {}
     for r in history:
         if r.get("started_at") is not None and r.get("created_at") is not None and r.get("group_id"):
             wait = r["started_at"] - r["created_at"]
             first[r["group_id"]] = min(wait, first.get(r["group_id"], wait))
-    if not first:
-        return FALLBACK_START_SECONDS, False
     waits = sorted(max(0.0, w) for w in first.values())
-    return waits[len(waits) // 2], True
+    if warm is not None:
+        waits = [w for w in waits if (w <= WARM_START_MAX_SECONDS) == warm]
+    if not waits:
+        return (FALLBACK_WARM_START_SECONDS if warm else FALLBACK_START_SECONDS), False
+    return statistics.median(waits), True
 
 
-def run_time_estimate(jobs, history: list[dict], workers: int) -> tuple[float, str] | None:
+def run_time_estimate(jobs, history: list[dict], workers: int, *, ready_standbys: int | None = None,
+                      prewarm: bool = True) -> tuple[float, str] | None:
     """(seconds, how) from Launch to the last run's end, for runs started together: ``jobs`` is a list of
     (config, steps, expected batch size or None for the config's batch size); each run trains for steps ×
     batch × k seeds × :func:`seconds_per_sample`, the runs shared out over ``workers`` worker processes (never
-    less than the longest run), and each wave of ``workers`` runs starts in :func:`start_seconds`. None for no
-    runs."""
+    less than the longest run), and each wave of ``workers`` runs starts in :func:`start_seconds`: the first
+    wave warm when ``ready_standbys`` cover it (None: not known, the median of every launch), later waves warm
+    when the manager ``prewarm``\ s (their standbys warm while the first wave trains). None for no runs."""
     total, how = [], ""
     for config, steps, batch in jobs:
         rate, how = seconds_per_sample(config, history)
@@ -77,10 +92,13 @@ def run_time_estimate(jobs, history: list[dict], workers: int) -> tuple[float, s
     if not total:
         return None
     workers = max(1, workers)
-    start, measured = start_seconds(history)
     waves = -(-len(total) // workers)
+    warm = None if ready_standbys is None else ready_standbys >= min(len(total), workers)
+    start, measured = start_seconds(history, warm=warm)
+    later = start_seconds(history, warm=prewarm if ready_standbys is not None else None)[0]
     how += "; starting measured too" if measured else "; a rough start time"
-    return max(max(total), sum(total) / workers) + waves * start, how
+    how += {None: "", True: " (a warm worker is ready)", False: " (no warm worker ready: a cold start)"}[warm]
+    return max(max(total), sum(total) / workers) + start + (waves - 1) * later, how
 
 
 def eta_seconds(run: dict, now: float | None = None) -> float | None:

@@ -54,6 +54,7 @@ import uuid
 import weakref
 from pathlib import Path
 
+from engine.jobs.estimates import run_time_estimate, start_seconds
 from engine.jobs.kinds import job_kind
 from engine.store.db import ACTIVE, RunStore
 from engine.store.liveness import pid_alive
@@ -78,9 +79,11 @@ def new_group_id(prefix: str = "cmp") -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-def standby_command(store_path: str | os.PathLike, threads: int = 1) -> list[str]:
-    """The command line of a standby for the run store at ``store_path``."""
-    return [sys.executable, "-m", "engine.jobs.standby", "--store", str(store_path), "--threads", str(threads)]
+def standby_command(store_path: str | os.PathLike, threads: int = 1, ready: str | os.PathLike | None = None) -> list[str]:
+    """The command line of a standby for the run store at ``store_path`` (``ready``: the file it creates once
+    warm)."""
+    return [sys.executable, "-m", "engine.jobs.standby", "--store", str(store_path), "--threads", str(threads)] + \
+        (["--ready", str(ready)] if ready else [])
 
 
 def worker_command(store_path: str | os.PathLike, run_id: int, threads: int = 1) -> list[str]:
@@ -440,6 +443,7 @@ class JobManager:
         pick = next((i for i in alive if config_json is not None and self._hinted[i] == config_json), alive[0])
         proc = self._standbys.pop(pick)
         self._hinted.pop(pick)
+        _forget_ready(proc)
         return proc
 
     def _ensure_standbys(self, queued_next: tuple = ()) -> None:
@@ -448,11 +452,15 @@ class JobManager:
         targets = tuple(dict.fromkeys(h for h in (*queued_next, *self._hints) if h))[: self._pool_size()]
         for i in reversed(range(len(self._standbys))):  # drop the dead
             if self._standbys[i].poll() is not None:
+                _forget_ready(self._standbys[i])
                 del self._standbys[i], self._hinted[i]
         while len(self._standbys) < self._pool_size():
+            ready = self.log_dir / f"standby-{uuid.uuid4().hex[:12]}.ready"
             with open(self.log_dir / "standby.log", "ab") as err:
-                self._standbys.append(_spawn(standby_command(self.store_path, self.threads), stdin=subprocess.PIPE,
-                                             stdout=subprocess.DEVNULL, stderr=err))
+                proc = _spawn(standby_command(self.store_path, self.threads, ready), stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=err)
+            proc.ready_path = ready
+            self._standbys.append(proc)
             self._hinted.append(None)
         wanted = [h for h in targets if h not in self._hinted]
         for i, proc in enumerate(list(self._standbys)):
@@ -489,8 +497,26 @@ class JobManager:
         for proc in procs:
             self._close_standby(proc)
 
+    def standbys_ready(self) -> int:
+        """How many standbys are alive and warm (imported, warmed up): a run handed to one starts in a fraction of
+        a second; one still importing keeps its run waiting nearly a cold start."""
+        with self._mutex:
+            return sum(1 for p in self._standbys if p.poll() is None and _is_ready(p))
+
+    def run_time_estimate(self, jobs, kind: str = "train") -> tuple[float, str] | None:
+        """:func:`engine.jobs.estimates.run_time_estimate` for ``jobs`` launched now: this store's history, this
+        manager's workers, and whether the first wave finds warm standbys (later ones do when it prewarms)."""
+        return run_time_estimate(jobs, self.store.list_runs(kind=kind), self.max_workers,
+                                 ready_standbys=self.standbys_ready(), prewarm=self.prewarm)
+
+    def start_estimate(self, kind: str) -> tuple[float, bool]:
+        """(seconds from Launch to the first step of a ``kind`` job launched now, measured?): warm when a standby
+        is ready (:func:`engine.jobs.estimates.start_seconds`)."""
+        return start_seconds(self.store.list_runs(kind=kind), warm=self.standbys_ready() > 0)
+
     @staticmethod
     def _close_standby(proc) -> None:
+        _forget_ready(proc)
         try:
             proc.stdin.close()  # EOF: the standby exits by itself
         except OSError:
@@ -520,6 +546,21 @@ def queue_positions(runs: list[dict]) -> dict[int, int]:
     place = {rid: i + 1 for i, rid in enumerate(leaders)}
     return {r["id"]: place[lead] for r in runs if r["status"] == "queued"
             and (lead := r["job_id"] if r.get("job_id") is not None else r["id"]) in place}
+
+
+def _is_ready(proc) -> bool:
+    path = getattr(proc, "ready_path", None)
+    return path is not None and path.exists()
+
+
+def _forget_ready(proc) -> None:
+    """A standby taken for a run or closed is no longer a ready one: its marker goes."""
+    path = getattr(proc, "ready_path", None)
+    if path is not None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def _is_leader(run: dict) -> bool:

@@ -8,7 +8,9 @@ at once (imports, torch.optim's lazy torch._dynamo import, the first vmap(grad) 
 * ``run RUN_ID [LOG_PATH]`` — from now on write to the run's log and run exactly the worker's code (``engine.jobs.worker``)
   for that run, using the prepared state if the run's config is the hinted one.
 
-It exits when stdin closes (the manager went away) and touches no run or store before a ``run`` line.
+Once warm it creates the file ``--ready`` names (if given): the manager counts ready standbys, so that the
+Train page's estimate knows whether a launch starts warm (``engine.jobs.estimates.start_seconds``). It exits when
+stdin closes (the manager went away) and touches no run or store before a ``run`` line.
 """
 from __future__ import annotations
 
@@ -47,8 +49,14 @@ def main(argv=None) -> int:
                                             "from stdin")
     p.add_argument("--store", required=True)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ready", default=None, help="a file to create once warm (the manager counts ready standbys)")
     args = p.parse_args(argv)
     warm_up()
+    if args.ready:
+        try:
+            open(args.ready, "a").close()
+        except OSError:  # only the estimate's warm/cold guess depends on it
+            pass
 
     prepared: dict[str, object] = {}  # config JSON -> Prepared, from "hint" lines; each used at most once
 
@@ -67,6 +75,11 @@ def main(argv=None) -> int:
         elif line.startswith("run "):
             run_line = line[4:]
             break
+    if args.ready:  # taken or closed: no longer a ready standby (the manager removes it too; whoever is first)
+        try:
+            os.unlink(args.ready)
+        except OSError:
+            pass
     if run_line is None:
         return 0  # stdin closed: the manager went away
     parts = run_line.split(maxsplit=1)

@@ -42,7 +42,9 @@ if (HERE / "pages").is_dir():  # e.g. pages/__pycache__/, which git leaves behin
                "first visit to a page's link finds no page: delete it (the pages are in app_pages/).")
 
 from app_pages._handles import manager  # noqa: E402 - after set_page_config
-from app_pages._look import md  # noqa: E402
+from engine.config.backend import BACKEND_ENV, backend_from_env  # noqa: E402
+from engine.config.schema import ConfigError  # noqa: E402
+from app_pages._look import home_relative, md  # noqa: E402
 
 
 @st.fragment(run_every=2.0)
@@ -55,7 +57,11 @@ def workers() -> None:
 
 with st.sidebar:
     workers()
-    st.caption(f"Store: {md(manager().store_path)}")
+    st.caption(f"Store: {md(home_relative(manager().store_path))}")
+    try:  # where audits train their chunks ($PRIVACY_LAB_BACKEND: engine.config.backend)
+        st.caption(f"Backend: {md(backend_from_env().describe())}")
+    except ConfigError as e:
+        st.error(f"Backend: {md(e.message)} (set {BACKEND_ENV} and restart the app)")
     st.caption("Theme: ⋮ menu → Settings (light / dark / system).")
 
 page.run()

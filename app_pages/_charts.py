@@ -19,6 +19,7 @@ from engine.jobs.runs import algorithm_label
 
 # about what a half-width column of the wide layout shows of a 17 px title on a laptop screen (1280 px)
 NARROW_TITLE_CHARS = 52
+NARROW_NOTE_CHARS = 62  # the same column's 11 px notes above a plot (the gain summary in words), from its left axis
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
@@ -28,13 +29,14 @@ def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: 
     ``uirevision`` (the live charts): while it stays the same, a redrawn figure keeps the user's zoom, pan and
     legend clicks; such a chart is drawn by app_pages/_plotly_live.py, whose plot survives reruns (an
     st.plotly_chart is mounted afresh whenever its figure changes, losing the view). ``narrow``: the chart sits
-    in a half-width column, so its title is wrapped for the page (Plotly clips it); the export keeps one line."""
+    in a half-width column, so its title and its notes above the plot are wrapped for the page (Plotly clips
+    them); the export keeps one line."""
     with st.container(key=f"chart-{key}"):
         fig = spec.figure
         if height:
             fig.update_layout(height=height)
         if narrow:
-            fig = wrap_title(fig, NARROW_TITLE_CHARS)
+            fig = wrap_title(fig, NARROW_TITLE_CHARS, note_width=NARROW_NOTE_CHARS)
         if uirevision is not None:
             live_plotly_chart(fig, key=f"plot-{key}", config=PLOT_CONFIG, uirevision=uirevision)
         else:

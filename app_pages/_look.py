@@ -6,6 +6,7 @@ markdown escaping of user strings, and engine errors as one line.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import streamlit as st
 
@@ -53,6 +54,13 @@ def md(text) -> str:
     """Escape a user-supplied string (run name, error text, path) for Streamlit markdown:
     no links, images, HTML or formatting can come from it."""
     return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+def home_relative(path) -> str:
+    """A path as a user reads it: under the home folder it starts with ``~`` (the sidebar's store line; the
+    README's screenshots show ``~/runs.sqlite``, not a test's temporary folder)."""
+    path, home = Path(path), Path.home()
+    return "~/" + path.relative_to(home).as_posix() if path.is_relative_to(home) else str(path)
 
 
 def show_error(e: Exception, *, user_terms: bool = False) -> None:

@@ -29,6 +29,7 @@ from engine.audit.one_run_config import OneRunConfig, load_one_run_config
 from engine.audit.one_run_report import one_run_table
 from engine.audit.presets import preset
 from engine.audit.summary import compact_summary, summary_table
+from engine.config.backend import BACKEND_ENV, BackendConfig
 from engine.config.run import RunConfig, load_config
 from engine.config.schema import ConfigError, replace_dotted
 from engine.data import load_dataset
@@ -356,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
     p.add_argument("--data-dir", dest="data_dir", help="data folder (sets $PRIVACY_LAB_DATA_DIR for this command)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an error (after its one-line message)")
+    p.add_argument("--backend", help="where audits train their chunks: local (default), ray (an instance on this "
+                                     "machine, 127.0.0.1), ray:auto or ray://HOST:PORT (a cluster); sets "
+                                     "$PRIVACY_LAB_BACKEND for this command and the workers it starts")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train one run from a JSON config")
@@ -455,6 +459,8 @@ def main(argv=None, *, prepared=None) -> int:
     if args.data_dir:
         os.environ["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.data_dir))
     try:
+        if args.backend is not None:
+            os.environ[BACKEND_ENV] = BackendConfig.parse(args.backend, field="--backend").spec()
         return args.func(args)
     except Exception as e:  # noqa: BLE001 - one clear line, no traceback (unknown kinds of error propagate)
         err, message = e, error_line(e, store_path=args.store)

@@ -30,7 +30,8 @@ CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 # Screenshots go to a temporary folder: a test run leaves the checkout as it was. The README's screenshots are
 # refreshed on purpose: PRIVACY_LAB_SCREENSHOTS=docs/screenshots python -m pytest -q tests/test_browser*.py
-SHOTS = ROOT / os.environ["PRIVACY_LAB_SCREENSHOTS"] if os.environ.get("PRIVACY_LAB_SCREENSHOTS") else \
+SHOTS_FOR_README = bool(os.environ.get("PRIVACY_LAB_SCREENSHOTS"))
+SHOTS = ROOT / os.environ["PRIVACY_LAB_SCREENSHOTS"] if SHOTS_FOR_README else \
     Path(tempfile.mkdtemp(prefix="privacy-lab-screenshots-"))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -54,6 +55,8 @@ def spawn_lab(tmp: Path, **env_extra) -> tuple[subprocess.Popen, str]:
     (:func:`start_lab` waits until it is healthy)."""
     port = _free_port()
     env = dict(os.environ, PRIVACY_LAB_STORE=str(tmp / "runs.sqlite"), PYTHONPATH=str(ROOT), **env_extra)
+    if SHOTS_FOR_README:  # the sidebar then reads "Store: ~/runs.sqlite" in the README's screenshots
+        env["HOME"] = str(tmp)
     log = open(tmp / "streamlit.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                              "--server.address", "127.0.0.1", "--server.headless", "true",
@@ -159,6 +162,19 @@ def cancel_all(page, store) -> None:
         if store.get_run(r["id"])["status"] in ("queued", "running") and cancel.count():
             click_until(cancel, lambda rid=r["id"]: store.get_run(rid)["status"] not in ("queued", "running"),
                         f"run {r['id']} to stop")
+
+
+def outside_figure(page, key: str) -> list[str] | None:
+    """The texts of chart ``key`` (title, annotations) whose box reaches outside the figure (None: not drawn)."""
+    return page.evaluate("""key => {
+        const svg = document.querySelector(`.st-key-chart-${key} svg.main-svg`);
+        if (!svg) return null;
+        const f = svg.getBoundingClientRect();
+        const texts = [...document.querySelectorAll(`.st-key-chart-${key} .gtitle, .st-key-chart-${key} .annotation-text`)];
+        if (!texts.length) return null;
+        return texts.filter(t => { const b = t.getBoundingClientRect();
+            return b.left < f.left - 1 || b.right > f.right + 1 || b.top < f.top - 1; }).map(t => t.textContent);
+    }""", key)
 
 
 def points(chart) -> int:
@@ -294,6 +310,9 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     budget = page.locator(".st-key-chart-res-budget")
     wait_until(lambda: points(budget) >= 20, UI, "the recall-vs-budget scatter")
     shot(page, "results.png")
+    # the half-width charts' titles and notes are wrapped to fit: none reaches past its figure (Plotly clips them)
+    for key in ("res-mid", "res-gain-time"):
+        wait_until(lambda k=key: outside_figure(page, k) == [], UI, f"{key}'s texts inside its figure")
     budget.get_by_role("button", name="Export").click()
     png_button = page.locator('[data-testid="stPopoverBody"]').get_by_role("button", name="PNG")
     with page.expect_download(timeout=UI_MS) as download:

@@ -15,7 +15,8 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, UI, UI_MS, app_idle, browser, edit_grid_cell, server, wait_until  # noqa: F401
+from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, click_until, edit_grid_cell, server,  # noqa: F401
+                          wait_until)
 from test_browser_forms import settled, type_into
 
 from app_pages._one_run import ONE_RUN, PA_ALOOA
@@ -30,8 +31,11 @@ PER_TIER = f'[class*="st-key-{TIERS}-eps-"]'  # the per-tier table (tier, values
 
 
 def choose(page, key: str, option: str) -> None:
-    page.locator(f".st-key-{key} input").click()  # opens the list
-    page.get_by_role("option", name=option, exact=True).click()
+    """Pick ``option`` in the selectbox ``key``; a click that lands while the page reruns opens no list (under
+    load, CI), so the list is opened again until the option shows."""
+    opt = page.get_by_role("option", name=option, exact=True)
+    click_until(page.locator(f".st-key-{key} input"), lambda: opt.count() > 0, f"{key}'s list to open")
+    opt.click()
     settled(page)
     wait_until(lambda: shown(page, key) == option, UI, f"{key} to show {option}")
 

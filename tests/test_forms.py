@@ -306,3 +306,15 @@ def test_the_comparison_picker_shows_words_not_the_group_id(lab):
     (label,) = picker.options
     assert group not in label and "abcd" not in label, label
     assert "IDP-SGD (SAMPLE) vs INO-SGD" in label and "digits" in label and "#1–#2" in label, label
+
+
+def test_the_sidebar_shows_a_store_under_home_with_a_tilde(lab, monkeypatch, tmp_path):
+    from app_pages._look import home_relative
+    at, _ = lab
+    monkeypatch.setenv("HOME", str(tmp_path))  # the store is tmp_path/runs.sqlite (the lab fixture)
+    at.run()
+    assert "Store: ~/runs.sqlite" in texts(at.sidebar.caption)
+    assert home_relative(tmp_path / "elsewhere.sqlite") == "~/elsewhere.sqlite"
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    assert home_relative(tmp_path / "me" / ".lab" / "runs.sqlite") == "~/.lab/runs.sqlite"
+    assert home_relative(tmp_path / "meadow.sqlite") == str(tmp_path / "meadow.sqlite")  # a prefix is no parent

@@ -633,5 +633,24 @@ def test_a_narrow_column_wraps_a_long_title_on_a_copy_and_keeps_short_ones():
     assert "&amp;" in wrapped.layout.title.text
     assert wrapped.layout.margin.t > (fig.layout.margin.t or 80) - 1  # room for the extra lines
     assert "<br>" not in fig.layout.title.text  # the exported figure keeps its one line
+    # plotly.js draws a multi-line title's first lines above where a one-line title sits: the copy moves it down
+    assert wrapped.layout.title.y < fig.layout.title.y
     short = scaffold.base_figure("Accuracy", "light")
     assert scaffold.wrap_title(short, 40) is short
+
+
+def test_a_narrow_column_wraps_the_notes_above_a_plot_and_makes_room_for_them():
+    sentence = "ε=1 (INO #4 − IDP-SGD (SAMPLE) #3): best gain +8.2 points at step 90; one seed, so the spread is unknown."
+    fig = scaffold.base_figure("Gain", "light")
+    fig.add_annotation(text="<br>".join([sentence, sentence]), xref="paper", yref="paper", x=0, y=1.0,
+                       xanchor="left", yanchor="bottom", showarrow=False)
+    fig.add_annotation(text=sentence, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False)  # inside: kept
+    fig.update_layout(margin_t=122)
+    narrow = scaffold.wrap_title(fig, 40, note_width=60)
+    lines = narrow.layout.annotations[0].text.split("<br>")
+    assert len(lines) == 4 and all(len(line) <= 60 for line in lines)
+    assert " ".join(lines) == " ".join([sentence, sentence])
+    assert narrow.layout.annotations[1].text == sentence
+    assert narrow.layout.margin.t == 122 + 2 * scaffold.ANNOTATION_LINE_PX
+    assert fig.layout.annotations[0].text.count("<br>") == 1  # the exported figure is unchanged
+    assert scaffold.wrap_title(fig, 40, note_width=200) is fig

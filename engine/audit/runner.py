@@ -46,21 +46,19 @@ import torch
 from engine.audit import compare, controls, stats
 from engine.audit.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
                                    plan_table)
-from engine.audit.chunks import (CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk, on_device,
-                                 per_model_step_bytes)
+from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk
 from engine.audit.config import AuditConfig, algorithm_keys
 from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, init_seeds,
                                  looa_membership, looa_targets, resolved_tiers)
 from engine.audit.estimate import estimate_runtime
+from engine.audit.executor import ChunkTask, LocalChunks
+from engine.audit.executor import train_chunk as _train_chunk
 from engine.audit.report import AuditReport, Baselines, LooaRecord
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
 from engine.dp import accounting
-from engine.dp.mechanisms import build_mechanism
 from engine.dp.prepare import PrivacyPlan, prepare_data, prepare_privacy, total_steps
-from engine.dp.stacked import StackedModels, sgd_train
-from engine.dp.step import PoissonSampler
 from engine.store.artifacts import npy_bytes
 from engine.store.lifecycle import NO_STORE, RunLifecycle
 
@@ -292,16 +290,18 @@ class _Progress:
 # ================================================================================================
 
 def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: bool = False,
-              should_stop=None) -> AuditReport:
+              should_stop=None, executor=None) -> AuditReport:
     """Run (or resume) an audit inside its lifecycle ``life`` (:func:`engine.jobs.kinds.execute` opens it;
     none: no store) and return its report (``report.to_dict()`` is the run's summary).
 
     With a store the run's progress, chunk checkpoints, per-sample advantages (artifacts
     ``advantage/<key>``) and results go to it; a run that was stopped (``should_stop`` →
     :class:`engine.store.lifecycle.Cancelled`), killed or crashed continues from its last completed chunk
-    when run again with the same id.
+    when run again with the same id. ``executor`` trains the chunks (``engine.audit.executor``; default: in this
+    process, :class:`LocalChunks`); it changes no number.
     """
     started = time.time()
+    executor = executor or LocalChunks()
     if config.run.threads is not None:
         torch.set_num_threads(config.run.threads)
     setup = prepare_audit(config)
@@ -316,7 +316,7 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     for k, a in enumerate(setup.algos):
         if not a.resolved:
             a = setup.algos[k] = _resolve_control(setup, a, results, ckpt, should_stop)
-        results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop)
+        results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop, executor)
         report = dataclasses.replace(report, algorithms=report.algorithms + (got.report,),
                                      seconds=time.time() - started)
         if life.active:
@@ -417,37 +417,6 @@ def _run_plan(setup: AuditSetup) -> dict:
             "no_formal_dp": [a.label for a in setup.algos if not a.formal_dp]}
 
 
-def _train_chunk(setup: AuditSetup, a: AlgoSetup, members: np.ndarray, init_seeds, gen_seed: int, prog,
-                 should_stop, score_idx=None):
-    """Train one chunk of models; returns (losses, confs) on ``score_idx`` (all samples) and test accuracy."""
-    ds, dev = setup.dataset, setup.device
-    x, y = on_device(ds.x_train, dev), on_device(ds.y_train, dev)
-    model_cfg = setup.config.run.model
-    ens = StackedModels(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
-    sampler = PoissonSampler(members, a.sample_rates, dev)
-    mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
-    gen = torch.Generator(device=dev).manual_seed(gen_seed)
-    sgd_train(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr, gen=gen,
-              should_stop=should_stop, on_step=None if prog is None else (lambda _s: prog.advance()))
-    chunk = _eval_chunk(setup, len(init_seeds))
-    if score_idx is not None:  # PA-LOOA: only the target records matter
-        ix = torch.as_tensor(score_idx, device=dev)
-        losses, confs, _ = ens.score(x[ix], y[ix], chunk=chunk)
-        return losses, confs, None, None
-    losses, confs, _ = ens.score(x, y, chunk=chunk)
-    _, _, pred = ens.score(on_device(ds.x_test, dev), on_device(ds.y_test, dev), chunk=chunk)
-    # DP-SGD-S: each model's realised noise multiplier z_Δ · mean_t max_k C_k / C (the noise-matched control's)
-    realised = mech.realised_noise_multiplier().cpu().numpy() if hasattr(mech, "realised_noise_multiplier") else None
-    return losses, confs, pred, realised
-
-
-def _eval_chunk(setup: AuditSetup, n_models: int) -> int:
-    model_cfg = setup.config.run.model
-    ds = setup.dataset
-    per_sample = per_model_step_bytes(model_cfg, ds.input_shape, ds.num_classes, 1) // 2
-    return int(max(64, min(8192, setup.budget_bytes // max(1, per_sample * n_models))))
-
-
 @dataclass
 class AlgoResult:
     """One algorithm's report and what the paired comparisons and the controls need from its models."""
@@ -459,7 +428,7 @@ class AlgoResult:
 
 
 def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Checkpoints, prog,
-                     should_stop) -> AlgoResult:
+                     should_stop, executor) -> AlgoResult:
     """Train (or load) the algorithm's 2R models chunk by chunk, then its statistics."""
     if not a.resolved:
         raise RuntimeError(f"internal error: the control {a.key} was not planned before training")
@@ -469,24 +438,32 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
     t0 = time.time()
     losses = np.empty((M, n), dtype=np.float64)
     confs = np.empty((M, n), dtype=np.float64)
-    preds, noise = [], []
+    spans = layout[f"{a.key}/aloo"]
+    preds, noise = [None] * len(spans), [None] * len(spans)
     tracks_noise = a.algo.name == "dpsgd_s"
-    for c, (lo, hi) in enumerate(layout[f"{a.key}/aloo"]):
+    at = {}  # chunk key → its index in the layout (results are placed by index, whatever order they finish in)
+
+    def place(c, got):
+        lo, hi = spans[c]
+        losses[lo:hi], confs[lo:hi] = got["losses"], got["confs"]
+        preds[c], noise[c] = np.asarray(got["preds"]), got.get("noise")
+
+    todo = []
+    for c, (lo, hi) in enumerate(spans):
         key = f"chunk/{a.key}/aloo/{c}"
+        at[key] = c
         got = ckpt.get(key)
         if got is not None and tracks_noise and "noise" not in got and cfg.controls:
             got = None  # a checkpoint from before the realised noise was kept: the controls need it, trained again
         if got is None:
-            seeds = init_seeds(cfg.run.seed, lo, hi)
-            l, cf, p, z = _train_chunk(setup, a, setup.membership[lo:hi], seeds,
-                                       derived_seed(cfg.run.seed, 2, k_algo, c), prog, should_stop)
-            ckpt.put(key, losses=l, confs=cf, preds=p.astype(np.int16), **({} if z is None else {"noise": z}))
-            got = {"losses": l, "confs": cf, "preds": p, **({} if z is None else {"noise": z})}
+            todo.append(ChunkTask(key, lo, hi, setup.membership[lo:hi], tuple(init_seeds(cfg.run.seed, lo, hi)),
+                                  derived_seed(cfg.run.seed, 2, k_algo, c)))
         else:
             prog.advance(setup.steps)
-        losses[lo:hi], confs[lo:hi] = got["losses"], got["confs"]
-        preds.append(np.asarray(got["preds"]))
-        noise.append(got.get("noise"))
+            place(c, got)
+    for t, (l, cf, p, z) in _finished(executor, setup, a, todo, prog, should_stop):
+        ckpt.put(t.key, losses=l, confs=cf, preds=p.astype(np.int16), **({} if z is None else {"noise": z}))
+        place(at[t.key], {"losses": l, "confs": cf, "preds": p, **({} if z is None else {"noise": z})})
     train_seconds = time.time() - t0
     t1 = time.time()
     preds = np.concatenate(preds, 0)
@@ -498,33 +475,46 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
     if cfg.looa_k:
         t2 = time.time()
         res = dataclasses.replace(res, baselines=_looa(setup, a, res.baselines, adv.astype(np.float32), layout, ckpt,
-                                                       prog, should_stop,
-                                                       k_algo))
+                                                       prog, should_stop, k_algo, executor))
         train_seconds += time.time() - t2
     accuracy = correct_predictions(setup, preds).mean(1)
     return AlgoResult(report=dataclasses.replace(res, train_seconds=train_seconds, stats_seconds=stats_seconds),
                       advantage=adv, accuracy=accuracy, realised_noise=realised)
 
 
-def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo) -> Baselines:
+def _finished(executor, setup, a, tasks, prog, should_stop):
+    """(task, result) of each of ``tasks`` as the executor finishes it; the executor's pending work is dropped
+    when the caller stops reading (Cancelled, an error)."""
+    if not tasks:
+        return
+    run = executor.run(setup, a, tasks, prog, should_stop)
+    try:
+        yield from run
+    finally:
+        run.close()
+
+
+def _looa(setup, a, baselines: Baselines, adv, layout, ckpt, prog, should_stop, k_algo, executor) -> Baselines:
     cfg = setup.config
     targets = looa_targets(setup.membership[0], adv, cfg.looa_k)
     m = cfg.looa_models
     members = looa_membership(setup.membership[0], targets, m)
     total = len(members)
     score = np.empty((total, len(targets)), dtype=np.float64)
+    todo = []
     for c, (lo, hi) in enumerate(layout[f"{a.key}/looa"]):
         key = f"chunk/{a.key}/looa/{c}"
         got = ckpt.get(key)
         if got is None or "confs" not in got:  # version-1 LOOA chunks hold losses only: trained again
-            seeds = [derived_seed(cfg.run.seed, 3, j) for j in range(lo, hi)]
-            l, cf, _, _ = _train_chunk(setup, a, members[lo:hi], seeds, derived_seed(cfg.run.seed, 4, k_algo, c),
-                                       prog, should_stop, score_idx=targets)
-            ckpt.put(key, losses=l, confs=cf)
-            got = {"losses": l, "confs": cf}
+            todo.append(ChunkTask(key, lo, hi, members[lo:hi], tuple(derived_seed(cfg.run.seed, 3, j)
+                                                                     for j in range(lo, hi)),
+                                  derived_seed(cfg.run.seed, 4, k_algo, c), score_idx=targets))
         else:
             prog.advance(setup.steps)
-        score[lo:hi] = membership_scores(cfg.score, got["losses"], got["confs"])
+            score[lo:hi] = membership_scores(cfg.score, got["losses"], got["confs"])
+    for t, (l, cf, _, _) in _finished(executor, setup, a, todo, prog, should_stop):
+        ckpt.put(t.key, losses=l, confs=cf)
+        score[t.lo:t.hi] = membership_scores(cfg.score, l, cf)
     rows = []
     for t, i in enumerate(targets):
         without = score[:m, t]

@@ -2,6 +2,7 @@
 
     run.py     RunConfig: one frozen dataclass tree per run (data, tiers, model, optimizer, algorithm), canonical
                JSON, limits on requested work, the TIF knots rule, ``parse_tiers_param``
+    backend.py BackendConfig: where an audit's chunks train (local, a Ray instance here, a cluster's address)
     schema.py  the one typed validation (``check_int``, ``check_number``, …, ``parse_section``), safe config-file
                reading, ``ConfigError``
 

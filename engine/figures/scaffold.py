@@ -170,14 +170,17 @@ def base_figure(title: str, theme: str, fig: go.Figure | None = None, *, legend:
     return fig
 
 
-def wrap_title(fig: go.Figure, width: int) -> go.Figure:
-    """A copy whose title is broken into lines of at most ``width`` characters (at spaces; the title is
-    already escaped, and an entity holds no space, so no break lands inside one), for a figure drawn in a
-    narrow column: Plotly clips a title longer than its plot instead of wrapping it. The input figure (the
-    one exported) is not changed; a title that fits is left as it is."""
-    text = fig.layout.title.text or ""
-    if len(text) <= width or "<br>" in text:
-        return fig
+# Plotly draws a multi-line title with its last line where a one-line title would sit and the lines before
+# it above (plotly.js ignores yanchor for multi-line titles: plotly/plotly.js#6472), so a wrapped title's
+# first line is cut at the top of the figure unless the title moves down by this much (measured: the same
+# for 2, 3 and 4 lines of a 17 px title)
+MULTILINE_TITLE_SHIFT_PX = 16
+ANNOTATION_LINE_PX = 16  # one more line of an 11 px annotation above the plot
+
+
+def _wrap_words(text: str, width: int) -> list[str]:
+    """``text`` (escaped) broken at spaces into lines of at most ``width`` characters (a longer word stays
+    whole); an entity holds no space, so no break lands inside one."""
     lines, line = [], ""
     for word in text.split(" "):
         if line and len(line) + 1 + len(word) > width:
@@ -185,10 +188,38 @@ def wrap_title(fig: go.Figure, width: int) -> go.Figure:
             line = word
         else:
             line = f"{line} {word}" if line else word
-    lines.append(line)
+    return lines + [line]
+
+
+def wrap_title(fig: go.Figure, width: int, *, note_width: int | None = None) -> go.Figure:
+    """A copy for a figure drawn in a narrow column, whose title is broken into lines of at most ``width``
+    characters and (``note_width``) whose notes above the plot (left-anchored paper annotations, e.g. the gain
+    summary in words) into lines of at most ``note_width``: Plotly clips a title or an annotation longer than
+    its figure instead of wrapping it. The top margin grows by the added lines. The input figure (the one
+    exported) is not changed; a figure whose texts fit is returned as it is."""
+    text = fig.layout.title.text or ""
+    title_lines = _wrap_words(text, width) if len(text) > width and "<br>" not in text else None
+    notes, added = [], 0
+    for k, a in enumerate(fig.layout.annotations):
+        above = a.xref == "paper" and a.yref == "paper" and a.xanchor == "left" and (a.y or 0) >= 1
+        lines = (a.text or "").split("<br>")
+        if note_width and above and any(len(line) > note_width for line in lines):
+            wrapped = [w for line in lines for w in _wrap_words(line, note_width)]
+            notes.append((k, "<br>".join(wrapped)))
+            added += len(wrapped) - len(lines)
+    if title_lines is None and not notes:
+        return fig
     out = go.Figure(fig)
     top = out.layout.margin.t if out.layout.margin.t is not None else 80
-    out.update_layout(title_text="<br>".join(lines), margin_t=top + 20 * (len(lines) - 1))
+    if title_lines is not None:
+        height = out.layout.height or 450  # Plotly's default height
+        y = out.layout.title.y if out.layout.title.y is not None else 0.98
+        out.update_layout(title_text="<br>".join(title_lines), title_y=y - MULTILINE_TITLE_SHIFT_PX / height)
+        top += 20 * (len(title_lines) - 1)
+    for k, note in notes:
+        out.layout.annotations[k].text = note
+    top += ANNOTATION_LINE_PX * added
+    out.update_layout(margin_t=top)
     return out
 
 

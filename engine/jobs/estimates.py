@@ -84,7 +84,7 @@ def run_time_estimate(jobs, history: list[dict], workers: int, *, ready_standbys
     batch × k seeds × :func:`seconds_per_sample`, the runs shared out over ``workers`` worker processes (never
     less than the longest run), and each wave of ``workers`` runs starts in :func:`start_seconds`: the first
     wave warm when ``ready_standbys`` cover it (None: not known, the median of every launch), later waves warm
-    when the manager ``prewarm``\ s (their standbys warm while the first wave trains). None for no runs."""
+    when the manager prewarms (``prewarm``: their standbys warm while the first wave trains). None for no runs."""
     total, how = [], ""
     for config, steps, batch in jobs:
         rate, how = seconds_per_sample(config, history)

@@ -25,8 +25,10 @@ from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import one_run_table
 from engine.audit.summary import summary_table
 from engine.audit.runner import preview_audit, run_audit
+from engine.config.backend import backend_from_env
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
+from engine.jobs.ray_backend import chunk_executor
 from engine.store.lifecycle import store_lifecycle
 from engine.train.loop import prepare, preview, train
 from engine.train.records import tier_table
@@ -82,7 +84,12 @@ def _run_train(config, *, life, progress=False, prepared=None, should_stop=None)
 
 
 def _run_audit(config, *, life, progress=False, prepared=None, should_stop=None):
-    return run_audit(config, life=life, progress=progress, should_stop=should_stop)
+    """An audit's chunks on the backend $PRIVACY_LAB_BACKEND names (engine.config.backend; local by default)."""
+    executor = chunk_executor(backend_from_env())
+    try:
+        return run_audit(config, life=life, progress=progress, should_stop=should_stop, executor=executor)
+    finally:
+        executor.close()
 
 
 def _run_one_run(config, *, life, progress=False, prepared=None, should_stop=None):

@@ -58,7 +58,7 @@ def workers() -> None:
 with st.sidebar:
     workers()
     st.caption(f"Store: {md(home_relative(manager().store_path))}")
-    try:  # where audits train their chunks ($PRIVACY_LAB_BACKEND: engine.config.backend)
+    try:  # where runs train and audits send their chunks ($PRIVACY_LAB_BACKEND: engine.config.backend)
         st.caption(f"Backend: {md(backend_from_env().describe())}")
     except ConfigError as e:
         st.error(f"Backend: {md(e.message)} (set {BACKEND_ENV} and restart the app)")

@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
     p.add_argument("--data-dir", dest="data_dir", help="data folder (sets $PRIVACY_LAB_DATA_DIR for this command)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an error (after its one-line message)")
-    p.add_argument("--backend", help="where audits train their chunks: local (default), ray (an instance on this "
+    p.add_argument("--backend", help="where jobs train: local (default), ray (an instance on this "
                                      "machine, 127.0.0.1), ray:auto or ray://HOST:PORT (a cluster); sets "
                                      "$PRIVACY_LAB_BACKEND for this command and the workers it starts")
     sub = p.add_subparsers(dest="command", required=True)

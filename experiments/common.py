@@ -57,6 +57,10 @@ def parser(name: str, description: str) -> OneLineParser:
                    help="reuse finished runs of the store with the identical config instead of training them again")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device")
+    p.add_argument("--backend", type=_backend, default=None,
+                   help="where the runs train: local (default: one after another), ray (an instance on this machine), "
+                        "ray:auto or ray://HOST:PORT (a cluster: as many at once as it has CPUs); default "
+                        "$PRIVACY_LAB_BACKEND")
     return p
 
 
@@ -68,6 +72,15 @@ def _positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return v
+
+
+def _backend(text: str):
+    from engine.config.backend import BackendConfig
+
+    try:
+        return BackendConfig.parse(text, field="--backend")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def fail(message: str) -> "SystemExit":
@@ -154,20 +167,35 @@ def open_store(path: Path):
     return RunStore(path)
 
 
-def train_run(store, config: RunConfig, *, group_id: str, reuse: bool = False):
-    """Train ``config`` through the engine, its metrics streaming into ``store``; (run id, its
-    ``engine.train.records.RunSummary``). ``reuse``: a finished run of the store with the identical config
-    (canonical JSON) is taken instead."""
-    from engine.jobs.kinds import execute
+def train_runs(store, runs: list, *, reuse: bool = False, backend=None) -> list:
+    """Train each (config, group id) of ``runs``: [(run id, RunSummary)] in order. Their rows are created first,
+    then they run through ``engine.jobs.kinds.execute_all``: one after another locally, all at once on Ray (as many
+    as the cluster has CPUs for). ``backend``: a BackendConfig, else the environment's. ``reuse``: a finished run
+    of the store with the identical config (canonical JSON) is taken instead of training it again."""
+    from engine.jobs.kinds import execute_all
     from engine.train.records import RunSummary
 
-    if reuse:
-        want = config.to_json()
-        for run in store.list_runs(kind="train", status="finished"):
-            if json.dumps(run.get("config"), sort_keys=True, separators=(",", ":")) == want and run.get("summary"):
-                return int(run["id"]), RunSummary.from_dict(run["summary"])
-    run_id = store.create_run(config, group_id=group_id)
-    return run_id, execute(store, run_id, config, kind="train").run_summary
+    done = _finished_by_config(store) if reuse else {}
+    out, todo = [None] * len(runs), []
+    for i, (config, group_id) in enumerate(runs):
+        found = done.get(config.to_json())
+        if found is not None:
+            out[i] = (int(found["id"]), RunSummary.from_dict(found["summary"]))
+        else:
+            todo.append((i, store.create_run(config, group_id=group_id), config))
+    results = execute_all(store, [(rid, config) for _, rid, config in todo], kind="train", backend=backend)
+    for (i, rid, _), result in zip(todo, results):
+        out[i] = (rid, result.run_summary)
+    return out
+
+
+def _finished_by_config(store) -> dict:
+    """The store's finished training runs with a summary, by canonical config JSON (the newest of equal ones)."""
+    out = {}
+    for run in store.list_runs(kind="train", status="finished"):  # newest first
+        if run.get("summary"):
+            out.setdefault(json.dumps(run.get("config"), sort_keys=True, separators=(",", ":")), run)
+    return out
 
 
 def export_png(fig, path: Path, *, width: int = 900, height: int = 500) -> Path | None:

@@ -49,11 +49,11 @@ def audit_config(section: dict, overrides: dict, *, algorithms: dict, epsilon: f
     return AuditConfig.from_dict(d).validate()
 
 
-def run_audit_into(store, config, name: str):
+def run_audit_into(store, config, name: str, backend=None):
     from engine.jobs.kinds import execute
 
     rid = store.create_run(config.to_dict(), kind="audit", status="queued", name=name)
-    return rid, execute(store, rid, config, kind="audit")
+    return rid, execute(store, rid, config, kind="audit", backend=backend)
 
 
 def algo_rows(report, keys: list[str]) -> dict:
@@ -104,7 +104,7 @@ def run_experiment(args) -> tuple[dict, str]:
             cfg = audit_config(section, over, algorithms=chosen, epsilon=float(eps), device=args.device,
                                threads=args.threads)
             t0 = time.time()
-            rid, rep = run_audit_into(store, cfg, f"{NAME} {ds_key} ε={eps:g}")
+            rid, rep = run_audit_into(store, cfg, f"{NAME} {ds_key} ε={eps:g}", args.backend)
             reports[f"{ds_key}/eps{eps:g}"] = rep
             per[f"eps{eps:g}"] = {"run_id": rid, "R": cfg.R, "n_models_per_algorithm": 2 * cfg.R,
                                   "threshold": rep.threshold, "steps_per_model": rep.steps_per_model,
@@ -116,7 +116,7 @@ def run_experiment(args) -> tuple[dict, str]:
     cfg = audit_config(tiered, mode.get("tiered", {}), algorithms=tiered["algorithms"], epsilon=None,
                        device=args.device, threads=args.threads)
     t0 = time.time()
-    rid, rep = run_audit_into(store, cfg, f"{NAME} tiered")
+    rid, rep = run_audit_into(store, cfg, f"{NAME} tiered", args.backend)
     reports["tiered"] = rep
     eps_of = {t.name: t.epsilon for t in cfg.run.tiers.tiers}
     rows = algo_rows(rep, list(tiered["algorithms"]))
@@ -147,14 +147,13 @@ def fairness(section: dict, over: dict, store, args, log) -> dict:
             if algo.get("name") == "nonprivate" and eps != max(section["epsilons"]):
                 continue
             vals = {"demographic_parity_difference": [], "equalized_odds_difference": [], "accuracy": []}
-            ids = []
-            for s in seeds:
-                cfg = common.run_config(common.with_overrides(section["base"], {"tiers": tiers}), over, algorithm=algo,
-                                        seed=s, device=args.device, threads=args.threads,
-                                        name=f"{key} ε={eps:g} seed {s}")
-                rid, summary = common.train_run(store, cfg, group_id=f"{NAME}-fairness-eps{eps:g}-seed{s}",
-                                                reuse=args.reuse)
-                ids.append(rid)
+            runs = [(common.run_config(common.with_overrides(section["base"], {"tiers": tiers}), over, algorithm=algo,
+                                       seed=s, device=args.device, threads=args.threads,
+                                       name=f"{key} ε={eps:g} seed {s}"), f"{NAME}-fairness-eps{eps:g}-seed{s}")
+                    for s in seeds]
+            trained = common.train_runs(store, runs, reuse=args.reuse, backend=args.backend)
+            ids = [rid for rid, _ in trained]
+            for _, summary in trained:
                 fair = summary.fairness
                 for m in ("demographic_parity_difference", "equalized_odds_difference"):
                     vals[m].append(None if fair is None else getattr(fair, m))

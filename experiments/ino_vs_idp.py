@@ -46,13 +46,14 @@ def run_experiment(args) -> tuple[dict, str]:
     store = common.open_store(common.store_path(args, NAME))
     from experiments.tiered import RunRef
 
-    refs = []
     tag = f"{NAME}-{Path(args.config).stem}-{args.mode}-{int(started)}"
-    for s in seeds:
-        for k in algos:
-            rid, _ = common.train_run(store, configs[(k, s)], group_id=f"{tag}-seed{s}", reuse=args.reuse)
-            refs.append(RunRef(rid, k, s))
-            sys.stderr.write(f"[{time.time() - started:7.1f}s] {labels[k]} seed {s}: run {rid} done\n")
+    keys = [(k, s) for s in seeds for k in algos]
+    trained = common.train_runs(store, [(configs[key], f"{tag}-seed{key[1]}") for key in keys], reuse=args.reuse,
+                                backend=args.backend)
+    refs = [RunRef(rid, k, s) for (k, s), (rid, _) in zip(keys, trained)]
+    for r in refs:
+        sys.stderr.write(f"{labels[r.key]} seed {r.seed}: run {r.run_id} done\n")
+    sys.stderr.write(f"[{time.time() - started:7.1f}s] {len(refs)} runs trained\n")
     from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])

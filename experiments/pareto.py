@@ -55,19 +55,21 @@ def run_experiment(args) -> tuple[dict, str]:
     started = time.time()
     from experiments.tiered import RunRef
 
-    refs, configs = [], {}
-    for s in seeds:
-        for key, algo in grid:
-            cfg = common.run_config(base, overrides, algorithm=algo, seed=s, device=args.device, threads=args.threads,
-                                    name=f"{key} seed {s}")
-            configs[key] = cfg
-            rid, _ = common.train_run(store, cfg, group_id=f"{NAME}-{args.mode}-{int(started)}-seed{s}", reuse=args.reuse)
-            refs.append(RunRef(rid, key, s))
-            sys.stderr.write(f"[{time.time() - started:7.1f}s] {key} seed {s}: run {rid}\n")
+    keys = [(key, s) for s in seeds for key, _ in grid]
+    configs = {(key, s): common.run_config(base, overrides, algorithm=algo, seed=s, device=args.device,
+                                           threads=args.threads, name=f"{key} seed {s}")
+               for s in seeds for key, algo in grid}
+    trained = common.train_runs(store, [(configs[k], f"{NAME}-{args.mode}-{int(started)}-seed{k[1]}") for k in keys],
+                                reuse=args.reuse, backend=args.backend)
+    refs = [RunRef(rid, key, s) for (key, s), (rid, _) in zip(keys, trained)]
+    for r in refs:
+        sys.stderr.write(f"{r.key} seed {r.seed}: run {r.run_id}\n")
+    sys.stderr.write(f"[{time.time() - started:7.1f}s] {len(refs)} runs trained\n")
     from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
-    result = analyse(runs, refs, grid, seeds, configs["reference"].train_epochs or configs["reference"].epochs)
+    reference = configs[("reference", seeds[-1])]
+    result = analyse(runs, refs, grid, seeds, reference.train_epochs or reference.epochs)
     result.update(mode=args.mode, store=str(store.path), wall_seconds=round(time.time() - started, 1),
                   run_ids={f"{r.key}/{r.seed}": r.run_id for r in refs})
     out = common.figures_dir(args, NAME)

@@ -26,9 +26,13 @@ from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.runner import run_audit
 from engine.audit.summary import compact_summary
 from engine.config.backend import BACKEND_ENV, BackendConfig
-from engine.config.run import AlgorithmConfig
-from engine.jobs.kinds import execute
+from engine.config.run import AlgorithmConfig, RunConfig
+from engine.config.schema import ConfigError
+from engine.data import load_dataset
+from engine.dp.tiers import preset
+from engine.jobs.kinds import execute, execute_all
 from engine.jobs.ray_backend import RayChunks, connect, is_loopback, listening_addresses
+from engine.jobs.ray_jobs import run_on_ray
 from engine.store.db import RunStore
 from engine.store.lifecycle import Cancelled
 
@@ -49,14 +53,15 @@ def audit_config(*, epochs=1.0, model="lr", looa_k=2, R=4) -> AuditConfig:
 
 
 def numbers(report) -> str:
-    """The report (or its summary) without its wall times, as canonical JSON (NaN compares equal to NaN)."""
+    """The report (or its summary, or any JSON) without its wall times (``*seconds``, ``elapsed``), as canonical
+    JSON (NaN compares equal to NaN)."""
     def strip(d):
         if isinstance(d, dict):
-            return {k: strip(v) for k, v in d.items() if not k.endswith("seconds")}
+            return {k: strip(v) for k, v in d.items() if not (k.endswith("seconds") or k == "elapsed")}
         if isinstance(d, list):
             return [strip(v) for v in d]
         return d
-    return json.dumps(strip(report if isinstance(report, dict) else report.to_dict()), sort_keys=True)
+    return json.dumps(strip(report if isinstance(report, (dict, list)) else report.to_dict()), sort_keys=True)
 
 
 def artifacts(store: RunStore, run_id: int) -> dict:
@@ -213,3 +218,247 @@ def test_the_cli_on_its_own_ray_instance_gives_the_local_numbers_and_takes_it_do
     while servers() - before and time.time() < deadline:
         time.sleep(0.2)
     assert servers() == before  # its instance ended with it; the fixture's runs on
+
+
+# --- training runs and sweeps on Ray (engine.jobs.ray_jobs: the whole run one task, its records relayed) -------
+
+def train_config(*, seeds=2, algorithm="ino", epochs=1.0, seed=3) -> RunConfig:
+    """Adult, logistic regression, ``seeds`` models on the model axis: a few seconds."""
+    return RunConfig().replace(**{"data.name": "adult", "data.max_train": 1200, "model.name": "lr", "epochs": epochs,
+                                  "batch_size": 64, "algorithm.name": algorithm, "eval_every": 3, "seed": seed,
+                                  "seeds": seeds, "threads": 1},
+                              tiers=preset("two_tier_attribute", load_dataset("adult"))).validate()
+
+
+def stored_run(store: RunStore, run_id: int) -> str:
+    """Everything the store holds of a run's job without wall times or ids: per row its status, steps, plan,
+    summary, every step's loss and batch, every evaluation."""
+    def row(rid):
+        r = store.get_run(rid)
+        return {"status": r["status"], "step": r["step"], "total_steps": r["total_steps"], "plan": r["plan"],
+                "summary": r["summary"], "evals": store.eval_metrics(rid),
+                "steps": [(s["step"], s["train_loss"], s["batch_size"]) for s in store.step_metrics(rid)]}
+    return numbers({"rows": [row(rid) for rid in store.job_rows(run_id)]})
+
+
+def new_job(store: RunStore, config: RunConfig, **kw) -> int:
+    return store.create_job(config.seed_configs(), **kw)[0]
+
+
+@pytest.fixture(scope="module")
+def local_train(tmp_path_factory):
+    store = RunStore(tmp_path_factory.mktemp("train-local") / "runs.sqlite")
+    run_id = new_job(store, train_config())
+    execute(store, run_id, train_config(), kind="train", backend=BackendConfig())
+    return stored_run(store, run_id)
+
+
+def test_a_training_run_on_ray_writes_the_store_exactly_as_a_local_run(ray_instance, local_train, tmp_path):
+    """Two seeds on the model axis, run as one Ray task: every step, evaluation, plan and summary the driver
+    wrote from what the task relayed equals the local run's; the rows name this process (the driver) as pid."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = new_job(store, train_config())
+    result = execute(store, run_id, train_config(), kind="train", backend=BackendConfig("ray"))
+    assert stored_run(store, run_id) == local_train
+    assert '"status": "finished"' in local_train and len(store.job_rows(run_id)) == 2
+    assert all(store.get_run(rid)["pid"] == os.getpid() for rid in store.job_rows(run_id))
+    assert [numbers(r.summary) for r in result.per_seed] == [numbers(store.get_run(rid)["summary"])
+                                                              for rid in store.job_rows(run_id)]
+    assert ray.is_initialized()
+
+
+def test_a_sweep_on_ray_equals_the_local_sweep(ray_instance, tmp_path):
+    """Four configurations (two algorithms × two seeds) at once on the 2-CPU instance, through execute_all;
+    each run's store record equals the same sweep's one after another on the local backend."""
+    configs = [train_config(seeds=1, algorithm=a, seed=s) for a in ("idp_sample", "ino") for s in (1, 2)]
+    got = {}
+    for name, backend in (("local", BackendConfig()), ("ray", BackendConfig("ray"))):
+        store = RunStore(tmp_path / f"{name}.sqlite")
+        ids = [store.create_run(c, group_id=f"sweep-{i}") for i, c in enumerate(configs)]
+        results = execute_all(store, list(zip(ids, configs)), kind="train", backend=backend)
+        assert [r.config.seed for r in results] == [1, 2, 1, 2]
+        got[name] = [stored_run(store, rid) for rid in ids]
+    assert got["ray"] == got["local"]
+    assert len(set(got["local"])) == 4  # four different runs, not one repeated
+
+
+def ray_job_workers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "_job_task" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_cancelling_a_training_run_on_ray_ends_its_task_and_keeps_what_was_streamed(ray_instance, tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    config = train_config(seeds=1, epochs=200.0)  # minutes: it is cancelled long before
+    run_id = store.create_run(config)
+
+    def some_steps_streamed() -> bool:
+        return len(store.step_metrics(run_id)) >= 20
+
+    with pytest.raises(Cancelled):
+        execute(store, run_id, config, kind="train", backend=BackendConfig("ray"), should_stop=some_steps_streamed)
+    row = store.get_run(run_id)
+    assert row["status"] == "cancelled" and len(store.step_metrics(run_id)) >= 20 and store.eval_metrics(run_id)
+    deadline = time.time() + 120  # the task's worker is gone and its CPU back
+    while (ray_job_workers() or ray.available_resources().get("CPU", 0) < CPUS) and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_job_workers() == [] and ray.available_resources().get("CPU", 0) == CPUS
+
+
+def test_an_error_in_the_ray_task_fails_the_run_with_its_one_line(ray_instance, tmp_path):
+    """A config only the data can refuse (a CNN on German Credit's tabular rows passes validate; prepare, on the
+    Ray worker, refuses it) fails as it does locally: the same exception type, status and one-line message."""
+    messages = {}
+    for name, backend in (("local", BackendConfig()), ("ray", BackendConfig("ray"))):
+        store = RunStore(tmp_path / f"{name}.sqlite")
+        config = train_config(seeds=1).replace(**{"data.name": "german_credit", "model.name": "cnn"})
+        run_id = store.create_run(config)
+        with pytest.raises(Exception) as info:
+            execute(store, run_id, config, kind="train", backend=backend)
+        messages[name] = (type(info.value).__name__, store.get_run(run_id)["status"], store.get_run(run_id)["error"])
+    assert messages["ray"] == messages["local"] and messages["local"][1] == "failed", messages
+
+
+def test_a_run_asking_for_a_gpu_the_cluster_lacks_fails_with_one_line(ray_instance, tmp_path):
+    if ray.cluster_resources().get("GPU", 0):
+        pytest.skip("this instance has a GPU")
+    store = RunStore(tmp_path / "runs.sqlite")
+    config = train_config(seeds=1).replace(device="cuda")
+    run_id = store.create_run(config)
+    with pytest.raises(ConfigError, match="run.device: .*no node of the Ray cluster has a GPU"):
+        execute(store, run_id, config, kind="train", backend=BackendConfig("ray"))
+    assert store.get_run(run_id)["status"] == "failed" and "no node" in store.get_run(run_id)["error"]
+
+
+def test_an_experiment_with_backend_ray_gives_the_local_result(ray_instance, tmp_path, capsys, monkeypatch):
+    """``experiments/pareto.py --smoke --backend ray`` trains its four runs at once on the instance, each a Ray task;
+    its result (accuracy and imbalance per setting, over seeds) equals the script's local result."""
+    from engine.jobs import kinds
+    from experiments import pareto
+
+    tasks = []
+
+    def counted(run, config, **kw):
+        tasks.append(config.seed)
+        return run_on_ray(run, config, **kw)
+
+    monkeypatch.setattr(kinds, "run_on_ray", counted)
+    got = {}
+    for name in ("local", "ray"):
+        pareto.main(["--smoke", "--json", "--no-figures", "--backend", name, "--store", str(tmp_path / f"{name}.sqlite")])
+        got[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(got["local"]["run_ids"]) == 4 and len(tasks) == 4  # the local four ran here, the Ray four as tasks
+    assert numbers(got["ray"]["settings"]) == numbers(got["local"]["settings"])
+    assert [s["kind"] for s in got["local"]["settings"]] == ["reference", "ino"]
+
+
+def test_the_task_reads_the_data_folder_the_driver_names(ray_instance, tmp_path, monkeypatch):
+    """The instance's workers were started with the shared data folder; a driver naming another folder (here an
+    empty one) gets its own folder read on the worker: the run fails naming that folder, as it does locally."""
+    config = train_config(seeds=1).replace(tiers=preset("two_tier_attribute", load_dataset("german_credit")),
+                                           **{"data.name": "german_credit"}).validate()  # not shipped in assets/
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    monkeypatch.setenv("PRIVACY_LAB_DATA_DIR", str(empty))
+    errors = {}
+    for name, backend in (("local", BackendConfig()), ("ray", BackendConfig("ray"))):
+        store = RunStore(tmp_path / f"{name}.sqlite")
+        run_id = store.create_run(config)
+        with pytest.raises(Exception):
+            execute(store, run_id, config, kind="train", backend=backend)
+        errors[name] = store.get_run(run_id)["error"]
+    assert str(empty) in errors["local"] and errors["ray"] == errors["local"], errors
+
+
+def test_the_dashboards_workers_run_their_training_runs_on_ray(tmp_path, monkeypatch):
+    """Under PRIVACY_LAB_BACKEND=ray the job manager's worker is the run's driver: a comparison of two runs
+    (one short, one long) streams into the store while on Ray (the live view reads it), the short one ends as it
+    does locally, Cancel ends the long one "cancelled" and the Ray processes its worker started end with it."""
+    from engine.jobs.manager import JobManager
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # Ray's token file
+    monkeypatch.setenv(BACKEND_ENV, "ray")
+    short, long = train_config(seeds=1), train_config(seeds=1, epochs=200.0, algorithm="idp_sample")
+    local = RunStore(tmp_path / "local.sqlite")
+    local_id = local.create_run(short)
+    execute(local, local_id, short, kind="train", backend=BackendConfig())
+    mgr = JobManager(tmp_path / "runs.sqlite", max_workers=2, prewarm=False)
+    try:
+        store = mgr.store
+        a, b = mgr.submit([short, long], group_id="cmp-ray")
+
+        def streaming_while_running():
+            row = store.get_run(b)
+            return row["status"] == "running" and len(store.step_metrics(b)) >= 20 and row
+
+        row = wait_until(streaming_while_running, 240, "the long run to stream steps from Ray")
+        worker = psutil.Process(row["pid"])
+        started = [p for p in worker.children(recursive=True) if p.name() in ("raylet", "gcs_server")]
+        assert started, "the worker started a Ray instance"
+        done = wait_until(lambda: (r := store.get_run(a))["status"] == "finished" and r, 240, "the short run")
+        assert numbers(done["summary"]) == numbers(local.get_run(local_id)["summary"])
+        assert store.eval_metrics(a) and numbers(store.eval_metrics(a)) == numbers(local.eval_metrics(local_id))
+        assert mgr.cancel(b) == "cancelled" and store.get_run(b)["status"] == "cancelled"
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started),
+                          60, "the worker's Ray processes to end")
+    finally:
+        mgr.shutdown(cancel_running=True)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_training_task_whose_worker_dies_fails_the_run_naming_it_and_keeps_the_streamed_steps(ray_instance,
+                                                                                                  tmp_path):
+    """Not retried (a second pass would write the streamed steps twice): the run fails with one line saying the
+    Ray task was lost; what streamed before stays."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    config = train_config(seeds=1, epochs=200.0)
+    run_id = store.create_run(config)
+    killed = []
+
+    def kill_once_streaming() -> bool:
+        if not killed and len(store.step_metrics(run_id)) >= 20:
+            workers = ray_job_workers()
+            assert len(workers) == 1
+            workers[0].kill()
+            killed.append(workers[0].pid)
+        return False
+
+    with pytest.raises(Exception) as info:
+        execute(store, run_id, config, kind="train", backend=BackendConfig("ray"), should_stop=kill_once_streaming)
+    row = store.get_run(run_id)
+    assert killed and type(info.value).__name__ == "RayJobError"
+    assert row["status"] == "failed" and "the Ray task running the job was lost: The worker died" in row["error"]
+    assert "\n" not in row["error"] and len(store.step_metrics(run_id)) >= 20
+
+
+def test_a_one_run_audit_on_ray_stores_the_local_report(ray_instance, tmp_path):
+    """The one-run audit runs whole as one task (two algorithms): the report it returns and the summary it wrote
+    through the relayed store are the local audit's."""
+    from engine.audit.one_run_config import OneRunConfig
+
+    config = OneRunConfig(algorithms=(AlgorithmConfig(name="dpsgd"), AlgorithmConfig(name="ino")), canaries=100,
+                          input_canaries=20).validate()
+    config = config.replace(run=config.run.replace(epochs=2.0)).validate()
+    got = {}
+    for name, backend in (("local", BackendConfig()), ("ray", BackendConfig("ray"))):
+        store = RunStore(tmp_path / f"{name}.sqlite")
+        run_id = store.create_run(config.to_dict(), kind="one_run", status="queued", name=name)
+        report = execute(store, run_id, config, kind="one_run", backend=backend)
+        assert store.get_run(run_id)["status"] == "finished"
+        got[name] = (numbers(report), numbers(store.get_run(run_id)["summary"]))
+    assert got["ray"] == got["local"] and got["local"][0] == got["local"][1]

@@ -37,6 +37,9 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
+    def __reduce__(self):  # pickled as (field, message): it crosses to a Ray driver (engine.jobs.ray_jobs)
+        return type(self), (self.field, self.message), self.__dict__
+
     def under(self, prefix: str) -> "ConfigError":
         """The same error with ``prefix`` put before its field (``e.under("run.")``: ``run.data.name``)."""
         field = prefix.rstrip(".") if self.field == "config" else prefix + self.field

@@ -2,7 +2,10 @@
 
     JOB_KINDS / job_kind(name)   kind → JobKind: "train" (a training run, k seeds on the model axis), "audit"
                                  (PA-ALOOA) and "one_run" (per-tier empirical ε from one run per algorithm)
-    execute(store, id, config)   run a parsed config as run ``id`` of its kind, inside the store's lifecycle
+    execute(store, id, config)   run a parsed config as run ``id`` of its kind, inside the store's lifecycle, on
+                                 the backend (engine.config.backend: local, or Ray — see below)
+    execute_all(store, jobs)     several runs (a sweep, an experiment's runs): one after another locally; on Ray all
+                                 at once, one task each
     run_queued(store, id)        the worker entry: read the run's kind and config from the store, execute
                                  (a row of a k-seed job runs its whole job, from its leader row)
 
@@ -13,9 +16,16 @@ own), its preview before launch, what a standby prepares ahead of time, the RunC
 (its dataset), its group-id prefix and its summary table. The lifecycle itself (status, SIGTERM, why a run
 ended) is :mod:`engine.store.lifecycle`'s. Every job — dashboard, CLI, experiments, benches — runs through
 :func:`execute` or :func:`run_queued`.
+
+On the Ray backend a training run and a one-run audit run whole as one Ray task (``engine.jobs.ray_jobs``: the
+process here stays the run's driver and writes what the task reports); an audit stays here and sends its chunks
+of models to Ray (``engine.jobs.ray_backend``). ``JobKind.run`` itself is always the local code: the Ray task
+runs it.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,11 +35,12 @@ from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import one_run_table
 from engine.audit.summary import summary_table
 from engine.audit.runner import preview_audit, run_audit
-from engine.config.backend import backend_from_env
+from engine.config.backend import BackendConfig, backend_from_env
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
-from engine.jobs.ray_backend import chunk_executor
-from engine.store.lifecycle import store_lifecycle
+from engine.jobs.ray_backend import POLL_SECONDS, chunk_executor, connect
+from engine.jobs.ray_jobs import run_on_ray
+from engine.store.lifecycle import sigterm_cancels, store_lifecycle
 from engine.train.loop import prepare, preview, train
 from engine.train.records import tier_table
 
@@ -42,7 +53,7 @@ class JobKind:
     load: Callable[[dict], object]  # the stored config dict → its typed config, not validated (raises ConfigError)
     rows: Callable[[object], list]  # a config (or its dict) → the configs of its store rows (one per seed)
     job_config: Callable[[object], object]  # a row's config → the config its whole job runs from (a re-run)
-    run: Callable[..., object]  # run(config, *, life, progress, prepared, should_stop) → result
+    run: Callable[..., object]  # run(config, *, life, progress, prepared, should_stop, backend) → result
     preview: Callable[[object], object]  # what the job will do, before launch (raises ConfigError / DataError)
     run_config: Callable[[object], RunConfig]  # the RunConfig its models train with (its dataset, model, …)
     summary_table: Callable[[dict], str]  # the stored summary → text (``python -m engine show``)
@@ -50,6 +61,7 @@ class JobKind:
     algorithms: Callable[[object], list]  # the AlgorithmConfigs the job trains with (a run: one; an audit: each)
     no_dp_note: Callable[[list, str | None], str]  # (labels without formal DP, a run's reason) → the warning text
     standby_prepare: Callable[[object], object] | None = None  # config → what a warm worker prepares ahead
+    whole_on_ray: bool = True  # on Ray: the job is one task (False: it sends its own parts there, as an audit)
 
     def parse(self, stored: dict):
         """The stored config dict → a validated config (raises ConfigError naming the field)."""
@@ -79,20 +91,20 @@ def seed_rows(config) -> list:
     return config.seed_configs() if hasattr(config, "seed_configs") else [config]
 
 
-def _run_train(config, *, life, progress=False, prepared=None, should_stop=None):
+def _run_train(config, *, life, progress=False, prepared=None, should_stop=None, backend=None):
     return train(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop)
 
 
-def _run_audit(config, *, life, progress=False, prepared=None, should_stop=None):
-    """An audit's chunks on the backend $PRIVACY_LAB_BACKEND names (engine.config.backend; local by default)."""
-    executor = chunk_executor(backend_from_env())
+def _run_audit(config, *, life, progress=False, prepared=None, should_stop=None, backend=None):
+    """An audit's chunks on ``backend``, else the one $PRIVACY_LAB_BACKEND names (local by default)."""
+    executor = chunk_executor(backend or backend_from_env())
     try:
         return run_audit(config, life=life, progress=progress, should_stop=should_stop, executor=executor)
     finally:
         executor.close()
 
 
-def _run_one_run(config, *, life, progress=False, prepared=None, should_stop=None):
+def _run_one_run(config, *, life, progress=False, prepared=None, should_stop=None, backend=None):
     return run_one_run_audit(config, life=life, progress=progress, should_stop=should_stop)
 
 
@@ -106,7 +118,7 @@ JOB_KINDS: dict[str, JobKind] = {
         "audit", load=AuditConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
         run=_run_audit, preview=lambda c: preview_audit(c, estimate=True), run_config=lambda c: c.run,
         summary_table=summary_table, group_prefix="audit", algorithms=lambda c: list(c.algorithms),
-        no_dp_note=_audit_note),
+        no_dp_note=_audit_note, whole_on_ray=False),
     "one_run": JobKind(
         "one_run", load=OneRunConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
         run=_run_one_run, preview=preview_one_run, run_config=lambda c: c.run, summary_table=one_run_table,
@@ -129,13 +141,71 @@ def rerun_of(run: dict):
     return job, job.job_config(job.parse(run["config"]))
 
 
+def _run(job: JobKind, config, *, life, backend: BackendConfig, progress=False, prepared=None, should_stop=None):
+    """``job``'s run of ``config`` inside ``life``, on ``backend``: here, or as one Ray task (module doc)."""
+    if backend.kind == "ray" and job.whole_on_ray:
+        return run_on_ray(job.run, config, life=life, backend=backend, device=job.run_config(config).device,
+                          should_stop=should_stop)
+    return job.run(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop, backend=backend)
+
+
 def execute(store, run_id: int | None, config, *, kind: str, progress: bool = False, prepared=None,
-            should_stop=None):
+            should_stop=None, backend: BackendConfig | None = None, sigterm: bool = True):
     """Run the parsed ``config`` as run ``run_id`` of ``kind`` (any row of its job) inside the store's one
-    lifecycle; without a store (``store`` None) the job runs and nothing is recorded."""
+    lifecycle, on ``backend`` (default: $PRIVACY_LAB_BACKEND's); without a store (``store`` None) the job runs and
+    nothing is recorded. ``sigterm``: SIGTERM cancels it (main thread only)."""
     job = job_kind(kind)
-    with store_lifecycle(store, run_id) as life:
-        return job.run(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop)
+    with store_lifecycle(store, run_id, sigterm=sigterm) as life:
+        backend = backend or backend_from_env()  # inside: a bad $PRIVACY_LAB_BACKEND fails the run, said in its row
+        return _run(job, config, life=life, backend=backend, progress=progress, prepared=prepared,
+                    should_stop=should_stop)
+
+
+def execute_all(store, jobs: list, *, kind: str, backend: BackendConfig | None = None) -> list:
+    """Run ``jobs`` [(run_id, parsed config)] of ``kind``; their results in order. Locally one after another (the
+    first error stops them); on Ray all at once, each its own task driven by a thread here, so the cluster runs as
+    many as it has CPUs for. Every run ends in the store as it would alone; the first error is raised once all
+    have ended. SIGTERM or Ctrl-C cancels them all (each row: "cancelled")."""
+    try:
+        backend = backend or backend_from_env()
+    except ConfigError:  # a bad $PRIVACY_LAB_BACKEND: the first run fails with it in its row (as execute does)
+        backend = None
+    if backend is None or backend.kind != "ray" or len(jobs) < 2:
+        return [execute(store, rid, config, kind=kind, backend=backend) for rid, config in jobs]
+    results, errors = [None] * len(jobs), [None] * len(jobs)
+    stop = threading.Event()
+
+    def one(i, rid, config):
+        try:
+            results[i] = execute(store, rid, config, kind=kind, backend=backend, should_stop=stop.is_set, sigterm=False)
+        except BaseException as e:  # noqa: BLE001 - recorded in its row by its lifecycle; raised below
+            errors[i] = e
+
+    threads = [threading.Thread(target=one, args=(i, rid, c), name=f"privacy-lab-run-{rid}", daemon=True)
+               for i, (rid, c) in enumerate(jobs)]
+    started = connect(backend)  # once, for all of them
+    try:
+        main = threading.current_thread() is threading.main_thread()
+        with sigterm_cancels() if main else contextlib.nullcontext():
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(POLL_SECONDS)  # returns, so SIGTERM / Ctrl-C get in
+    except BaseException:
+        stop.set()  # each run's task is cancelled by its own thread; their rows end "cancelled"
+        for t in threads:
+            t.join()
+        raise
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
 
 
 def run_queued(store, run_id: int, *, progress: bool = False, prepared: Callable | None = None):
@@ -153,4 +223,4 @@ def run_queued(store, run_id: int, *, progress: bool = False, prepared: Callable
         job = job_kind(run["kind"])
         config = job.parse(run["config"])
         ready = prepared(config) if prepared is not None and job.standby_prepare is not None else None
-        return job.run(config, life=life, progress=progress, prepared=ready)
+        return _run(job, config, life=life, backend=backend_from_env(), progress=progress, prepared=ready)

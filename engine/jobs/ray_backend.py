@@ -1,4 +1,5 @@
-"""Ray as the execution backend (``engine.config.backend``): an audit's chunks as Ray tasks.
+"""Ray as the execution backend (``engine.config.backend``): the connection, and an audit's chunks as Ray tasks
+(a training run or a one-run audit runs whole as one task: ``engine.jobs.ray_jobs``).
 
     chunk_executor(backend)   the executor for a backend: LocalChunks (local) or RayChunks (ray)
     RayChunks                 each chunk a Ray task running ``engine.audit.executor.train_chunk``; the driver
@@ -17,7 +18,7 @@ checkpointed, so running the run again resumes.
 
 Safety: an instance started here binds every server it starts (GCS, raylet, object manager, workers) to
 127.0.0.1, starts no dashboard and sends no usage statistics; ``listening_addresses`` lets a test check it. To
-use a cluster, start it yourself (README: "Audits on a Ray cluster") and keep its ports inside a trusted network.
+use a cluster, start it yourself (README: "Runs and audits on Ray", "On a cluster") and keep its ports inside a trusted network.
 """
 from __future__ import annotations
 

@@ -183,7 +183,10 @@ def execute_all(store, jobs: list, *, kind: str, backend: BackendConfig | None =
 
     threads = [threading.Thread(target=one, args=(i, rid, c), name=f"privacy-lab-run-{rid}", daemon=True)
                for i, (rid, c) in enumerate(jobs)]
-    started = connect(backend)  # once, for all of them
+    try:
+        started = connect(backend)  # once, for all of them
+    except ConfigError:  # Ray cannot start or be reached: the first run fails with the reason in its row
+        return [execute(store, rid, config, kind=kind, backend=backend) for rid, config in jobs]
     try:
         main = threading.current_thread() is threading.main_thread()
         with sigterm_cancels() if main else contextlib.nullcontext():

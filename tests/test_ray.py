@@ -35,6 +35,7 @@ from engine.jobs.ray_backend import RayChunks, connect, is_loopback, listening_a
 from engine.jobs.ray_jobs import run_on_ray
 from engine.store.db import RunStore
 from engine.store.lifecycle import Cancelled
+from test_jobs import wait_for
 
 pytestmark = pytest.mark.slow  # a Ray instance: seconds to start, not a privacy invariant (the fast subset skips it)
 REPO = Path(__file__).resolve().parent.parent
@@ -133,16 +134,20 @@ def test_an_audit_on_ray_equals_the_local_one_bit_for_bit(ray_instance, local_re
     assert ray.is_initialized()  # the instance it found was not its own: still running
 
 
-def ray_chunk_workers() -> list[psutil.Process]:
-    """Ray workers running a chunk right now (Ray titles a busy worker ray::<function>)."""
+def ray_workers_running(function: str) -> list[psutil.Process]:
+    """Ray workers running ``function`` right now (Ray titles a busy worker ray::<function>)."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "_train_chunk_task" in " ".join(p.cmdline()):
+            if function in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue
     return out
+
+
+def ray_chunk_workers() -> list[psutil.Process]:
+    return ray_workers_running("_train_chunk_task")
 
 
 def test_a_worker_killed_in_the_middle_of_a_chunk_is_run_again_with_identical_results(ray_instance):
@@ -283,14 +288,7 @@ def test_a_sweep_on_ray_equals_the_local_sweep(ray_instance, tmp_path):
 
 
 def ray_job_workers() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "_job_task" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return ray_workers_running("_job_task")
 
 
 def test_cancelling_a_training_run_on_ray_ends_its_task_and_keeps_what_was_streamed(ray_instance, tmp_path):
@@ -397,28 +395,18 @@ def test_the_dashboards_workers_run_their_training_runs_on_ray(tmp_path, monkeyp
             row = store.get_run(b)
             return row["status"] == "running" and len(store.step_metrics(b)) >= 20 and row
 
-        row = wait_until(streaming_while_running, 240, "the long run to stream steps from Ray")
+        row = wait_for(streaming_while_running, 240, "the long run to stream steps from Ray")
         worker = psutil.Process(row["pid"])
         started = [p for p in worker.children(recursive=True) if p.name() in ("raylet", "gcs_server")]
         assert started, "the worker started a Ray instance"
-        done = wait_until(lambda: (r := store.get_run(a))["status"] == "finished" and r, 240, "the short run")
+        done = wait_for(lambda: (r := store.get_run(a))["status"] == "finished" and r, 240, "the short run")
         assert numbers(done["summary"]) == numbers(local.get_run(local_id)["summary"])
         assert store.eval_metrics(a) and numbers(store.eval_metrics(a)) == numbers(local.eval_metrics(local_id))
         assert mgr.cancel(b) == "cancelled" and store.get_run(b)["status"] == "cancelled"
-        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started),
+        assert wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started),
                           60, "the worker's Ray processes to end")
     finally:
         mgr.shutdown(cancel_running=True)
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_training_task_whose_worker_dies_fails_the_run_naming_it_and_keeps_the_streamed_steps(ray_instance,

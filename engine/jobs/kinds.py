@@ -141,8 +141,11 @@ def rerun_of(run: dict):
     return job, job.job_config(job.parse(run["config"]))
 
 
-def _run(job: JobKind, config, *, life, backend: BackendConfig, progress=False, prepared=None, should_stop=None):
-    """``job``'s run of ``config`` inside ``life``, on ``backend``: here, or as one Ray task (module doc)."""
+def _run(job: JobKind, config, *, life, backend: BackendConfig | None = None, progress=False, prepared=None,
+         should_stop=None):
+    """``job``'s run of ``config`` inside ``life``, on ``backend`` (None: $PRIVACY_LAB_BACKEND's, read here, inside
+    the lifecycle, so a bad value fails the run, said in its row): here, or as one Ray task (module doc)."""
+    backend = backend or backend_from_env()
     if backend.kind == "ray" and job.whole_on_ray:
         return run_on_ray(job.run, config, life=life, backend=backend, device=job.run_config(config).device,
                           should_stop=should_stop)
@@ -156,7 +159,6 @@ def execute(store, run_id: int | None, config, *, kind: str, progress: bool = Fa
     nothing is recorded. ``sigterm``: SIGTERM cancels it (main thread only)."""
     job = job_kind(kind)
     with store_lifecycle(store, run_id, sigterm=sigterm) as life:
-        backend = backend or backend_from_env()  # inside: a bad $PRIVACY_LAB_BACKEND fails the run, said in its row
         return _run(job, config, life=life, backend=backend, progress=progress, prepared=prepared,
                     should_stop=should_stop)
 
@@ -170,7 +172,11 @@ def execute_all(store, jobs: list, *, kind: str, backend: BackendConfig | None =
         backend = backend or backend_from_env()
     except ConfigError:  # a bad $PRIVACY_LAB_BACKEND: the first run fails with it in its row (as execute does)
         backend = None
-    if backend is None or backend.kind != "ray" or len(jobs) < 2:
+    started = None  # None: one after another; else whether the connect here started the instance
+    if backend is not None and backend.kind == "ray" and len(jobs) > 1:
+        with contextlib.suppress(ConfigError):  # Ray cannot start or be reached: the first run fails saying so
+            started = connect(backend)  # once, for all of them
+    if started is None:
         return [execute(store, rid, config, kind=kind, backend=backend) for rid, config in jobs]
     results, errors = [None] * len(jobs), [None] * len(jobs)
     stop = threading.Event()
@@ -183,10 +189,6 @@ def execute_all(store, jobs: list, *, kind: str, backend: BackendConfig | None =
 
     threads = [threading.Thread(target=one, args=(i, rid, c), name=f"privacy-lab-run-{rid}", daemon=True)
                for i, (rid, c) in enumerate(jobs)]
-    try:
-        started = connect(backend)  # once, for all of them
-    except ConfigError:  # Ray cannot start or be reached: the first run fails with the reason in its row
-        return [execute(store, rid, config, kind=kind, backend=backend) for rid, config in jobs]
     try:
         main = threading.current_thread() is threading.main_thread()
         with sigterm_cancels() if main else contextlib.nullcontext():
@@ -226,4 +228,4 @@ def run_queued(store, run_id: int, *, progress: bool = False, prepared: Callable
         job = job_kind(run["kind"])
         config = job.parse(run["config"])
         ready = prepared(config) if prepared is not None and job.standby_prepare is not None else None
-        return _run(job, config, life=life, backend=backend_from_env(), progress=progress, prepared=ready)
+        return _run(job, config, life=life, progress=progress, prepared=ready)

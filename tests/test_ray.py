@@ -151,9 +151,9 @@ def ray_chunk_workers() -> list[psutil.Process]:
 
 
 def test_a_worker_killed_in_the_middle_of_a_chunk_is_run_again_with_identical_results(ray_instance):
-    config = audit_config(epochs=30.0, model="mlp", looa_k=0, R=2)  # chunks of a few seconds each
+    config = audit_config(epochs=90.0, model="mlp", looa_k=0, R=2)  # 4 chunks of about a second each
     expected = numbers(run_audit(config))
-    result, killed = {}, []
+    result, killed, seen = {}, [], set()
 
     def audit():
         result["report"] = run_audit(config, executor=RayChunks(BackendConfig("ray")))
@@ -162,15 +162,19 @@ def test_a_worker_killed_in_the_middle_of_a_chunk_is_run_again_with_identical_re
     thread.start()
     deadline = time.time() + 300
     while not killed and thread.is_alive() and time.time() < deadline:
-        busy = ray_chunk_workers()
-        if busy:
-            time.sleep(0.3)  # inside the chunk, not at its start
-            if busy[0].is_running() and "_train_chunk_task" in " ".join(busy[0].cmdline()):
-                os.kill(busy[0].pid, signal.SIGKILL)
-                killed.append(busy[0].pid)
-        time.sleep(0.05)
+        for worker in ray_chunk_workers():
+            seen.add(worker.pid)
+            time.sleep(0.1)  # inside the chunk, not at its start; if it ended meanwhile, the next chunk is tried
+            try:
+                if "_train_chunk_task" in " ".join(worker.cmdline()):
+                    os.kill(worker.pid, signal.SIGKILL)
+                    killed.append(worker.pid)
+                    break
+            except psutil.Error:
+                continue
+        time.sleep(0.02)
     thread.join(600)
-    assert killed, "no chunk was caught running"
+    assert killed, f"no chunk was caught running (chunk workers seen: {sorted(seen)}; the audit ended: {'report' in result})"
     assert not psutil.pid_exists(killed[0]) or psutil.Process(killed[0]).status() == psutil.STATUS_ZOMBIE
     assert numbers(result["report"]) == expected
 

@@ -14,8 +14,8 @@ as the pages launch them:
   launch meets an empty store, so its estimate is the rough per-model constant (reported, not judged); the
   second's and third's are measured from the finished runs before them (what a user sees from the second
   launch on). Actual = submit → the last run finished, worker start included. ``--cold-first``: the first
-  launch comes at once (its runs start cold, beside the standbys importing torch; they train ~3× slower, which
-  the second launch's measured rate then carries).
+  launch comes at once, before any standby is warm (its runs wait for the standbys' import of torch; no
+  replacement standby imports beside them while they train, which had made them train ~3× slower).
 * **live ETA**: during the second launch the bench polls the first run's row every 0.25 s (as the page does
   every 0.5 s) and feeds it to ``engine.jobs.estimates.SmoothEta``; afterwards it compares each ETA with the
   time that was really left, after the first evaluation, and counts how often the ETA went up.

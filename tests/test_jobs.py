@@ -173,6 +173,23 @@ def test_a_standby_prepares_the_queued_run_next_in_line(managers):
     assert run["pid"] == pid
 
 
+@pytest.mark.slow
+def test_no_standby_imports_beside_a_training_run_with_nothing_queued_and_they_warm_once_it_ends(managers):
+    """Standbys importing torch beside a run slowed it 3x on 2 cores (and with it the next launch's estimate):
+    while runs train and nothing waits in the queue, none starts; once the runs end, the slots warm again."""
+    from engine.jobs.manager import STANDBY_DELAY_SECONDS
+
+    mgr = managers(max_workers=1, prewarm=True)
+    store = mgr.store
+    wait_for(lambda: mgr.standbys_ready() == 1, 90, "a warm standby")
+    (rid,) = mgr.submit([LONG], group_id="g-alone")
+    wait_for(lambda: status(store, rid) == "running", 60, "the run")
+    time.sleep(STANDBY_DELAY_SECONDS + 2.0)  # what is checked is an absence: past the delay after which one would start
+    assert status(store, rid) == "running" and not [p for p in mgr._standbys if p.poll() is None]
+    assert mgr.cancel(rid) == "cancelled"
+    wait_for(lambda: mgr.standbys_ready() == 1, 90, "the standby warm again after the run")
+
+
 def test_submit_refuses_an_unknown_kind_before_queueing(tmp_path):
     from engine.config.schema import ConfigError
 

@@ -25,9 +25,10 @@ import time
 
 from engine.config.run import RunConfig
 
-# one core, per sample-gradient (rough). The CNN's: the Papernot CNN measured 7e-5 on digits (the default
-# comparison) and ~1.3e-4 on MNIST on a quiet 2-core machine (bench/estimates.py, bench/step_overhead.py)
-FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 1.2e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3}
+# one core, per sample-gradient (rough), by model, and by (model, dataset) where the input size changes it: the
+# Papernot CNN measured 5.2-5.4e-5 on digits (the default comparison, bench/estimates.py) and ~1.3e-4 on MNIST
+# (bench/step_overhead.py) on a quiet 2-core machine
+FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 1.3e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3, ("cnn", "digits"): 6e-5}
 FALLBACK_START_SECONDS = 5.0  # a worker process importing torch, loading the data and planning, on 2 cores (rough)
 FALLBACK_WARM_START_SECONDS = 0.5  # a ready standby taking the run, loading the data and planning (rough)
 WARM_START_MAX_SECONDS = 1.5  # a longer wait is a cold start: importing torch alone takes longer on 2 cores
@@ -52,7 +53,8 @@ def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, s
     if rates:
         return statistics.median(rates), f"measured on this machine from {len(rates)} finished run(s)"
     model = config.model.name if config.model.name in FALLBACK_SECONDS_PER_SAMPLE else "cnn"
-    return FALLBACK_SECONDS_PER_SAMPLE[model], "a rough estimate until a run of this dataset and model has finished"
+    rate = FALLBACK_SECONDS_PER_SAMPLE.get((model, config.data.name), FALLBACK_SECONDS_PER_SAMPLE[model])
+    return rate, "a rough estimate until a run of this dataset and model has finished"
 
 
 def start_seconds(history: list[dict], *, warm: bool | None = None) -> tuple[float, bool]:

@@ -194,8 +194,8 @@ def cmd_cancel(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    """``python -m engine audit CONFIG.json | --preset NAME [--json] [--controls]``: run an audit in this process,
-    into the store."""
+    """``python -m engine audit CONFIG.json | --preset NAME [--set k=v ...] [--json] [--controls]``: run an audit in
+    this process, into the store."""
     store = _store(args)
     preset_name = getattr(args, "preset", None)
     if (args.config is None) == (preset_name is None):
@@ -206,6 +206,7 @@ def cmd_audit(args) -> int:
         config = load_audit_config(args.config)
     if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
         config = config.replace(controls=True).validate()
+    config = apply_overrides(config, getattr(args, "overrides", None))
     run_id, report = _execute_here(store, config, kind="audit", label="audit", progress=not args.json)
     if report is None:
         return 1
@@ -412,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("config", nargs="?", help="JSON audit config file (or give --preset)")
     au.add_argument("--preset", help="a named audit (engine.audit.presets): quick, quick-eps1, adult-paper, "
                                      "mnist-paper")
+    au.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
+                    help="change one field, e.g. --set R=16 --set run.model.name=cnn (repeatable)")
     au.add_argument("--json", action="store_true", help="print the result summary as one JSON line")
     au.add_argument("--controls", action="store_true",
                     help="add DP-SGD-S's controls: DP-SGD at the noise DP-SGD-S realised and at its accuracy, "

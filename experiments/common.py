@@ -36,7 +36,8 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def parser(name: str, description: str) -> OneLineParser:
+def parser(name: str, description: str, extra=None) -> OneLineParser:
+    """Every experiment's command line; ``extra(p)`` adds the script's own options."""
     p = OneLineParser(prog=name, description=description)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
@@ -61,6 +62,8 @@ def parser(name: str, description: str) -> OneLineParser:
                    help="where the runs train: local (default: one after another), ray (an instance on this machine), "
                         "ray:auto or ray://HOST:PORT (a cluster: as many at once as it has CPUs); default "
                         "$PRIVACY_LAB_BACKEND")
+    if extra is not None:
+        extra(p)
     return p
 
 
@@ -252,13 +255,13 @@ def pm(mean, se, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else "")
 
 
-def main(name: str, doc: str, run_experiment, argv=None) -> None:
+def main(name: str, doc: str, run_experiment, argv=None, extra=None) -> None:
     """The command line of an experiment script: parse ``argv``, ``run_experiment(args) → (result, tables)``,
     print / write them (:func:`emit`). A ConfigError (spec, config) or DataError (missing or corrupt data)
     ends with one line and exit 2, as a bad argument does."""
     from engine.data.errors import DataError
 
-    args = parser(f"{name}.py", doc.splitlines()[0]).parse_args(argv)
+    args = parser(f"{name}.py", doc.splitlines()[0], extra).parse_args(argv)
     try:
         result, tables = run_experiment(args)
     except (ConfigError, DataError) as e:

@@ -308,6 +308,14 @@ def test_cli_end_to_end_through_the_store(tmp_path):
     bad.write_text('{"R": 0}')
     out = _cli("--store", str(store_path), "audit", str(bad))
     assert out.returncode == 2 and out.stderr.strip() == "error: R: must be an integer in 2..100000, got 0"
+    # --set changes a field of the file's (or a preset's) config, typed and validated like the file
+    out = _cli("--store", str(store_path), "audit", str(path), "--set", "R=2", "--set", "run.model.name=mlp", "--json")
+    assert out.returncode == 0, out.stderr
+    run = store.get_run(json.loads(out.stdout.strip().splitlines()[-1])["run_id"])
+    assert run["config"] == cfg.replace(R=2, run=cfg.run.replace(**{"model.name": "mlp"})).to_dict()
+    assert run["summary"]["n_models"] == 4
+    out = _cli("--store", str(store_path), "audit", "--preset", "quick", "--set", "R=1")
+    assert out.returncode == 2 and out.stderr.strip() == "error: R: must be an integer in 2..100000, got 1"
 
 
 def test_checkpoint_resume_gives_the_uninterrupted_results(tmp_path):

@@ -11,10 +11,12 @@ from in_process import main_here
 from engine.config.run import ModelConfig, RunConfig, total_steps
 from engine.config.schema import ConfigError
 from engine.models.nets import build_model
-from experiments import group_risk, ino_vs_idp, pareto
+from engine.store.db import RunStore
+from experiments import group_risk, ino_vs_idp, pareto, tif_search
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT_MAINS = {"ino_vs_idp.py": ino_vs_idp.main, "pareto.py": pareto.main, "group_risk.py": group_risk.main}
+SCRIPT_MAINS = {"ino_vs_idp.py": ino_vs_idp.main, "pareto.py": pareto.main, "group_risk.py": group_risk.main,
+                "tif_search.py": tif_search.main}
 SCRIPTS = tuple(SCRIPT_MAINS)
 
 
@@ -154,6 +156,60 @@ def test_pareto_smoke(tmp_path, capsys, one_thread):
     assert kinds == ["reference", "ino"] and d["n_seeds"] == 2
     for s in d["settings"]:
         assert s["n"] == 2 and 0 <= s["accuracy"] <= 100 and s["imbalance"] is not None
+
+
+def test_tif_search_refuses_bad_search_settings_in_one_line(tmp_path):
+    for args in (["--trials", "0"], ["--parallel", "-2"], ["--max-accuracy-drop", "101"],
+                 ["--max-accuracy-drop", "nan"]):
+        r = _cli("tif_search.py", "--smoke", "--store", str(tmp_path / "t.sqlite"), *args)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (args, r.stderr)
+    assert "max_accuracy_drop" in r.stderr
+    spec = json.loads((REPO / "experiments" / "tif_search.json").read_text())
+    spec["space"]["beta"] = [2.0, 1.0]
+    spec["base_from"] = str(REPO / "experiments" / spec["base_from"])
+    (tmp_path / "bad.json").write_text(json.dumps(spec))
+    r = _cli("tif_search.py", "--smoke", "--config", str(tmp_path / "bad.json"), "--store", str(tmp_path / "t.sqlite"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: space.beta[1]"), r.stderr
+    assert not (tmp_path / "t.sqlite").exists() or RunStore(tmp_path / "t.sqlite").list_runs() == []  # nothing ran
+
+
+@pytest.mark.slow
+def test_tif_search_smoke_keeps_the_best_trial_within_the_accuracy_bound(tmp_path, capsys, one_thread):
+    """4 trials in one round of 4 (Optuna's random start). Checked against the store, not the script's own table:
+    every trial is a finished INO-SGD run of the search's group with the proposed α, β, γ inside the space; its
+    feasibility is its stored accuracy against IDP-SGD's minus the bound; the answer is the feasible trial with the
+    highest AUC. Then a bound between the trials' accuracies: the same trials (seeded, and the random start does
+    not see the bound), reused from the store, with some of them now beyond it."""
+    store = tmp_path / "t.sqlite"
+    argv = ["--smoke", "--json", "--no-figures", "--trials", "4", "--parallel", "4", "--store", str(store)]
+    d = _main(tif_search, argv + ["--max-accuracy-drop", "100"], capsys)
+    rows = {r["id"]: r for r in RunStore(store).list_runs(kind="train")}
+    assert len(rows) == 5 and all(r["status"] == "finished" for r in rows.values())
+    assert {r["group_id"] for r in rows.values()} == set(d["group_ids"]) and len(d["group_ids"]) == 1
+    ref_acc = 100.0 * rows[d["run_ids"]["reference/0"]]["summary"]["accuracy"]
+    assert d["accuracy_bound"] == pytest.approx(ref_acc - 100)
+    assert [t["trial"] for t in d["trials"]] == [0, 1, 2, 3]
+    for t in d["trials"]:
+        run = rows[d["run_ids"][f"trial{t['trial']}/0"]]
+        algo = run["config"]["algorithm"]
+        assert algo["name"] == "ino" and algo["tif"] == "beta"
+        for k in ("tail_fraction", "beta", "alpha"):
+            lo, hi = d["space"][k]
+            assert algo[k] == t[k] and lo <= algo[k] <= hi
+        assert t["accuracy"] == pytest.approx(100.0 * run["summary"]["accuracy"]) and t["feasible"]
+    assert len({(t["tail_fraction"], t["beta"], t["alpha"]) for t in d["trials"]}) == 4
+    assert d["best"]["auc_private"] == max(t["auc_private"] for t in d["trials"])
+    accs = sorted({t["accuracy"] for t in d["trials"]})
+    assert len(accs) >= 2
+    drop = ref_acc - (accs[0] + accs[1]) / 2  # the least accurate trial(s) below the bound (negative: beat IDP-SGD by)
+    again = _main(tif_search, argv + ["--max-accuracy-drop", str(drop), "--reuse"], capsys)
+    assert len(RunStore(store).list_runs(kind="train")) == 5  # nothing trained again
+    assert [(t["tail_fraction"], t["beta"], t["alpha"]) for t in again["trials"]] == \
+        [(t["tail_fraction"], t["beta"], t["alpha"]) for t in d["trials"]]
+    assert [t["feasible"] for t in again["trials"]] == [t["accuracy"] >= ref_acc - drop for t in d["trials"]]
+    assert 1 <= sum(t["feasible"] for t in again["trials"]) <= 3
+    feasible = [t for t in again["trials"] if t["feasible"]]
+    assert again["best"]["trial"] == max(feasible, key=lambda t: t["auc_private"])["trial"]
 
 
 @pytest.mark.slow

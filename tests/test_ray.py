@@ -179,6 +179,45 @@ def test_a_worker_killed_in_the_middle_of_a_chunk_is_run_again_with_identical_re
     assert numbers(result["report"]) == expected
 
 
+def test_each_chunk_task_asks_ray_for_its_memory_and_a_chunk_no_node_holds_fails_in_one_line(ray_instance):
+    """While chunks run, the instance's free ``memory`` resource is down by the tasks' requests (the chunk's working
+    set and its copy of the data: ``chunk_task_bytes``); a chunk larger than every node's memory ends the audit
+    with one line before anything trains, instead of a task pending for ever."""
+    from engine.audit.chunks import largest_batch, per_model_step_bytes
+    from engine.audit.runner import prepare_audit
+    from engine.jobs.ray_backend import chunk_task_bytes
+
+    config = audit_config(epochs=90.0, model="mlp", looa_k=0, R=2)
+    setup = prepare_audit(config)
+    want = chunk_task_bytes(setup)
+    data = sum(t.element_size() * t.nelement() for t in (setup.dataset.x_train, setup.dataset.y_train,
+                                                         setup.dataset.x_test, setup.dataset.y_test))
+    assert want == setup.chunk_bytes + data and setup.chunk_bytes > 0
+    total = ray.cluster_resources()["memory"]
+    used = set()
+    thread = threading.Thread(target=run_audit, args=(config,), kwargs={"executor": RayChunks(BackendConfig("ray"))})
+    thread.start()
+    while thread.is_alive():
+        used.add(round(total - ray.available_resources().get("memory", total)))
+        time.sleep(0.02)
+    thread.join()
+    assert want in used or 2 * want in used, (want, sorted(used))  # one or two chunks at a time on 2 CPUs
+    assert used <= {0, want, 2 * want}
+
+    node = max(n["Resources"]["memory"] for n in ray.nodes() if n["Alive"])
+    run = DEFAULT_RUN.replace(**{"data.name": "mnist", "data.max_train": 1000, "model.name": "cnn", "epochs": 1.0,
+                                 "batch_size": 64, "seed": 1, "threads": 1})
+    per = per_model_step_bytes(run.model, (1, 28, 28), 10, largest_batch(64))
+    R = int(node // per) // 2 + 1  # 2R models in one chunk: more than the node holds
+    big = AuditConfig(run=run, epsilon=4.0, group_by="class", R=R, chunk_models=2 * R, looa_k=0,
+                      algorithms=(AlgorithmConfig(name="dpsgd"),)).validate()
+    started = time.time()
+    with pytest.raises(ConfigError) as e:
+        run_audit(big, executor=RayChunks(BackendConfig("ray")))
+    assert e.value.field == "chunk_models" and "no node of the Ray cluster has that much memory" in str(e.value)
+    assert "\n" not in str(e.value) and time.time() - started < 60
+
+
 def test_a_cancel_drops_the_pending_chunks_and_the_run_resumes_to_the_same_numbers(
         ray_instance, local_reference, tmp_path, monkeypatch):
     ref_numbers, ref_arrays, _ = local_reference
@@ -358,6 +397,30 @@ def test_an_experiment_with_backend_ray_gives_the_local_result(ray_instance, tmp
     assert len(got["local"]["run_ids"]) == 4 and len(tasks) == 4  # the local four ran here, the Ray four as tasks
     assert numbers(got["ray"]["settings"]) == numbers(got["local"]["settings"])
     assert [s["kind"] for s in got["local"]["settings"]] == ["reference", "ino"]
+
+
+def test_a_tif_search_on_ray_proposes_and_finds_what_the_local_one_does(ray_instance, tmp_path, capsys, monkeypatch):
+    """``experiments/tif_search.py --smoke --backend ray``, 4 trials in 2 rounds of 2 (the second round proposed by
+    TPE from the first's results): each round's runs at once as Ray tasks; the trials, their numbers and the answer
+    equal the local search's."""
+    from engine.jobs import kinds
+    from experiments import tif_search
+
+    rounds = []
+
+    def counted(run, config, **kw):
+        rounds.append(config.name)
+        return run_on_ray(run, config, **kw)
+
+    monkeypatch.setattr(kinds, "run_on_ray", counted)
+    got = {}
+    for name in ("local", "ray"):
+        tif_search.main(["--smoke", "--json", "--no-figures", "--trials", "4", "--parallel", "2", "--backend", name,
+                         "--store", str(tmp_path / f"{name}.sqlite")])
+        got[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(rounds) == sorted(f"{k} seed 0" for k in ("reference", "trial0", "trial1", "trial2", "trial3"))
+    assert numbers(got["ray"]["trials"]) == numbers(got["local"]["trials"]) and len(got["local"]["trials"]) == 4
+    assert numbers(got["ray"]["best"]) == numbers(got["local"]["best"])
 
 
 def test_the_task_reads_the_data_folder_the_driver_names(ray_instance, tmp_path, monkeypatch):

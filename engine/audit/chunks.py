@@ -59,11 +59,22 @@ def models_per_chunk(model_cfg, input_shape, num_classes: int, batch: float, *,
     9 ms/model in chunks of 50–100 vs 15 ms/model with 400 at once), at least ``min_models``,
     never more than ``budget_bytes`` allows (the hard memory bound) nor ``cap``. ``cache_bytes=None``
     (GPUs: per-step launch overhead dominates there) fills the budget."""
-    max_batch = batch + 6 * math.sqrt(batch) + 16  # Poisson batches: the largest of the step
-    per = max(per_model_step_bytes(model_cfg, input_shape, num_classes, max_batch), 1)
+    per = max(per_model_step_bytes(model_cfg, input_shape, num_classes, largest_batch(batch)), 1)
     hard = max(1, budget_bytes // per)
     want = hard if cache_bytes is None else max(min_models, cache_bytes // per)
     return int(max(1, min(cap, hard, want)))
+
+
+def largest_batch(batch: float) -> float:
+    """The largest Poisson batch a step of expected size ``batch`` draws, for sizing (mean + 6 s.d. + 16)."""
+    return batch + 6 * math.sqrt(batch) + 16
+
+
+def chunk_step_bytes(model_cfg, input_shape, num_classes: int, batch: float, models: int) -> int:
+    """One chunk's step working set: ``models`` × :func:`per_model_step_bytes` at the largest batch (within the
+    budget when :func:`models_per_chunk` sized the chunk; what a Ray chunk task asks its node for, beside the
+    data)."""
+    return int(max(1, models) * per_model_step_bytes(model_cfg, input_shape, num_classes, largest_batch(batch)))
 
 
 _DEVICE_CACHE: dict = {}

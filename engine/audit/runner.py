@@ -46,7 +46,7 @@ import torch
 from engine.audit import compare, controls, stats
 from engine.audit.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
                                    plan_table)
-from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, models_per_chunk
+from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, chunk_step_bytes, models_per_chunk
 from engine.audit.config import AuditConfig, algorithm_keys
 from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, init_seeds,
                                  looa_membership, looa_targets, resolved_tiers)
@@ -101,6 +101,7 @@ class AuditSetup:
     budget_bytes: int
     data: object = None  # engine.dp.prepare.PreparedData (the controls plan with it)
     tiers_config: object = None  # the resolved TiersConfig
+    chunk_bytes: int = 0  # one chunk's step working set (engine.audit.chunks.chunk_step_bytes)
 
     @property
     def n(self) -> int:
@@ -157,10 +158,12 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     chunk = config.chunk_models or models_per_chunk(
         model_cfg, ds.input_shape, ds.num_classes, expected_batch, budget_bytes=budget, cap=200 if on_cpu else 400,
         cache_bytes=CACHE_TARGET_BYTES if on_cpu else None)
+    chunk_bytes = chunk_step_bytes(model_cfg, ds.input_shape, ds.num_classes, expected_batch,
+                                   min(int(chunk), len(membership)))
     return AuditSetup(config=config, dataset=ds, tiers=tiers, groups=groups, group_names=group_names,
                       test_groups=test_groups, membership=membership, steps=steps, half_tier_sizes=half_sizes,
                       algos=algos, device=device, chunk_models=int(chunk), budget_bytes=budget, data=data,
-                      tiers_config=tiers_cfg)
+                      tiers_config=tiers_cfg, chunk_bytes=chunk_bytes)
 
 
 def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes, *, label=None) -> AlgoSetup:

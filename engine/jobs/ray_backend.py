@@ -5,6 +5,8 @@
     RayChunks                 each chunk a Ray task running ``engine.audit.executor.train_chunk``; the driver
                               (the job's worker process) checkpoints what the tasks return and advances the run's
                               progress in the store, so the dashboard reads a Ray run like a local one
+    chunk_task_bytes(setup)   the memory a chunk task asks its node for (its working set and its copy of the
+                              data); a chunk no node can hold fails the audit with one line instead of waiting
     connect(backend)          ray.init for the backend: an instance on this machine bound to 127.0.0.1, or the
                               cluster at its address
     listening_addresses()     (pid, address) of every listening socket this process and its children hold
@@ -101,6 +103,15 @@ def _train_chunk_task(setup, a, members, seeds, gen_seed, score_idx, threads):
     return train_chunk(setup, a, members, list(seeds), gen_seed, None, None, score_idx=score_idx)
 
 
+def chunk_task_bytes(setup) -> int:
+    """The memory one chunk task asks its node for (Ray's ``memory`` resource, so a node runs no more chunks at
+    once than it holds): the chunk's step working set, as the audit sized the chunk
+    (``AuditSetup.chunk_bytes``), and the dataset's tensors, which each task unpickles into its own copy."""
+    ds = setup.dataset
+    data = sum(t.element_size() * t.nelement() for t in (ds.x_train, ds.y_train, ds.x_test, ds.y_test))
+    return int(setup.chunk_bytes + data)
+
+
 class RayChunks:
     """Chunks as Ray tasks of one CPU each (and one GPU when the audit's device is CUDA)."""
 
@@ -126,9 +137,16 @@ class RayChunks:
         if gpus and ray.cluster_resources().get("GPU", 0) < 1:
             raise ConfigError("run.device", f"the audit asks for {setup.device}, but no node of the Ray cluster has "
                                             "a GPU")
+        memory = chunk_task_bytes(setup)
+        largest = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+        if memory > largest:  # Ray would keep such a task pending for ever
+            raise ConfigError("chunk_models", f"one chunk of {min(setup.chunk_models, setup.n_models)} models needs "
+                                              f"about {memory / 2**30:.2f} GiB, but no node of the Ray cluster has "
+                                              f"that much memory for tasks (the most: {largest / 2**30:.2f} GiB); "
+                                              "choose fewer models per chunk")
         if self._remote is None:
             self._remote = ray.remote(_train_chunk_task)
-        return self._remote.options(num_cpus=1, num_gpus=gpus, max_retries=self.max_retries)
+        return self._remote.options(num_cpus=1, num_gpus=gpus, memory=memory, max_retries=self.max_retries)
 
     def run(self, setup, a, tasks, prog, should_stop) -> Iterator[tuple[ChunkTask, tuple]]:
         import ray

@@ -301,12 +301,16 @@ def local_train(tmp_path_factory):
     return stored_run(store, run_id)
 
 
-def test_a_training_run_on_ray_writes_the_store_exactly_as_a_local_run(ray_instance, local_train, tmp_path):
+def test_a_training_run_on_ray_writes_the_store_exactly_as_a_local_run(ray_instance, local_train, tmp_path, capsys):
     """Two seeds on the model axis, run as one Ray task: every step, evaluation, plan and summary the driver
-    wrote from what the task relayed equals the local run's; the rows name this process (the driver) as pid."""
+    wrote from what the task relayed equals the local run's; the rows name this process (the driver) as pid.
+    With ``progress`` (the CLI's), the driver shows the run's bar from the relayed steps, up to its last."""
     store = RunStore(tmp_path / "runs.sqlite")
     run_id = new_job(store, train_config())
-    result = execute(store, run_id, train_config(), kind="train", backend=BackendConfig("ray"))
+    result = execute(store, run_id, train_config(), kind="train", backend=BackendConfig("ray"), progress=True)
+    total = store.get_run(run_id)["total_steps"]
+    bar = capsys.readouterr().err
+    assert f"{train_config().label}: " in bar and f" 0/{total} " in bar and f" {total}/{total} " in bar, bar[-500:]
     assert stored_run(store, run_id) == local_train
     assert '"status": "finished"' in local_train and len(store.job_rows(run_id)) == 2
     assert all(store.get_run(rid)["pid"] == os.getpid() for rid in store.job_rows(run_id))

@@ -147,8 +147,9 @@ def _run(job: JobKind, config, *, life, backend: BackendConfig | None = None, pr
     the lifecycle, so a bad value fails the run, said in its row): here, or as one Ray task (module doc)."""
     backend = backend or backend_from_env()
     if backend.kind == "ray" and job.whole_on_ray:
-        return run_on_ray(job.run, config, life=life, backend=backend, device=job.run_config(config).device,
-                          should_stop=should_stop)
+        run_config = job.run_config(config)
+        return run_on_ray(job.run, config, life=life, backend=backend, device=run_config.device,
+                          should_stop=should_stop, progress=progress, label=run_config.label)
     return job.run(config, life=life, progress=progress, prepared=prepared, should_stop=should_stop, backend=backend)
 
 

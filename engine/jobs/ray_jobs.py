@@ -109,9 +109,10 @@ def _gpus(device: str) -> int:
 
 
 def run_on_ray(run, config, *, life, backend: BackendConfig, device: str = "auto", should_stop=None,
-               num_cpus: int | None = None):
+               num_cpus: int | None = None, progress: bool = False, label: str = "run"):
     """``run(config, life=…)`` as one Ray task on ``backend`` (module doc); its return value. The calls it makes on
-    its lifecycle are applied to ``life``, in order, as they arrive; its exception is raised here."""
+    its lifecycle are applied to ``life``, in order, as they arrive; its exception is raised here. ``progress``: a
+    progress bar here, on the driver (the task's own would print on the worker), fed by the relayed calls."""
     import ray
     import torch
 
@@ -122,13 +123,37 @@ def run_on_ray(run, config, *, life, backend: BackendConfig, device: str = "auto
         task = ray.remote(_job_task).options(num_cpus=1, num_gpus=_gpus(device), max_retries=0,
                                              num_returns="streaming", runtime_env=data)
         items = task.remote(run, config, (life.run_id, life.rows, life.active), torch.get_num_threads())
-        return _drain(items, life, should_stop)
+        return _drain(items, life, should_stop, _Bar(label) if progress else None)
     finally:
         if started:
             ray.shutdown()
 
 
-def _drain(items, life, should_stop):
+class _Bar:
+    """A job's progress bar on the driver: its total from the relayed ``start``, its position from the relayed
+    steps (``log_progress``) and ``progress`` calls, each shown as it arrives (they come a few times a second)."""
+
+    def __init__(self, label: str):
+        self.label, self.bar = label, None
+
+    def see(self, name: str, args, kwargs) -> None:
+        from tqdm import tqdm
+
+        if name == "start" and kwargs.get("total_steps") and self.bar is None:
+            self.bar = tqdm(total=kwargs["total_steps"], desc=self.label, unit="step", leave=False, mininterval=0,
+                             miniters=1)
+        elif self.bar is not None and name in ("progress", "log_progress") and args:
+            step = args[0] if name == "progress" else max((s for rows in args[0].values() for s, *_ in rows),
+                                                          default=self.bar.n)
+            if step > self.bar.n:
+                self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _drain(items, life, should_stop, bar: _Bar | None = None):
     """Apply the task's relayed calls to ``life`` until its result; cancel the task if this ends first."""
     import ray
 
@@ -159,6 +184,10 @@ def _drain(items, life, should_stop):
             if name not in allowed:
                 raise RayJobError(f"the Ray task sent {target}.{name}, which is not relayed")
             getattr(life if target == "life" else life.store, name)(*args, **kwargs)
+            if bar is not None:
+                bar.see(name, args, kwargs)
     finally:
+        if bar is not None:
+            bar.close()
         if not ended:
             ray.cancel(items, force=True)

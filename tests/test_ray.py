@@ -381,23 +381,31 @@ def test_a_run_asking_for_a_gpu_the_cluster_lacks_fails_with_one_line(ray_instan
     assert store.get_run(run_id)["status"] == "failed" and "no node" in store.get_run(run_id)["error"]
 
 
-def test_an_experiment_with_backend_ray_gives_the_local_result(ray_instance, tmp_path, capsys, monkeypatch):
-    """``experiments/pareto.py --smoke --backend ray`` trains its four runs at once on the instance, each a Ray task;
-    its result (accuracy and imbalance per setting, over seeds) equals the script's local result."""
+def local_and_ray(main, argv, tmp_path, capsys, monkeypatch) -> tuple[dict, list]:
+    """An experiment script's JSON result run with ``--backend local`` and with ``--backend ray`` (each into its
+    own store), and the configs of the runs that went to Ray as tasks."""
     from engine.jobs import kinds
-    from experiments import pareto
 
     tasks = []
 
     def counted(run, config, **kw):
-        tasks.append(config.seed)
+        tasks.append(config)
         return run_on_ray(run, config, **kw)
 
     monkeypatch.setattr(kinds, "run_on_ray", counted)
     got = {}
     for name in ("local", "ray"):
-        pareto.main(["--smoke", "--json", "--no-figures", "--backend", name, "--store", str(tmp_path / f"{name}.sqlite")])
+        main([*argv, "--backend", name, "--store", str(tmp_path / f"{name}.sqlite")])
         got[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return got, tasks
+
+
+def test_an_experiment_with_backend_ray_gives_the_local_result(ray_instance, tmp_path, capsys, monkeypatch):
+    """``experiments/pareto.py --smoke --backend ray`` trains its four runs at once on the instance, each a Ray task;
+    its result (accuracy and imbalance per setting, over seeds) equals the script's local result."""
+    from experiments import pareto
+
+    got, tasks = local_and_ray(pareto.main, ["--smoke", "--json", "--no-figures"], tmp_path, capsys, monkeypatch)
     assert len(got["local"]["run_ids"]) == 4 and len(tasks) == 4  # the local four ran here, the Ray four as tasks
     assert numbers(got["ray"]["settings"]) == numbers(got["local"]["settings"])
     assert [s["kind"] for s in got["local"]["settings"]] == ["reference", "ino"]
@@ -407,22 +415,12 @@ def test_a_tif_search_on_ray_proposes_and_finds_what_the_local_one_does(ray_inst
     """``experiments/tif_search.py --smoke --backend ray``, 4 trials in 2 rounds of 2 (the second round proposed by
     TPE from the first's results): each round's runs at once as Ray tasks; the trials, their numbers and the answer
     equal the local search's."""
-    from engine.jobs import kinds
     from experiments import tif_search
 
-    rounds = []
-
-    def counted(run, config, **kw):
-        rounds.append(config.name)
-        return run_on_ray(run, config, **kw)
-
-    monkeypatch.setattr(kinds, "run_on_ray", counted)
-    got = {}
-    for name in ("local", "ray"):
-        tif_search.main(["--smoke", "--json", "--no-figures", "--trials", "4", "--parallel", "2", "--backend", name,
-                         "--store", str(tmp_path / f"{name}.sqlite")])
-        got[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert sorted(rounds) == sorted(f"{k} seed 0" for k in ("reference", "trial0", "trial1", "trial2", "trial3"))
+    got, tasks = local_and_ray(tif_search.main, ["--smoke", "--json", "--no-figures", "--trials", "4", "--parallel", "2"],
+                               tmp_path, capsys, monkeypatch)
+    assert sorted(c.name for c in tasks) == sorted(f"{k} seed 0" for k in ("reference", "trial0", "trial1", "trial2",
+                                                                             "trial3"))
     assert numbers(got["ray"]["trials"]) == numbers(got["local"]["trials"]) and len(got["local"]["trials"]) == 4
     assert numbers(got["ray"]["best"]) == numbers(got["local"]["best"])
 

@@ -19,6 +19,11 @@ Implementation: the threshold searches sort each sample's scores once (``_Sorted
 for both held-out halves and for every permutation of the null (a subset's best rule is found on the full
 order), with exact integer objectives, so the numbers are those of one sort per half and per permutation;
 the random draws are the same calls, in the same order, as in the straightforward implementation.
+
+Threads: the loops over blocks of rows (the sorts, the threshold searches, LiRA, the ROC's pieces) run on
+:func:`set_threads` threads (:mod:`engine.audit.parallel`). Each block writes only its own rows, and whatever
+is summed over blocks is summed in block order afterwards, so every number is the same for any number of
+threads (a test checks 1 against 3).
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from typing import Any, Hashable
 
 import numpy as np
 from scipy import stats as _sps
+
+from engine.audit.parallel import each_block as _each_block
+from engine.audit.parallel import one_ahead as _one_ahead
+from engine.audit.parallel import set_threads
 
 __all__ = [
     "complementary_membership",
@@ -50,6 +59,7 @@ __all__ = [
     "lira_by_group",
     "epsilon_lower_bound",
     "per_group_epsilon_lower_bound",
+    "set_threads",
 ]
 
 # Max number of matrix elements processed per chunk in the vectorised kernels
@@ -145,19 +155,24 @@ class _Sorted:
         step = max(1, _BLOCK_ELEMS // max(L, 1))
         self.blocks = [(a, min(u, a + step)) for a in range(0, u, step)]
         self.ss = np.empty((u, L)) if keep_values else None  # the sorted scores (thresholds need them)
-        self.idx: list[np.ndarray] = []  # per block: flat index of each sorted position into a (rows, L) source
-        self.notend: list = []  # per block: None (no ties) or (rows with ties, mask of positions ending no run)
+        # per block: flat index of each sorted position into a (rows, L) source
+        self.idx: list[np.ndarray] = [None] * len(self.blocks)
+        # per block: None (no ties) or (rows with ties, mask of positions ending no run)
+        self.notend: list = [None] * len(self.blocks)
         self._pidx: list[np.ndarray] | None = None
         idt = np.int32 if u * L < 2**31 else np.intp  # (np.take widens it as it goes: a little slower, half the memory)
-        for a, b in self.blocks:
+
+        def sort_block(k, a, b, _):
             r = np.ascontiguousarray(rows[a:b], dtype=np.float64)
             o = np.argsort(-r, axis=1)
             ss = np.take_along_axis(r, o, axis=1)
             if keep_values:
                 self.ss[a:b] = ss
             o += (np.arange(b - a, dtype=o.dtype) * L)[:, None]
-            self.idx.append(o.astype(idt, copy=False))
-            self.notend.append(self._ties(ss))
+            self.idx[k] = o.astype(idt, copy=False)
+            self.notend[k] = self._ties(ss)
+
+        _each_block(self.blocks, sort_block)
         # cumulative counts are packed as (objective) * K - (elements so far), elements < K
         self.K = 1 << int(L).bit_length()
 
@@ -176,19 +191,21 @@ class _Sorted:
         in the same order with the same ties, all a search without thresholds depends on)."""
         if rows.shape != (self.u, self.L):
             return False
-        for k, (a, b) in enumerate(self.blocks):
+        ok = [False] * len(self.blocks)
+
+        def check(k, a, b, _):
             v = np.take(np.ascontiguousarray(rows[a:b], dtype=np.float64).reshape(-1), self.idx[k])
             if self.ss is not None:
-                if not np.array_equal(v, self.ss[a:b]):
-                    return False
-                continue
+                ok[k] = np.array_equal(v, self.ss[a:b])
+                return
             if not (v[:, :-1] >= v[:, 1:]).all():
-                return False
+                return
             ties, kept = self._ties(v), self.notend[k]
-            if (ties is None) != (kept is None) or (ties is not None and not (
-                    np.array_equal(ties[0], kept[0]) and np.array_equal(ties[1], kept[1]))):
-                return False
-        return True
+            ok[k] = not ((ties is None) != (kept is None) or (ties is not None and not (
+                np.array_equal(ties[0], kept[0]) and np.array_equal(ties[1], kept[1]))))
+
+        _each_block(self.blocks, check)
+        return all(ok)
 
     def pair_idx(self, k: int) -> np.ndarray:
         """Block ``k``'s flat index into a ``(rows, L // 2)`` source of the complementary pairs (model // 2)."""
@@ -285,7 +302,9 @@ def _best_run_end(srt: _Sorted, k: int, x: np.ndarray) -> np.ndarray:
     """Cumulates the weights ``x`` (in place) and finds per row the first run end where the packed objective
     is largest (the first maximum of ``tp * N - fp * P``: exact integers, so equally good rules tie exactly;
     among them the highest threshold wins)."""
-    np.cumsum(x, axis=1, out=x)
+    import torch  # its in-place cumsum: ~2.5x numpy's along rows, and it releases the GIL (numpy's does not)
+
+    torch.from_numpy(x).cumsum_(dim=1)  # exact: integers, and the packing keeps every sum inside x's dtype
     ne = srt.notend[k]
     if ne is not None:  # only run ends are rules
         tied, mask = ne
@@ -388,8 +407,8 @@ def _in_sample(srt: _Sorted, coder, *, subset: bool = False, balanced: bool = Fa
     pm1 = np.empty(u, dtype=bool)
     j = np.empty(u, dtype=np.intp)
     code = np.empty((u, L), dtype=np.int8) if want_threshold else None
-    w = _Work(srt, 1)
-    for k, (a, b) in enumerate(srt.blocks):
+
+    def search(k, a, b, w):
         C = b - a
         c = code[a:b] if want_threshold else w.bit[:C]
         coder(k, a, b, c)
@@ -401,6 +420,8 @@ def _in_sample(srt: _Sorted, coder, *, subset: bool = False, balanced: bool = Fa
         x, pm1[a:b] = _weights(c, cm, cn, P[a:b], N[a:b], srt.K, w.x[0][:C])
         j[a:b] = jk = _best_run_end(srt, k, x)
         raw[a:b] = x[np.arange(C), jk]
+
+    _each_block(srt.blocks, search, lambda: _Work(srt, 1))
     tp, fp = _decode(raw, srt.K, P, N, pm1)
     best = tp * N - fp * P
     adv = _advantage(best, P, N)
@@ -427,8 +448,8 @@ def _held_out(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> np.nda
         j[h] = np.empty(u, dtype=np.intp)
     raw = {(h, o): np.empty(u, dtype=np.int64) for h in "AB" for o in "AB"}  # h's packed counts at o's rule
     pm1 = {h: np.full(u, True) for h in "AB"}
-    w = _Work(srt, 2)
-    for k, (a, b) in enumerate(srt.blocks):
+
+    def search(k, a, b, w):
         C = b - a
         c = code[a:b]
         coder(k, a, b, c)
@@ -446,6 +467,8 @@ def _held_out(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> np.nda
         for h in "AB":
             for o in "AB":
                 raw[h, o][a:b] = xs[h][rows, j[o][a:b]]
+
+    _each_block(srt.blocks, search, lambda: _Work(srt, 2))
     out = 0.0
     for h, o in (("A", "B"), ("B", "A")):  # h's rule on o
         tp, fp = _decode(raw[h, h], K, P[h], N[h], pm1[h])
@@ -653,15 +676,17 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
         if paired:  # a permutation swaps members within pairs: code it from m's own sorted order
             m_sorted = np.empty((srt.u, M), dtype=np.int8)
             fill = srt.rows_coder(m.T)
-            for k, (a, b) in enumerate(srt.blocks):
-                fill(k, a, b, m_sorted[a:b])
-            flip = np.empty((M // 2, m.shape[1]), dtype=bool)
-            pairs = np.empty((m.shape[1], M // 2), dtype=np.int8)  # per sample and pair: flip + 2 * (pair in A)
+            _each_block(srt.blocks, lambda k, a, b, _: fill(k, a, b, m_sorted[a:b]))
+            # two of each: the next permutation is drawn into one while the other is searched
+            flips = [np.empty((M // 2, m.shape[1]), dtype=bool) for _ in range(2)]
+            pairs_of = [np.empty((m.shape[1], M // 2), dtype=np.int8) for _ in range(2)]  # flip + 2 * (pair in A)
             buf = np.empty((max(1, _BLOCK_ELEMS // max(m.shape[1], 1)), m.shape[1]))
-    floors, gprs, deltas = [], [], []
-    for _ in range(int(n_perm)):
-        # the draws of _permute_membership(m, rng), then of sample_advantage(s, mp, seed=split_seed)
+
+    def prepare(p):
+        """Permutation ``p``'s draws — those of _permute_membership(m, rng), then of sample_advantage(s, mp,
+        seed=split_seed), in that order — and the coder of its membership (-> coder, models in half A)."""
         if paired:  # rng.random((M // 2, n)) < 0.5, drawn a few rows at a time (the same numbers)
+            flip, pairs = flips[p % 2], pairs_of[p % 2]
             for r0 in range(0, M // 2, buf.shape[0]):
                 r1 = min(M // 2, r0 + buf.shape[0])
                 np.less(rng.random(out=buf[: r1 - r0]), 0.5, out=flip[r0:r1])
@@ -671,19 +696,25 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
         if threshold == "in_sample":
             if paired:
                 np.copyto(pairs, flip.T.view(np.int8))
-            coder = srt.flip_coder(m_sorted, pairs) if paired else srt.rows_coder(mp.T)
-            adv = _in_sample(srt, coder, balanced=paired)
-        elif paired:  # the permuted membership keeps the pairs: whole pairs go to one half
+                return srt.flip_coder(m_sorted, pairs), None
+            return srt.rows_coder(mp.T), None
+        if paired:  # the permuted membership keeps the pairs: whole pairs go to one half
             a_pairs, _ = _split_pairs(M // 2, np.random.default_rng(split_seed))
             inA = np.zeros(M // 2, dtype=np.int8)
             inA[a_pairs] = 2
             np.add(flip.T.view(np.int8), inA, out=pairs)
-            adv = _held_out(srt, srt.flip_coder(m_sorted, pairs), 2 * a_pairs.size, balanced=True)
+            return srt.flip_coder(m_sorted, pairs), 2 * a_pairs.size
+        ia, _ = _split_models(mp, np.random.default_rng(split_seed))
+        inA = np.zeros(M, dtype=np.int8)
+        inA[ia] = 2
+        return srt.rows_coder(mp.T, inA), ia.size
+
+    floors, gprs, deltas = [], [], []
+    for coder, n_a in _one_ahead(prepare, int(n_perm)):
+        if threshold == "in_sample":
+            adv = _in_sample(srt, coder, balanced=paired)
         else:
-            ia, _ = _split_models(mp, np.random.default_rng(split_seed))
-            inA = np.zeros(M, dtype=np.int8)
-            inA[ia] = 2
-            adv = _held_out(srt, srt.rows_coder(mp.T, inA), ia.size)
+            adv = _held_out(srt, coder, n_a, balanced=paired)
         floors.append(np.nanmean(adv))
         with np.errstate(invalid="ignore"):
             g = [np.nanmean(adv[ix]) if np.isfinite(adv[ix]).any() else np.nan for ix in idx]
@@ -777,34 +808,49 @@ def lira_scores(conf, membership) -> np.ndarray:
     step = max(1, _BLOCK_ELEMS // max(M, 1))
     blocks = [(a, min(n, a + step)) for a in range(0, n, step)]
     n_in, s_in, s_out = np.empty(n), np.empty(n), np.empty(n)
-    ok_count, sq_sum = 0, 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for a, b in blocks:  # per-sample sums and the pooled residuals, by blocks of samples
-            cb, mb = c[:, a:b], m[:, a:b]
-            mf = mb.astype(np.float64)
-            n_in[a:b] = mf.sum(axis=0)
-            s_in[a:b] = (cb * mf).sum(axis=0)
-            s_out[a:b] = cb.sum(axis=0) - s_in[a:b]
-            mu_in_full = s_in[a:b] / n_in[a:b]
-            mu_out_full = s_out[a:b] / (M - n_in[a:b])
-            resid = np.where(mb, cb - mu_in_full, cb - mu_out_full)
-            ok_count += int(np.count_nonzero(~np.isnan(resid)))
-            sq_sum += float(np.nansum(resid**2))
+    ok_counts, sq_sums = [0] * len(blocks), [0.0] * len(blocks)  # per block, summed in block order below
+
+    def sums(k, a, b, _):  # per-sample sums and the pooled residuals, by blocks of samples
+        cb, mb = c[:, a:b], m[:, a:b]
+        mf = mb.astype(np.float64)
+        n_in[a:b] = mf.sum(axis=0)
+        s_in[a:b] = (cb * mf).sum(axis=0)
+        s_out[a:b] = cb.sum(axis=0) - s_in[a:b]
+        mu_in_full = s_in[a:b] / n_in[a:b]
+        mu_out_full = s_out[a:b] / (M - n_in[a:b])
+        resid = np.where(mb, cb - mu_in_full, cb - mu_out_full)
+        ok_counts[k] = int(np.count_nonzero(~np.isnan(resid)))
+        sq_sums[k] = float(np.nansum(resid**2))
+
+    out = np.empty((M, n))
+
+    def score(k, a, b, _):
+        cb, mf = c[:, a:b], m[:, a:b].astype(np.float64)
+        li_n_in = n_in[None, a:b] - mf
+        li_n_out = n_out[None, a:b] - (1.0 - mf)
+        mu_in = (s_in[None, a:b] - cb * mf) / li_n_in
+        mu_out = (s_out[None, a:b] - cb * (1.0 - mf)) / li_n_out
+        o = ((cb - mu_out) ** 2 - (cb - mu_in) ** 2) / (2.0 * var)
+        o[(li_n_in <= 0) | (li_n_out <= 0)] = np.nan
+        out[:, a:b] = o
+
+    with np.errstate(divide="ignore", invalid="ignore"):  # (numpy's error state is per thread: set in each)
+        _each_block(blocks, lambda *a: _quiet(sums, *a))
+        ok_count, sq_sum = sum(ok_counts), 0.0
+        for v in sq_sums:
+            sq_sum += v
         n_out = M - n_in
         dof = ok_count - np.count_nonzero(n_in > 0) - np.count_nonzero(n_out > 0)
         var = float(sq_sum / max(dof, 1))
         var = max(var, 1e-30)
-        out = np.empty((M, n))
-        for a, b in blocks:
-            cb, mf = c[:, a:b], m[:, a:b].astype(np.float64)
-            li_n_in = n_in[None, a:b] - mf
-            li_n_out = n_out[None, a:b] - (1.0 - mf)
-            mu_in = (s_in[None, a:b] - cb * mf) / li_n_in
-            mu_out = (s_out[None, a:b] - cb * (1.0 - mf)) / li_n_out
-            o = ((cb - mu_out) ** 2 - (cb - mu_in) ** 2) / (2.0 * var)
-            o[(li_n_in <= 0) | (li_n_out <= 0)] = np.nan
-            out[:, a:b] = o
+        _each_block(blocks, lambda *a: _quiet(score, *a))
     return out
+
+
+def _quiet(body, *args):
+    """``body(*args)`` without numpy's divide / invalid warnings (in the thread that runs it)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return body(*args)
 
 
 def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -826,37 +872,38 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     np.compress(keep, s, out=both[P:])
     del keep, pos_sel
     pos, neg = both[:P], both[P:]
-    pos.sort()  # positives and negatives sorted apart, then merged piece by piece, from the top
-    neg.sort()
+    # positives and negatives sorted apart, then merged piece by piece, from the top
+    _each_block([(0, P), (P, P + N)], lambda k, a, b, _: both[a:b].sort())
     # pieces: cut at every _BLOCK_ELEMS-th value of either side (equal scores stay in one piece)
     cuts = np.unique(np.concatenate([pos[_BLOCK_ELEMS::_BLOCK_ELEMS], neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
     pcut = np.r_[0, np.searchsorted(pos, cuts, side="left"), P]
     ncut = np.r_[0, np.searchsorted(neg, cuts, side="left"), N]
-    tpr, fpr = np.empty(P + N + 1), np.empty(P + N + 1)  # at most one point per score, shrunk at the end
-    tpr[0] = fpr[0] = 0.0
-    tp0 = done = 0
-    w = 1  # points written
-    for k in range(cuts.size, -1, -1):  # pieces in descending order of scores
+    import torch
+
+    pieces = [(k, k + 1) for k in range(cuts.size, -1, -1)]  # in descending order of scores
+    points: list = [None] * len(pieces)
+
+    def piece_points(i, k, _k1, _):  # the ROC points at the piece's run ends
         p0, p1, n0, n1 = pcut[k], pcut[k + 1], ncut[k], ncut[k + 1]
         if p1 == p0 and n1 == n0:
-            continue
+            return
         piece = np.concatenate([pos[p0:p1], neg[n0:n1]])
         order = np.argsort(piece, kind="stable")[::-1]  # descending; the order within ties does not matter
         v = piece[order]
         last = np.empty(v.size, dtype=bool)  # the last position of each run of equal scores
         np.not_equal(v[:-1], v[1:], out=last[:-1])
         last[-1] = True  # pieces end between distinct scores
-        tp = np.cumsum(order < p1 - p0)
-        tp += tp0
-        tp0 = int(tp[-1])
+        tp = torch.from_numpy(order < p1 - p0).cumsum(0).numpy()  # int64 (torch: see _best_run_end)
+        tp += P - p1  # the positives of the pieces above (all of pos[p1:])
         at = np.flatnonzero(last)
         tp = tp[at]
-        np.divide(tp, P, out=tpr[w:w + at.size])
-        np.divide(at + (done + 1) - tp, N, out=fpr[w:w + at.size])
-        done += v.size
-        w += at.size
-    tpr.resize(w, refcheck=False)
-    fpr.resize(w, refcheck=False)
+        done = (P - p1) + (N - n1)  # the elements of the pieces above
+        points[i] = (np.divide(at + (done + 1) - tp, N), np.divide(tp, P))
+
+    _each_block(pieces, piece_points)
+    got = [pt for pt in points if pt is not None]
+    fpr = np.concatenate([np.zeros(1)] + [f for f, _ in got])
+    tpr = np.concatenate([np.zeros(1)] + [t for _, t in got])
     return fpr, tpr
 
 

@@ -16,7 +16,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["each_block", "one_ahead", "set_threads"]
+__all__ = ["each_block", "one_ahead", "set_threads", "then"]
 def _default_threads() -> int:
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -88,3 +88,22 @@ def one_ahead(make, n: int):
             if p + 1 < n:
                 nxt = ahead.submit(make, p + 1)
             yield cur
+
+
+def then(first, second, items):
+    """Yields ``second(first(x))`` for each ``x`` of ``items``, in order; with more than one thread, ``second`` of
+    one item runs on a helper thread while ``first`` of the next one runs (``first``'s result must not share
+    buffers with the next ``first``)."""
+    if _THREADS[0] <= 1 or getattr(_IN_POOL, "on", False):
+        for x in items:
+            yield second(first(x))
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="audit-stats-then") as helper:
+        pending = None
+        for x in items:
+            done = first(x)
+            if pending is not None:
+                yield pending.result()
+            pending = helper.submit(second, done)
+        if pending is not None:
+            yield pending.result()

@@ -1,4 +1,4 @@
-"""Membership-audit statistics (pure numpy / scipy).
+"""Membership-audit statistics (numpy / scipy; torch only for the in-place cumulative sums, see _best_run_end).
 
 Conventions used throughout
 ---------------------------
@@ -38,6 +38,7 @@ from scipy import stats as _sps
 from engine.audit.parallel import each_block as _each_block
 from engine.audit.parallel import one_ahead as _one_ahead
 from engine.audit.parallel import set_threads
+from engine.audit.parallel import then as _then
 
 __all__ = [
     "complementary_membership",
@@ -434,6 +435,12 @@ def _held_out(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> np.nda
     """Held-out advantage per row of ``srt`` (the samples; ``L`` = the models): the rule chosen on half A
     (``coder``: bit 0 = member, bit 1 = model in A; ``nA`` models) scored on half B and the other way round,
     averaged. ``balanced``: every row has as many members as non-members in each half (whole pairs)."""
+    return _held_out_scored(_held_out_rules(srt, coder, nA, balanced=balanced))
+
+
+def _held_out_rules(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> tuple:
+    """The first part of :func:`_held_out`, over the blocks: each half's best rule and the packed counts of both
+    halves at it."""
     u, L = srt.u, srt.L
     K = srt.K
     code = np.empty((u, L), dtype=np.int8)
@@ -469,6 +476,13 @@ def _held_out(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> np.nda
                 raw[h, o][a:b] = xs[h][rows, j[o][a:b]]
 
     _each_block(srt.blocks, search, lambda: _Work(srt, 2))
+    return srt, code, cms, P, N, j, raw, pm1
+
+
+def _held_out_scored(rules: tuple) -> np.ndarray:
+    """The second part of :func:`_held_out`, over whole rows: each half's rule scored on the other half."""
+    srt, code, cms, P, N, j, raw, pm1 = rules
+    K = srt.K
     out = 0.0
     for h, o in (("A", "B"), ("B", "A")):  # h's rule on o
         tp, fp = _decode(raw[h, h], K, P[h], N[h], pm1[h])
@@ -710,11 +724,12 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
         return srt.rows_coder(mp.T, inA), ia.size
 
     floors, gprs, deltas = [], [], []
-    for coder, n_a in _one_ahead(prepare, int(n_perm)):
-        if threshold == "in_sample":
-            adv = _in_sample(srt, coder, balanced=paired)
-        else:
-            adv = _held_out(srt, coder, n_a, balanced=paired)
+    drawn = _one_ahead(prepare, int(n_perm))
+    if threshold == "in_sample":
+        advs = (_in_sample(srt, coder, balanced=paired) for coder, _ in drawn)
+    else:  # a permutation's rules are scored while the next one's are searched
+        advs = _then(lambda d: _held_out_rules(srt, d[0], d[1], balanced=paired), _held_out_scored, drawn)
+    for adv in advs:
         floors.append(np.nanmean(adv))
         with np.errstate(invalid="ignore"):
             g = [np.nanmean(adv[ix]) if np.isfinite(adv[ix]).any() else np.nan for ix in idx]

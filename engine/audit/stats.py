@@ -871,6 +871,8 @@ def _quiet(body, *args):
 def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     """ROC of "positive if score >= t" over distinct thresholds (NaN scores
     dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
+    import torch  # the pieces' cumulative sums (as in _best_run_end)
+
     s = np.asarray(scores, dtype=np.float64).ravel()
     y = np.asarray(labels).astype(bool, copy=False).ravel()
     if s.shape != y.shape:
@@ -893,12 +895,10 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     cuts = np.unique(np.concatenate([pos[_BLOCK_ELEMS::_BLOCK_ELEMS], neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
     pcut = np.r_[0, np.searchsorted(pos, cuts, side="left"), P]
     ncut = np.r_[0, np.searchsorted(neg, cuts, side="left"), N]
-    import torch
-
     pieces = [(k, k + 1) for k in range(cuts.size, -1, -1)]  # in descending order of scores
     points: list = [None] * len(pieces)
 
-    def piece_points(i, k, _k1, _):  # the ROC points at the piece's run ends
+    def piece_points(i, k, _next, _):  # the ROC points at the run ends of piece k (the i-th from the top)
         p0, p1, n0, n1 = pcut[k], pcut[k + 1], ncut[k], ncut[k + 1]
         if p1 == p0 and n1 == n0:
             return

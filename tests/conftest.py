@@ -8,6 +8,9 @@ on a quiet 2-core machine) and is not the only check of a privacy invariant: the
 of sensitivity, accounting, the planner, the audit estimator and the one-run bound (ResNet-18's gradient
 equalities are slow: LR, MLP and CNN check the same identity fast)."""
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +22,90 @@ if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
     os.environ["PRIVACY_LAB_DATA_DIR"] = str(SHARED_DATA)
 
 
+# Modules that start a Ray instance (test_ray.py checks Ray's worker processes on the whole machine).
+RAY_MODULES = {"test_ray.py", "test_browser_ray.py"}
+# The other browser modules in two groups of about equal time (measured alone: ~280 s each on a quiet 2-core machine).
+BROWSER_B = {"test_browser_preset.py", "test_browser_live.py", "test_browser_zoom.py", "test_browser_audit.py",
+             "test_browser_forms.py", "test_browser_charts.py"}
+
+
+def xdist_group(path: Path) -> str:
+    """The pytest-xdist group of a test module (README's command runs ``-n 3 --dist loadgroup``): the tests of one
+    group run on one worker, one after another, in file order. The Ray modules are one group (one Ray instance at a
+    time on the machine); the browser modules two (at most two Streamlit servers with their workers and Chromiums at
+    a time: four at once on 2 cores made every page several times slower); any other module is its own group, so
+    its module-scoped fixtures are made once, as when the module runs alone."""
+    if path.name in RAY_MODULES:
+        return "ray"
+    if path.name.startswith("test_browser"):
+        return "browser-b" if path.name in BROWSER_B else "browser-a"
+    return path.stem
+
+
+def invariant_tests() -> set[str]:
+    """tests/invariants.txt: the privacy-invariant tests (``module::function``) the fast subset must keep."""
+    lines = (REPO / "tests" / "invariants.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def invariant_problems(listed: set[str], collected: dict[str, bool]) -> list[str]:
+    """What keeps a listed invariant test out of the fast subset. ``collected``: ``module::function`` → whether
+    that test is left out of the fast subset (marked slow or browser). A listed test of a collected module that is
+    not there was renamed, merged or deleted; one left out was moved out."""
+    modules = {name.split("::")[0] for name in collected}
+    gone = sorted(t for t in listed if t.split("::")[0] in modules and t not in collected)
+    out = sorted(t for t in listed if collected.get(t))
+    return ([f"gone: {', '.join(gone)}"] if gone else []) + ([f"marked slow or browser: {', '.join(out)}"] if out else [])
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    collected: dict[str, bool] = {}
     for item in items:
         if item.path.name.startswith("test_browser"):
             item.add_marker(pytest.mark.browser)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
+        name = f"{item.path.stem}::{getattr(item, 'originalname', item.name)}"
+        left_out = bool(item.get_closest_marker("slow") or item.get_closest_marker("browser"))
+        collected[name] = collected.get(name, False) or left_out
+    problems = invariant_problems(invariant_tests(), collected)
+    if problems:
+        raise pytest.UsageError("privacy-invariant tests (tests/invariants.txt) must stay in the fast subset; "
+                                + "; ".join(problems))
+
+
+# What a timed-out wait adds to its message (e.g. the browser tests' server: the runs of its store and their states).
+ON_TIMEOUT: list = []
+
+
+def wait_until(pred, timeout: float = 90.0, what: str = "condition", interval: float = 0.2):
+    """Poll ``pred`` every ``interval`` seconds until it is truthy (that value is returned) or ``timeout`` seconds
+    pass (AssertionError naming ``what``, with what each ``ON_TIMEOUT`` reporter says). The one poll helper of the
+    suite: tests wait for a state (the store, a process, a page), never for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            notes = "; ".join(filter(None, (report() for report in ON_TIMEOUT)))
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}" + (f"; {notes}" if notes else ""))
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_temp_dir():
+    """Ray's session folders (of every instance a test starts, in this process or a child) go to a temporary folder
+    removed at the end, not to /tmp/ray. (Short: Ray's socket paths must stay under 107 characters.)"""
+    folder = tempfile.mkdtemp(prefix="lab-ray-")
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = folder
+    yield
+    if old is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = old
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

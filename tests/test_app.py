@@ -3,12 +3,12 @@ through the UI reaches `finished` and shows Plotly charts; invalid inputs show s
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from conftest import wait_until
 from engine.store.db import RunStore
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -40,13 +40,15 @@ def no_exception(at: AppTest) -> None:
 
 
 def wait_done(store: RunStore, n: int, timeout: float = 120) -> list[dict]:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    """The store's runs once there are ``n`` and none is queued or running."""
+    def done():
         runs = store.list_runs()
-        if len(runs) >= n and all(r["status"] not in ("queued", "running") for r in runs):
-            return runs
-        time.sleep(0.25)
-    raise AssertionError(f"runs did not finish: {[(r['id'], r['status']) for r in store.list_runs()]}")
+        return len(runs) >= n and all(r["status"] not in ("queued", "running") for r in runs) and runs
+
+    try:
+        return wait_until(done, timeout, f"{n} runs to end", interval=0.25)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; runs: {[(r['id'], r['status']) for r in store.list_runs()]}") from None
 
 
 @pytest.mark.slow

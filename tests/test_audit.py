@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import torch
 from in_process import cli_here
 
+from conftest import wait_until
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AuditReport
 from engine.audit.summary import compact_summary, summary_table
@@ -374,10 +374,11 @@ def test_worker_runs_a_queued_audit_and_sigterm_cancels(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store_path), "worker", str(slow)],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and (store.get_run(slow)["step"] or 0) == 0:
+        def trains():
             assert proc.poll() is None
-            time.sleep(0.1)
+            return (store.get_run(slow)["step"] or 0) > 0
+
+        wait_until(trains, 120, "the audit to train", interval=0.1)
         assert store.get_run(slow)["status"] == "running"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

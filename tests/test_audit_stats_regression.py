@@ -790,6 +790,7 @@ if __name__ == "__main__":
         print(__doc__)
 
 
+@pytest.mark.slow  # 12 s: the statistics on 1 and 2 threads; the fixture tests above check the numbers themselves fast
 def test_the_numbers_do_not_depend_on_the_number_of_threads():
     """Every statistic bit for bit equal on 1 thread and on 3, on an audit large enough for several blocks in
     both sorted layouts and several ROC pieces (each block writes its own rows; sums run in block order)."""

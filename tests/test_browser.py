@@ -10,8 +10,11 @@ on a slow or loaded 2-core machine; none sleeps for a fixed time. The limits onl
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,20 +22,34 @@ import sys
 import tempfile
 import time
 import urllib.request
+import weakref
 from pathlib import Path
 
 import pytest
 
+from conftest import ON_TIMEOUT, wait_until
 from engine.store.db import RunStore
 from engine.store.liveness import pid_alive
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
-# Screenshots go to a temporary folder: a test run leaves the checkout as it was. The README's screenshots are
-# refreshed on purpose: PRIVACY_LAB_SCREENSHOTS=docs/screenshots python -m pytest -q tests/test_browser*.py
+# Screenshots go to a temporary folder made at the first one and removed when the tests end: a test run leaves the
+# checkout and the system's temporary folder as they were. The README's screenshots are refreshed on purpose:
+# PRIVACY_LAB_SCREENSHOTS=docs/screenshots python -m pytest -q tests/test_browser*.py
 SHOTS_FOR_README = bool(os.environ.get("PRIVACY_LAB_SCREENSHOTS"))
-SHOTS = ROOT / os.environ["PRIVACY_LAB_SCREENSHOTS"] if SHOTS_FOR_README else \
-    Path(tempfile.mkdtemp(prefix="privacy-lab-screenshots-"))
+_SHOTS: list[Path] = []
+
+
+def shot_path(name: str) -> Path:
+    """Where screenshot ``name`` goes (docs/screenshots/ when refreshing the README's, else a temporary folder)."""
+    if not _SHOTS:
+        if SHOTS_FOR_README:
+            _SHOTS.append(ROOT / os.environ["PRIVACY_LAB_SCREENSHOTS"])
+            _SHOTS[0].mkdir(parents=True, exist_ok=True)
+        else:
+            _SHOTS.append(Path(tempfile.mkdtemp(prefix="privacy-lab-screenshots-")))
+            atexit.register(shutil.rmtree, _SHOTS[0], ignore_errors=True)
+    return _SHOTS[0] / name
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -93,9 +110,16 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab-browser")
     proc, url = start_lab(tmp)
     store = RunStore(tmp / "runs.sqlite")
-    _STORE[:] = [store]
-    yield url, store, tmp
-    stop_lab(proc, store)
+
+    def runs() -> str:  # what a timed-out wait reports: the runs of this server's store
+        return "runs: " + str([(r["id"], r["status"], r["step"], r["error"]) for r in store.list_runs()])
+
+    ON_TIMEOUT.append(runs)
+    try:
+        yield url, store, tmp
+    finally:
+        ON_TIMEOUT.remove(runs)
+        stop_lab(proc, store)
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +131,6 @@ def browser():
         yield b
         b.close()
 
-
-_STORE: list = []  # the module's run store, for failure messages
 
 
 def wait_healthy(url: str, proc, log_path: Path, timeout: float = UI) -> None:
@@ -123,18 +145,6 @@ def wait_healthy(url: str, proc, log_path: Path, timeout: float = UI) -> None:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(log_path.read_text()[-3000:])
             time.sleep(0.25)
-
-
-def wait_until(pred, timeout=UI, what="condition", interval=0.2):
-    """Poll ``pred`` until it is truthy (returned) or ``timeout`` seconds pass (AssertionError with the runs)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    runs = [(r["id"], r["status"], r["step"], r["error"]) for r in _STORE[0].list_runs()] if _STORE else []
-    raise AssertionError(f"timed out waiting for {what}; runs: {runs}")
 
 
 def click_until(button, pred, what: str, timeout: float = UI, retry: float = 10.0):
@@ -182,11 +192,10 @@ def points(chart) -> int:
 
 
 def shot(page, name: str, locator=None) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
     if locator is not None:
         locator.scroll_into_view_if_needed()
         locator.wait_for(state="visible")
-    page.screenshot(path=str(SHOTS / name))
+    page.screenshot(path=str(shot_path(name)))
 
 
 DEEP_LINKS = {"train": "Train / compare", "results": "Results", "runs": "Runs", "tif": "TIF explorer",
@@ -362,6 +371,101 @@ def app_idle(page) -> bool:
     return page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').count() == 1
 
 
+class Reruns:
+    """The script runs of a page as its websocket to the app carries them, in the order they happened: the
+    browser sends a ``rerun_script`` request (a widget changed) and the server later sends ``script_finished``.
+    Watching them, a test waits for exactly the rerun its input caused, however quick: the page's own running
+    mark (:func:`app_idle`) can go up and down before a test looks, and was waited for with a fixed timeout."""
+
+    def __init__(self, page):
+        self.page = page
+        self.events: list[tuple[str, object]] = []  # ("sent", fragment id or "") / ("finished", status)
+        page.on("websocket", self._socket)
+
+    def pump(self) -> None:
+        """Let Playwright deliver the frames seen so far: its sync API runs event handlers only inside one of its
+        calls, so a poll of ``events`` alone would never see a new one."""
+        try:
+            self.page.evaluate("() => 0")
+        except Exception:  # noqa: BLE001 - a navigation under way: the next poll pumps again
+            pass
+
+    def _socket(self, ws) -> None:
+        if "_stcore/stream" in ws.url:
+            ws.on("framesent", self._sent)
+            ws.on("framereceived", self._received)
+
+    def _sent(self, payload) -> None:
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+        if isinstance(payload, str):
+            return
+        msg = BackMsg()
+        msg.ParseFromString(payload)
+        # the frontend's own timed reruns of a fragment (run_every) are nobody's input
+        if msg.WhichOneof("type") == "rerun_script" and not msg.rerun_script.is_auto_rerun:
+            self.events.append(("sent", msg.rerun_script.fragment_id))
+
+    def _received(self, payload) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+        if isinstance(payload, str):
+            return
+        msg = ForwardMsg()
+        msg.ParseFromString(payload)
+        if msg.WhichOneof("type") == "script_finished":
+            self.events.append(("finished", msg.script_finished))
+
+    def first(self, kind: str, after: int):
+        """Index of the first event of ``kind`` at or after ``after``, or None (frames seen so far pumped in)."""
+        self.pump()
+        return next((i for i in range(after, len(self.events)) if self.events[i][0] == kind), None)
+
+    def ended(self, sent: int) -> bool:
+        """Whether the run asked for at event ``sent`` has finished: a whole-script run ends with a finish that is
+        not "early for a rerun" (another request cut it short and its run ends later), a fragment run with the
+        fragment's finish."""
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+        self.pump()
+        fragment = bool(self.events[sent][1])
+        wanted = ({ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY} if fragment else
+                  {ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_WITH_COMPILE_ERROR})
+        return any(kind == "finished" and status in wanted for kind, status in self.events[sent + 1:])
+
+
+_RERUNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def watched_page(browser, **options):
+    """A new page of ``browser`` (``options`` as for ``new_page``) whose reruns :func:`rerun_of` can wait for."""
+    page = browser.new_page(**options)
+    page.set_default_timeout(UI_MS)
+    _RERUNS[page] = Reruns(page)
+    return page
+
+
+@contextlib.contextmanager
+def rerun_of(page, start: float = 5.0):
+    """``with rerun_of(page): <an input>``: afterwards the rerun the input caused has ended and the page is idle.
+    An input that causes no rerun (a value typed again) waits ``start`` seconds for one. On a page not made by
+    :func:`watched_page` the page's running mark is watched instead (a quick rerun may end before it looks)."""
+    reruns = _RERUNS.get(page)
+    mark = len(reruns.events) if reruns else 0
+    yield
+    if reruns is None:
+        try:
+            wait_until(lambda: not app_idle(page), start, "the rerun to start", interval=0.05)
+        except AssertionError:
+            pass
+    else:
+        try:
+            sent = wait_until(lambda: (i := reruns.first("sent", mark)) is not None and (i,), start,
+                              "the rerun to be asked for", interval=0.05)[0]  # (index 0 is an answer too)
+        except AssertionError:
+            sent = None
+        if sent is not None:
+            wait_until(lambda: reruns.ended(sent) or None, UI, "the rerun to finish", interval=0.05)
+    wait_until(lambda: app_idle(page), UI, "the rerun to end", interval=0.05)
+
+
 def edit_grid_cell(page, grid, row: int, column: int, value: str) -> None:
     """Type ``value`` into cell (row, column) of a data editor's canvas ``grid`` and commit it (Enter), then wait
     for the rerun it causes to end. Rows are 35 px under a 35 px header; the cell is reached from the row's first
@@ -387,13 +491,9 @@ def edit_grid_cell(page, grid, row: int, column: int, value: str) -> None:
         page.keyboard.press("Escape")  # a read-only cell opened, not this one
         editor.wait_for(state="detached")
     editor.fill(value)
-    editor.press("Enter")
-    editor.wait_for(state="detached")
-    try:  # the rerun starts (a very quick one may end before this looks)
-        wait_until(lambda: not app_idle(page), 10, "the rerun of the edit to start", interval=0.05)
-    except AssertionError:
-        pass
-    wait_until(lambda: app_idle(page), UI, "the rerun of the edit to end")
+    with rerun_of(page, start=10):
+        editor.press("Enter")
+        editor.wait_for(state="detached")
 
 
 def test_successive_tier_edits_all_count(server, browser):
@@ -409,8 +509,7 @@ def test_successive_tier_edits_all_count(server, browser):
         tiers = json.loads(query["tiers"][0])["tiers"] if "tiers" in query else []
         return sorted(c for t in tiers if not t["name"] for c in t["classes"])
 
-    page = browser.new_page(viewport={"width": 1440, "height": 1300})
-    page.set_default_timeout(UI_MS)
+    page = watched_page(browser, viewport={"width": 1440, "height": 1300})
     page.goto(server[0] + "train?dataset=digits&preset=paper")
     page.get_by_role("button", name="Got it").click()
     page.locator(".st-key-intro-box").wait_for(state="detached")
@@ -439,10 +538,10 @@ def test_the_pages_fetch_nothing_beyond_the_lab_server_and_the_favicon_ships(ser
     page.on("request", lambda r: requests.append(r.url))
     try:
         page.goto(url + "audit")
-        wait_until(lambda: page.locator("h1").count() > 0 and app_idle(page), what="the audit page")
+        wait_until(lambda: page.locator("h1").count() > 0 and app_idle(page), UI, "the audit page")
         icon = page.evaluate("() => (document.querySelector(\"link[rel~='icon']\") || {}).href || ''")
         wait_until(lambda: any("favicon" in r or r == icon for r in requests) or icon.startswith(url),
-                   what="the favicon request")
+                   UI, "the favicon request")
     finally:
         page.close()
     outside = [r for r in requests if not r.startswith(url[:-1]) and not r.startswith("data:")
@@ -459,7 +558,7 @@ def test_launch_is_in_view_on_a_first_visit(server, browser):
     try:
         page.goto(url + "train")
         button = page.locator(".st-key-launch button")
-        wait_until(lambda: button.count() == 1 and app_idle(page), what="the Launch button")
+        wait_until(lambda: button.count() == 1 and app_idle(page), UI, "the Launch button")
         box = button.bounding_box()
         assert box is not None and box["y"] + box["height"] <= 800, box
         assert button.is_enabled()  # the default comparison is valid

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, UI_MS, browser, server, wait_until  # noqa: F401
+from test_browser import CHROMIUM, UI, UI_MS, browser, server, wait_until  # noqa: F401
 
 from engine.config.run import RunConfig
 from engine.jobs.kinds import execute
@@ -82,7 +82,7 @@ def test_a_diverged_run_is_badged_and_seed_bands_are_drawn(server, browser, comp
             return None
         return data if data and data["traces"] and data["axes"] else None
 
-    data = wait_until(read, what="the live MID chart of the comparison")
+    data = wait_until(read, UI, "the live MID chart of the comparison")
     badges = [n for n in data["notes"] if n["name"] == "diverged" or n["text"].startswith("diverged")]
     assert len(badges) == 1, data["notes"]
     hot_axis = _axis(badges[0]["yref"])

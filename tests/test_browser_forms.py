@@ -15,21 +15,13 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, UI, UI_MS, app_idle, browser, server, wait_until  # noqa: F401
+from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, rerun_of, server, wait_until,  # noqa: F401
+                          watched_page)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 
 ERRORS = '[data-testid="stAlertContentError"]'
-
-
-def settled(page) -> None:
-    """The rerun an input caused has started (a quick one may end before this looks) and ended."""
-    try:
-        wait_until(lambda: not app_idle(page), 5, "the rerun to start", interval=0.05)
-    except AssertionError:
-        pass
-    wait_until(lambda: app_idle(page), UI, "the rerun to end")
 
 
 def errors(page) -> list[str]:
@@ -39,14 +31,13 @@ def errors(page) -> list[str]:
 def type_into(page, key: str, value: str) -> None:
     field = page.locator(f".st-key-{key} input")
     field.fill(value)
-    field.press("Enter")
-    settled(page)
+    with rerun_of(page):
+        field.press("Enter")
 
 
 def test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disabled(server, browser):  # noqa: F811
     url, store, _ = server
-    page = browser.new_page(viewport={"width": 1440, "height": 1300})
-    page.set_default_timeout(UI_MS)
+    page = watched_page(browser, viewport={"width": 1440, "height": 1300})
     page.goto(url + "train?dataset=digits&preset=single")
     page.get_by_role("button", name="Got it").click()
     page.locator(".st-key-intro-box").wait_for(state="detached")
@@ -84,8 +75,8 @@ def test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disab
         except Exception:  # noqa: BLE001
             continue
     editor.fill("1e9")
-    editor.press("Enter")
-    settled(page)
+    with rerun_of(page):
+        editor.press("Enter")
     wait_until(lambda: any("too loose" in e for e in errors(page)), UI, "the huge-ε message")
     shown = errors(page)
     assert len(shown) == 1, shown

@@ -15,9 +15,9 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, click_until, edit_grid_cell, server,  # noqa: F401
-                          wait_until)
-from test_browser_forms import settled, type_into
+from test_browser import (CHROMIUM, UI, app_idle, browser, click_until, edit_grid_cell, rerun_of,  # noqa: F401
+                          server, wait_until, watched_page)
+from test_browser_forms import type_into
 
 from app_pages._one_run import ONE_RUN, PA_ALOOA
 
@@ -35,8 +35,8 @@ def choose(page, key: str, option: str) -> None:
     load, CI), so the list is opened again until the option shows."""
     opt = page.get_by_role("option", name=option, exact=True)
     click_until(page.locator(f".st-key-{key} input"), lambda: opt.count() > 0, f"{key}'s list to open")
-    opt.click()
-    settled(page)
+    with rerun_of(page):
+        opt.click()
     wait_until(lambda: shown(page, key) == option, UI, f"{key} to show {option}")
 
 
@@ -58,8 +58,8 @@ def edit_cell(page, selector: str, row: int, column: int, value: str) -> None:
 
 def pick_section(page, label: str, key: str) -> None:
     """Choose the Audit page's section ``label`` and wait until its widget ``key`` is drawn."""
-    page.locator(".st-key-a_section").get_by_text(label, exact=True).click()
-    settled(page)
+    with rerun_of(page):
+        page.locator(".st-key-a_section").get_by_text(label, exact=True).click()
     wait_until(lambda: shown(page, key) is not None and app_idle(page), UI, f"the section {label}")
 
 
@@ -93,8 +93,7 @@ def test_custom_settings_survive_a_look_at_a_preset(server, browser, audits):  #
     if audits == "one listed" and not store.list_runs(kind="audit"):
         an_audit(store)
     assert bool(store.list_runs(kind="audit")) == (audits == "one listed")
-    page = browser.new_page(viewport={"width": 1440, "height": 1400})
-    page.set_default_timeout(UI_MS)
+    page = watched_page(browser, viewport={"width": 1440, "height": 1400})
     page.goto(url + "audit")
     page.get_by_role("heading", name="Privacy audit").wait_for()
     got_it = page.get_by_role("button", name="Got it")
@@ -107,8 +106,8 @@ def test_custom_settings_survive_a_look_at_a_preset(server, browser, audits):  #
     # the user's settings, one widget of each kind
     choose(page, "a_attr", "race")
     type_into(page, "a_R", "10")
-    page.locator(".st-key-a_controls label").click()  # the toggle (bound to the URL)
-    settled(page)
+    with rerun_of(page):
+        page.locator(".st-key-a_controls label").click()  # the toggle (bound to the URL)
     wait_until(lambda: shown(page, "a_controls") is True, UI, "the controls toggle on")
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Training").click()  # open the expander
     page.locator(".st-key-a_boot input").wait_for(state="visible")
@@ -116,9 +115,9 @@ def test_custom_settings_survive_a_look_at_a_preset(server, browser, audits):  #
     choose(page, "a_score", "loss")
     slider = page.locator(".st-key-a_tail input")
     slider.focus()
-    for _ in range(5):
-        slider.press("ArrowLeft")
-    settled(page)
+    with rerun_of(page):  # (the slider sends its value once the keys stop)
+        for _ in range(5):
+            slider.press("ArrowLeft")
     wait_until(lambda: shown(page, "a_tail") == "45" and app_idle(page), UI, "the tail slider at 45")
     slider.blur()  # else the grid edits' arrow keys move it when their click lands during a redraw (CI read 46)
     # the tiers: Female joins Male's tier 2 (ε 3), then tier 2 gets ε = 5

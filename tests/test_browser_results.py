@@ -18,7 +18,7 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, RUN, SHOTS, UI_MS, browser, server
+from test_browser import CHROMIUM, RUN, UI_MS, browser, server, shot_path
 from test_browser import wait_until as poll  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -74,9 +74,8 @@ def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
     assert any(abs(y - curve.max()) < 1e-6 for y in ys), (curve.max(), max(ys))  # the example's peak gain
     mid = page.locator(".st-key-chart-res-mid")
     assert mid.locator(".js-plotly-plot").count() == 1  # the MID chart next to it: IDP and INO, most private tier
-    SHOTS.mkdir(parents=True, exist_ok=True)
     mid.scroll_into_view_if_needed()
-    mid.screenshot(path=str(SHOTS / "mid_overlay.png"))  # the overlay a talk wants (README, docs/screenshots)
+    mid.screenshot(path=str(shot_path("mid_overlay.png")))  # the overlay a talk wants (README, docs/screenshots)
     page.close()
 
 

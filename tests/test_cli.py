@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from in_process import cli_here
 
+from conftest import wait_until
 from engine.config.run import RunConfig
 from engine.store.db import RunStore
 
@@ -199,10 +200,7 @@ def test_app_serves_on_localhost_and_ends_with_its_parent(tmp_path, store):
         assert _listening(port) == {"0100007F"}  # 127.0.0.1 only
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(Path(f"/proc/{c}").exists() for c in children):
-            time.sleep(0.2)
-        assert not [c for c in children if Path(f"/proc/{c}").exists()]
+        wait_until(lambda: not [c for c in children if Path(f"/proc/{c}").exists()], 30, "the app's children to end")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -234,7 +232,6 @@ def _listening(port: int) -> set[str]:
 
 @pytest.mark.slow
 def test_list_active_and_cancel_a_running_run(tmp_path, store):
-    import time
 
     cfg = tmp_path / "long.json"
     cfg.write_text(json.dumps({"model": {"name": "cnn"}, "epochs": 500, "eval_every": 20,
@@ -242,14 +239,12 @@ def test_list_active_and_cancel_a_running_run(tmp_path, store):
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store), "run", str(cfg)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        active = []
-        while time.time() < deadline:  # poll the store until the run trains
+        def training():  # what `list --active` says once the run trains
             out = cli_here("list", "--active", "--json", store=store)
             active = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else []
-            if active and active[0]["status"] == "running" and (active[0]["step"] or 0) > 0:
-                break
-            time.sleep(0.2)
+            return active if active and active[0]["status"] == "running" and (active[0]["step"] or 0) > 0 else None
+
+        active = wait_until(training, 120, "the run to train (list --active)")
         assert active and active[0]["id"] == 1 and active[0]["status"] == "running", active
         out = cli_here("cancel", "1", store=store)
         assert out.returncode == 0, out.stderr

@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from in_process import cli_here
 
+from conftest import wait_until
 from engine.data import DataError, files, load_dataset
 from engine.store.db import RunStore
 from engine.store.errors import StoreError
@@ -214,14 +214,6 @@ def test_failed_run_before_start_leaves_the_finished_run_intact(tmp_path, finish
     assert [r["id"] for r in RunStore(path, readonly=True).list_runs()] == [1]  # nothing written
 
 
-def _wait_for(predicate, what: str, timeout: float = 180.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_kill_9_of_engine_run_shows_interrupted(tmp_path, finished_store):
     path = tmp_path / "runs.sqlite"
@@ -232,7 +224,7 @@ def test_kill_9_of_engine_run_shows_interrupted(tmp_path, finished_store):
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(path), "run", str(cfg)], cwd=REPO,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: len(RunStore(path, readonly=True).eval_metrics(2)) >= 2, "run 2 to log evaluations")
+        wait_until(lambda: len(RunStore(path, readonly=True).eval_metrics(2)) >= 2, 180, "run 2 to log evaluations")
         assert RunStore(path, readonly=True).get_run(2)["status"] == "running"
     finally:
         os.kill(proc.pid, signal.SIGKILL)

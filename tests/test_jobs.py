@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import wait_until
 from engine.config.run import RunConfig
 from engine.jobs.estimates import eta_seconds
 from engine.jobs.manager import WORKER_NICENESS, JobManager, default_max_workers, worker_command
@@ -17,16 +18,6 @@ from engine.store.db import RunStore
 
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
 LONG = RunConfig().replace(**{"epochs": 200.0, "eval_every": 5})  # minutes of work: always cancelled or killed
-
-
-def wait_for(pred, timeout=90.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status(store, rid):
@@ -59,7 +50,7 @@ def test_queue_cancel_kill_and_reattach(managers):
     mgr = managers(max_workers=1)
     store = mgr.store
     a, b, c = mgr.submit([LONG, LONG.replace(**{"algorithm.name": "idp_sample"}), TINY], group_id="g-queue")
-    wait_for(lambda: store.get_run(a)["status"] == "running" and store.get_run(a)["step"] > 0, what="run a to train")
+    wait_until(lambda: store.get_run(a)["status"] == "running" and store.get_run(a)["step"] > 0, what="run a to train")
     # at most one worker: the others wait in the queue, shown as queued
     assert status(store, b) == "queued" and status(store, c) == "queued" and mgr.queue_position(c) == 2
     assert eta_seconds(store.get_run(a)) is not None
@@ -74,12 +65,12 @@ def test_queue_cancel_kill_and_reattach(managers):
     assert status(store, a) == "running" and status(store, b) == "queued"
     pid_a = store.get_run(a)["pid"]
     assert other.cancel(a) == "cancelled", store.get_run(a)["error"]
-    assert wait_for(lambda: not _alive(pid_a), 10, "worker a to exit")
+    assert wait_until(lambda: not _alive(pid_a), 10, "worker a to exit")
     assert store.eval_metrics(a), "metrics logged before the cancel are kept"
     # the queue moves on; kill -9 of that worker marks its run interrupted, with the reason
-    wait_for(lambda: store.get_run(b)["status"] == "running" and store.get_run(b)["step"] > 0, what="run b to train")
+    wait_until(lambda: store.get_run(b)["status"] == "running" and store.get_run(b)["step"] > 0, what="run b to train")
     os.kill(store.get_run(b)["pid"], signal.SIGKILL)
-    run_b = wait_for(lambda: (r := store.get_run(b))["status"] == "interrupted" and r, 15, "run b interrupted")
+    run_b = wait_until(lambda: (r := store.get_run(b))["status"] == "interrupted" and r, 15, "run b interrupted")
     assert "SIGKILL" in run_b["error"] or "ended without finishing" in run_b["error"]
     assert [r["status"] for r in store.list_runs(group_id="g-queue")] == ["cancelled", "interrupted", "cancelled"]
 
@@ -119,16 +110,16 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     store = mgr.store
     other = TINY.replace(seed=1)
     mgr.hint([other, TINY])  # what the Train page does while the user looks at the form: one per worker slot
-    wait_for(lambda: len(mgr._standbys) == 2 and all(p.poll() is None for p in mgr._standbys)
+    wait_until(lambda: len(mgr._standbys) == 2 and all(p.poll() is None for p in mgr._standbys)
              and set(mgr._hinted) == {TINY.to_json(), other.to_json()}, 60, "two hinted standbys")
     pid_of = dict(zip(mgr._hinted, [p.pid for p in mgr._standbys]))  # each standby prepares its own config
     assert all(os.getpriority(os.PRIO_PROCESS, pid) >= WORKER_NICENESS for pid in pid_of.values())
     # each standby says when it is warm (the estimate's warm start): both, once imported
-    wait_for(lambda: mgr.standbys_ready() == 2, 90, "two warm standbys")
+    wait_until(lambda: mgr.standbys_ready() == 2, 90, "two warm standbys")
     markers = [p.ready_path for p in mgr._standbys]
     # (a standby reads its hint before the run line, so the run always finds what it prepared)
     warm, warm_other = mgr.submit([TINY, other], group_id="g-warm")
-    runs = wait_for(lambda: (rs := [store.get_run(i) for i in (warm, warm_other)])
+    runs = wait_until(lambda: (rs := [store.get_run(i) for i in (warm, warm_other)])
                     and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "the warm runs")
     assert [r["status"] for r in runs] == ["finished", "finished"]
     assert runs[0]["pid"] == pid_of[TINY.to_json()] and runs[1]["pid"] == pid_of[other.to_json()]
@@ -139,7 +130,7 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     try:
         bad = TINY.replace(**{"batch_size": 5000})  # larger than the data: the worker's prepare() refuses it
         cold, failed = cold_mgr.submit([TINY, bad], group_id="g-cold")
-        cruns = wait_for(lambda: (rs := [cold_mgr.store.get_run(i) for i in (cold, failed)])
+        cruns = wait_until(lambda: (rs := [cold_mgr.store.get_run(i) for i in (cold, failed)])
                          and all(r["status"] not in ("queued", "running") for r in rs) and rs, 120, "the cold runs")
     finally:
         cold_mgr.shutdown(cancel_running=True)
@@ -164,12 +155,12 @@ def test_a_standby_prepares_the_queued_run_next_in_line(managers):
     nxt = TINY.replace(seed=3)
     mgr.hint([TINY])  # the form shows another config
     first, queued = mgr.submit([LONG, nxt], group_id="g-next")
-    wait_for(lambda: status(store, first) == "running", 60, "the first run")
+    wait_until(lambda: status(store, first) == "running", 60, "the first run")
     want = RunConfig.from_dict(store.get_run(queued)["config"]).to_json()
-    pid = wait_for(lambda: next((p.pid for p, h in zip(mgr._standbys, mgr._hinted) if h == want and p.poll() is None),
+    pid = wait_until(lambda: next((p.pid for p, h in zip(mgr._standbys, mgr._hinted) if h == want and p.poll() is None),
                                 None), 90, "a standby hinted with the queued run's config")
     assert mgr.cancel(first) == "cancelled"
-    run = wait_for(lambda: (r := store.get_run(queued))["status"] == "finished" and r, 120, "the queued run")
+    run = wait_until(lambda: (r := store.get_run(queued))["status"] == "finished" and r, 120, "the queued run")
     assert run["pid"] == pid
 
 
@@ -181,13 +172,13 @@ def test_no_standby_imports_beside_a_training_run_with_nothing_queued_and_they_w
 
     mgr = managers(max_workers=1, prewarm=True)
     store = mgr.store
-    wait_for(lambda: mgr.standbys_ready() == 1, 90, "a warm standby")
+    wait_until(lambda: mgr.standbys_ready() == 1, 90, "a warm standby")
     (rid,) = mgr.submit([LONG], group_id="g-alone")
-    wait_for(lambda: status(store, rid) == "running", 60, "the run")
+    wait_until(lambda: status(store, rid) == "running", 60, "the run")
     time.sleep(STANDBY_DELAY_SECONDS + 2.0)  # what is checked is an absence: past the delay after which one would start
     assert status(store, rid) == "running" and not [p for p in mgr._standbys if p.poll() is None]
     assert mgr.cancel(rid) == "cancelled"
-    wait_for(lambda: mgr.standbys_ready() == 1, 90, "the standby warm again after the run")
+    wait_until(lambda: mgr.standbys_ready() == 1, 90, "the standby warm again after the run")
 
 
 def test_submit_refuses_an_unknown_kind_before_queueing(tmp_path):
@@ -232,7 +223,7 @@ def test_a_k_seed_job_is_one_worker_writing_k_rows(managers):
     store = mgr.store
     ids = mgr.submit([SEEDS3], group_id="g-seeds")
     assert len(ids) == 3 and store.job_rows(ids[2]) == ids and store.leader_of(ids[1]) == ids[0]
-    runs = wait_for(lambda: (rs := _rows(store, ids)) and all(r["status"] == "finished" for r in rs) and rs,
+    runs = wait_until(lambda: (rs := _rows(store, ids)) and all(r["status"] == "finished" for r in rs) and rs,
                     120, "the job to finish")
     assert len({r["pid"] for r in runs}) == 1  # one worker process trained the three models
     for j, r in enumerate(runs):
@@ -257,13 +248,13 @@ def test_k_seed_jobs_count_as_one_worker_cancel_any_row_kill_and_delete(managers
     job = mgr.submit([LONG_LR.replace(seeds=3)], group_id="g-cancel")
     single = mgr.submit([LONG_LR], group_id="g-cancel")
     # three running rows are one worker: the single run gets the second worker
-    wait_for(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, job + single)), 120,
+    wait_until(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, job + single)), 120,
              "the job and the single run to train")
     assert len({r["pid"] for r in _rows(store, job)}) == 1 and mgr.owns(job[2])
     pid = store.get_run(job[0])["pid"]
     # Cancel on a replica row stops the job: every row is cancelled, the metrics so far are kept
     assert mgr.cancel(job[2]) == "cancelled"
-    assert wait_for(lambda: not _alive(pid), 10, "the job's worker to exit")
+    assert wait_until(lambda: not _alive(pid), 10, "the job's worker to exit")
     runs = _rows(store, job)
     assert [r["status"] for r in runs] == ["cancelled"] * 3 and len({r["error"] for r in runs}) == 1
     assert all(store.eval_metrics(i) for i in job)
@@ -272,10 +263,10 @@ def test_k_seed_jobs_count_as_one_worker_cancel_any_row_kill_and_delete(managers
     # kill -9 of a job's worker: every row becomes interrupted
     killed = mgr.submit([LONG_LR.replace(seeds=2, seed=9)], group_id="g-kill")
     assert mgr.queue_position(killed[1]) == mgr.queue_position(killed[0]) == 1
-    wait_for(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, killed)), 120,
+    wait_until(lambda: all(r["status"] == "running" and r["step"] > 0 for r in _rows(store, killed)), 120,
              "the second job to train")
     os.kill(store.get_run(killed[1])["pid"], signal.SIGKILL)
-    wait_for(lambda: all(r["status"] == "interrupted" for r in _rows(store, killed)), 15, "both rows interrupted")
+    wait_until(lambda: all(r["status"] == "interrupted" for r in _rows(store, killed)), 15, "both rows interrupted")
     # deleting any row deletes the job (all its rows, their metrics and logs)
     assert sorted(mgr.delete(killed[1])) == killed
     assert all(store.get_run(i) is None and store.eval_metrics(i) == [] for i in killed)

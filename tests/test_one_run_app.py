@@ -3,13 +3,13 @@ invalid value with one error and a disabled Launch, shows a finished one-run aud
 table, a sentence per algorithm) and launches a tiny one through the page's job manager up to its figure."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages import _one_run as one_run
+from conftest import wait_until
 from engine.audit.one_run_config import OneRunConfig
 from engine.store.db import RunStore
 
@@ -140,9 +140,8 @@ def test_launch_a_tiny_one_run_audit_until_its_figure():
     (run,) = store.list_runs(kind="one_run")
     assert [a["name"] for a in run["config"]["algorithms"]] == ["dpsgd"] and run["config"]["canaries"] == 50
     assert at.query_params["one_run"] == str(run["id"])
-    deadline = time.time() + 150
-    while time.time() < deadline and store.get_run(run["id"])["status"] in ("queued", "running"):
-        time.sleep(0.5)
+    wait_until(lambda: store.get_run(run["id"])["status"] not in ("queued", "running"), 150, "the audit to end",
+               interval=0.5)
     assert store.get_run(run["id"])["status"] == "finished", store.get_run(run["id"])["error"]
     at.run()
     assert not at.exception and not at.error

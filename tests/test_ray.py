@@ -22,6 +22,7 @@ import psutil
 import pytest
 import ray
 
+from conftest import wait_until
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.runner import run_audit
 from engine.audit.summary import compact_summary
@@ -35,7 +36,6 @@ from engine.jobs.ray_backend import RayChunks, connect, is_loopback, listening_a
 from engine.jobs.ray_jobs import run_on_ray
 from engine.store.db import RunStore
 from engine.store.lifecycle import Cancelled
-from test_jobs import wait_for
 
 pytestmark = pytest.mark.slow  # a Ray instance: seconds to start, not a privacy invariant (the fast subset skips it)
 REPO = Path(__file__).resolve().parent.parent
@@ -234,10 +234,7 @@ def test_a_cancel_drops_the_pending_chunks_and_the_run_resumes_to_the_same_numbe
     assert store.get_run(run_id)["status"] == "cancelled"
     kept = [k for k in store.artifact_keys(run_id) if k.startswith("chunk/")]
     assert 1 <= len(kept) < len([k for k in ref_arrays if k.startswith("chunk/")])
-    deadline = time.time() + 120  # the cancelled tasks give their CPUs back
-    while ray.available_resources().get("CPU", 0) < CPUS and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == CPUS
+    wait_until(lambda: ray.available_resources().get("CPU", 0) == CPUS, 120, "the cancelled tasks' CPUs back")
     report = execute(store, run_id, config, kind="audit")  # the same run again: resumes from its chunks
     assert numbers(report) == ref_numbers
     assert_same_arrays(artifacts(store, run_id), ref_arrays)
@@ -262,9 +259,7 @@ def test_the_cli_on_its_own_ray_instance_gives_the_local_numbers_and_takes_it_do
     got = json.loads(out.stdout.strip().splitlines()[-1])
     got.pop("run_id")
     assert numbers(got) == ref_summary
-    deadline = time.time() + 60
-    while servers() - before and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not servers() - before, 60, "the CLI's Ray instance to end")
     assert servers() == before  # its instance ended with it; the fixture's runs on
 
 
@@ -350,10 +345,8 @@ def test_cancelling_a_training_run_on_ray_ends_its_task_and_keeps_what_was_strea
         execute(store, run_id, config, kind="train", backend=BackendConfig("ray"), should_stop=some_steps_streamed)
     row = store.get_run(run_id)
     assert row["status"] == "cancelled" and len(store.step_metrics(run_id)) >= 20 and store.eval_metrics(run_id)
-    deadline = time.time() + 120  # the task's worker is gone and its CPU back
-    while (ray_job_workers() or ray.available_resources().get("CPU", 0) < CPUS) and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray_job_workers() == [] and ray.available_resources().get("CPU", 0) == CPUS
+    wait_until(lambda: ray_job_workers() == [] and ray.available_resources().get("CPU", 0) == CPUS, 120,
+               "the task's worker gone and its CPU back")
 
 
 def test_an_error_in_the_ray_task_fails_the_run_with_its_one_line(ray_instance, tmp_path):
@@ -464,15 +457,15 @@ def test_the_dashboards_workers_run_their_training_runs_on_ray(tmp_path, monkeyp
             row = store.get_run(b)
             return row["status"] == "running" and len(store.step_metrics(b)) >= 20 and row
 
-        row = wait_for(streaming_while_running, 240, "the long run to stream steps from Ray")
+        row = wait_until(streaming_while_running, 240, "the long run to stream steps from Ray")
         worker = psutil.Process(row["pid"])
         started = [p for p in worker.children(recursive=True) if p.name() in ("raylet", "gcs_server")]
         assert started, "the worker started a Ray instance"
-        done = wait_for(lambda: (r := store.get_run(a))["status"] == "finished" and r, 240, "the short run")
+        done = wait_until(lambda: (r := store.get_run(a))["status"] == "finished" and r, 240, "the short run")
         assert numbers(done["summary"]) == numbers(local.get_run(local_id)["summary"])
         assert store.eval_metrics(a) and numbers(store.eval_metrics(a)) == numbers(local.eval_metrics(local_id))
         assert mgr.cancel(b) == "cancelled" and store.get_run(b)["status"] == "cancelled"
-        assert wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started),
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started),
                           60, "the worker's Ray processes to end")
     finally:
         mgr.shutdown(cancel_running=True)

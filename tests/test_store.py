@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from engine.config.run import RunConfig
 from engine.store.db import RunStore
 from engine.store.errors import StoreError
@@ -68,9 +69,7 @@ def test_killed_worker_is_interrupted_and_finished_runs_survive(tmp_path):
     subprocess.run([sys.executable, "-m", "engine", "worker", str(done)], cwd=REPO, env=env, check=True)
     long = store.create_run(RunConfig().replace(**{"model.name": "lr", "epochs": 400.0, "eval_every": 5}))
     proc = subprocess.Popen([sys.executable, "-m", "engine", "worker", str(long)], cwd=REPO, env=env)
-    deadline = time.time() + 120
-    while len(store.eval_metrics(long)) < 3 and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(store.eval_metrics(long)) >= 3, 120, "three evaluations of the long run")
     assert store.get_run(long)["status"] == "running"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -88,9 +87,7 @@ def test_sigterm_marks_cancelled(tmp_path):
     store = RunStore(path)
     run_id = store.create_run(RunConfig().replace(**{"model.name": "lr", "epochs": 400.0, "eval_every": 5}))
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(path), "worker", str(run_id)], cwd=REPO)
-    deadline = time.time() + 120
-    while len(store.eval_metrics(run_id)) < 2 and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(store.eval_metrics(run_id)) >= 2, 120, "two evaluations of the run")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     run = store.get_run(run_id)

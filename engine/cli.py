@@ -41,10 +41,13 @@ from engine.jobs.worker import run_worker
 from engine.jobs.manager import JobManager, new_group_id
 from engine.store.db import ACTIVE, RunStore, resolve_store_path
 from engine.store.errors import StoreError
-from engine.store.lifecycle import Cancelled, error_line
+from engine.store.lifecycle import INTERRUPTED, Cancelled, error_line
 from engine.train.records import tier_table
 
 EXIT_CONFIG = 2
+# a foreground command stopped: the shell's conventions, 128 + the signal (SIGINT: Ctrl-C; SIGTERM: `cancel`)
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+STOPPED_NOTE = "a run it had started is recorded as cancelled, with what it logged so far"
 
 
 def _store(args, *, readonly: bool = False) -> RunStore:
@@ -465,6 +468,12 @@ def main(argv=None, *, prepared=None) -> int:
         if args.backend is not None:
             os.environ[BACKEND_ENV] = BackendConfig.parse(args.backend, field="--backend").spec()
         return args.func(args)
+    except Cancelled as e:  # SIGTERM (`privacy-lab cancel N` from another shell): one line, no traceback
+        print(f"stopped: {e}; {STOPPED_NOTE}", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print(f"stopped: {INTERRUPTED}; {STOPPED_NOTE}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one clear line, no traceback (unknown kinds of error propagate)
         err, message = e, error_line(e, store_path=args.store)
         if message is None:

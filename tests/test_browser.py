@@ -106,9 +106,11 @@ def stop_lab(proc: subprocess.Popen, store: RunStore | None = None) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, request):
+    """The module's own app on a fresh store. A module whose tests never launch a run sets ``TRAINS = False``: its
+    server starts no standby workers (two processes importing torch for nothing)."""
     tmp = tmp_path_factory.mktemp("lab-browser")
-    proc, url = start_lab(tmp)
+    proc, url = start_lab(tmp, **({} if getattr(request.module, "TRAINS", True) else {"PRIVACY_LAB_PREWARM": "0"}))
     store = RunStore(tmp / "runs.sqlite")
 
     def runs() -> str:  # what a timed-out wait reports: the runs of this server's store

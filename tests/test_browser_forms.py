@@ -18,6 +18,7 @@ import pytest
 from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, rerun_of, server, wait_until,  # noqa: F401
                           watched_page)
 
+TRAINS = False  # nothing here launches a run (the server starts no standby workers)
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 

@@ -21,6 +21,7 @@ from test_browser_forms import type_into
 
 from app_pages._one_run import ONE_RUN, PA_ALOOA
 
+TRAINS = False  # nothing here launches a run (the server starts no standby workers)
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 

@@ -3,6 +3,8 @@ as a user does (a run's JSON, a config error, the app server, cancelling a runni
 same ``main`` in this process (tests/in_process.py), for tests of what the commands say rather than of the
 process, without the ~6 s import each subprocess pays."""
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +232,14 @@ def _listening(port: int) -> set[str]:
     return addrs
 
 
+def shown(stderr: str) -> list[str]:
+    """A command's stderr but its progress bar (tqdm's ``label:  12%|██  | 35/4491 [...]`` updates, each ended by a
+    carriage return or a newline), blank lines left out. A message written onto a bar's line is kept with it, and
+    fails a test that expects the message alone."""
+    segments = stderr.replace("\r", "\n").split("\n")
+    return [s for s in segments if s.strip() and not re.fullmatch(r"[^|]*\d+%\|[^|]*\|[^|]*\]", s.strip())]
+
+
 @pytest.mark.slow
 def test_list_active_and_cancel_a_running_run(tmp_path, store):
 
@@ -237,7 +247,7 @@ def test_list_active_and_cancel_a_running_run(tmp_path, store):
     cfg.write_text(json.dumps({"model": {"name": "cnn"}, "epochs": 500, "eval_every": 20,
                                "algorithm": {"name": "dpsgd"}, "threads": 1}))
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store), "run", str(cfg)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def training():  # what `list --active` says once the run trains
             out = cli_here("list", "--active", "--json", store=store)
@@ -249,7 +259,10 @@ def test_list_active_and_cancel_a_running_run(tmp_path, store):
         out = cli_here("cancel", "1", store=store)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "run 1: cancelled"
-        assert proc.wait(timeout=30) is not None  # the run's process ended
+        # the foreground command ends with one line and 128 + SIGTERM, no traceback
+        assert proc.wait(timeout=30) == 143
+        stderr = shown(proc.stderr.read())
+        assert len(stderr) == 1 and stderr[0].startswith("stopped: terminated by signal; "), stderr
         listed = json.loads(cli_here("list", "--json", store=store).stdout)
         assert listed[0]["status"] == "cancelled" and listed[0]["step"] > 0  # what it logged is kept
         assert json.loads(cli_here("list", "--active", "--json", store=store).stdout) == []
@@ -261,3 +274,29 @@ def test_list_active_and_cancel_a_running_run(tmp_path, store):
     missing = cli_here("cancel", "99", store=store)
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: run_id: no run 99")
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_foreground_run_ends_it_cancelled_with_one_line_and_exit_130(tmp_path):
+    """Ctrl-C (SIGINT) of ``privacy-lab run``: the run is cancelled (not failed), keeps its metrics so far, and the
+    command prints one line and exits 130 (no KeyboardInterrupt traceback)."""
+    path = tmp_path / "runs.sqlite"
+    store = RunStore(path)
+    cfg = tmp_path / "long.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 400, "eval_every": 5, "threads": 1}))
+    # SIGINT as a terminal gives it (a shell's background job starts its children with SIGINT ignored)
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(path), "run", str(cfg)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_until(lambda: store.list_runs() and len(store.eval_metrics(1)) >= 2, 120, "two evaluations of the run")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert shown(proc.stderr.read()) == ["stopped: interrupted (Ctrl-C); a run it had started is recorded as "
+                                             "cancelled, with what it logged so far"]
+        run = store.get_run(1)
+        assert run["status"] == "cancelled" and run["error"] == "interrupted (Ctrl-C)", (run["status"], run["error"])
+        assert len(store.eval_metrics(1)) >= 2 and run["step"] > 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -316,17 +316,19 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     prog = _Progress(life, total, bar)
     report = empty_report(setup)
     results: dict[str, AlgoResult] = {}
-    for k, a in enumerate(setup.algos):
-        if not a.resolved:
-            a = setup.algos[k] = _resolve_control(setup, a, results, ckpt, should_stop)
-        results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop, executor)
-        report = dataclasses.replace(report, algorithms=report.algorithms + (got.report,),
-                                     seconds=time.time() - started)
-        if life.active:
-            life.store.set_summary(life.run_id, dataclasses.replace(report, partial=True).to_dict())
-            life.store.put_artifact(life.run_id, f"advantage/{a.key}", npy_bytes(got.advantage.astype(np.float32)))
-    if bar is not None:
-        bar.close()
+    try:
+        for k, a in enumerate(setup.algos):
+            if not a.resolved:
+                a = setup.algos[k] = _resolve_control(setup, a, results, ckpt, should_stop)
+            results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop, executor)
+            report = dataclasses.replace(report, algorithms=report.algorithms + (got.report,),
+                                         seconds=time.time() - started)
+            if life.active:
+                life.store.set_summary(life.run_id, dataclasses.replace(report, partial=True).to_dict())
+                life.store.put_artifact(life.run_id, f"advantage/{a.key}", npy_bytes(got.advantage.astype(np.float32)))
+    finally:  # also when stopped (Cancel, Ctrl-C): the terminal's bar line is cleared for the CLI's message
+        if bar is not None:
+            bar.close()
     report = dataclasses.replace(report, comparisons=_comparisons(setup, results))
     report = dataclasses.replace(report, seconds=time.time() - started,
                                  train_seconds=sum(r.train_seconds for r in report.algorithms),

@@ -2,11 +2,12 @@
 
     store_lifecycle(store, id)   start → finished / cancelled / failed with the message; yields a RunLifecycle
     RunLifecycle                 the store side of one run: start (every row of its job), progress, finish
-    Cancelled, sigterm_cancels   how a run is stopped: SIGTERM (the job manager's Cancel) raises Cancelled
+    Cancelled, sigterm_cancels   how a run is stopped: SIGTERM (the job manager's Cancel) raises Cancelled;
+                                 Ctrl-C (KeyboardInterrupt) of a foreground command ends it cancelled too
     error_line(e)                the one line the CLI and a worker print for an error a user can act on
 
 Status bookkeeping. Inside :func:`store_lifecycle` SIGTERM raises :class:`Cancelled`; on the way out a run
-that is still active (queued / running) is marked ``cancelled`` (Cancelled), or ``failed`` with the error's
+that is still active (queued / running) is marked ``cancelled`` (Cancelled, Ctrl-C), or ``failed`` with the error's
 one-line message (``field: message`` for a ConfigError, ``Type: message`` otherwise); the exception
 propagates. A run already ended by its own code (finished) is left as it is. The status write is retried
 and never replaces the error being raised (``RunStore.try_set_status``); the store applies it to every row
@@ -27,6 +28,9 @@ from engine.store.errors import StoreError
 
 class Cancelled(Exception):
     """Raised inside the loop when the caller asks the run to stop."""
+
+
+INTERRUPTED = "interrupted (Ctrl-C)"  # why a run stopped by Ctrl-C ended (its row's error, the CLI's line)
 
 
 @contextlib.contextmanager
@@ -128,6 +132,9 @@ def store_lifecycle(store, run_id: int | None, *, sigterm: bool = True):
             yield life
     except Cancelled as e:
         life.ended("cancelled", str(e))
+        raise
+    except KeyboardInterrupt:  # Ctrl-C of a foreground command: the user stopped it, as Cancel does
+        life.ended("cancelled", INTERRUPTED)
         raise
     except BaseException as e:  # noqa: BLE001 - record why, then let it propagate
         life.ended("failed", error_message(e))

@@ -228,27 +228,29 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
 
     record_eval(0)
     bar = _progress_bar(last, config.label) if progress else None
-    for step in range(1, last + 1):
-        if should_stop is not None and should_stop():
-            raise Cancelled(f"stopped at step {step - 1}")
-        out = dp_step(models.grads_of, x_train, y_train, sampler, mech, gen)
-        optimizer.zero_grad(set_to_none=True)
-        models.set_grads(out.grads)
-        optimizer.step()
-        if accountant is not None:
-            accountant.step()
-        for j, (loss, size) in enumerate(zip(out.mean_losses(), out.batch_sizes.tolist())):
-            pending[j].append((step, loss, int(size)))
+    try:
+        for step in range(1, last + 1):
+            if should_stop is not None and should_stop():
+                raise Cancelled(f"stopped at step {step - 1}")
+            out = dp_step(models.grads_of, x_train, y_train, sampler, mech, gen)
+            optimizer.zero_grad(set_to_none=True)
+            models.set_grads(out.grads)
+            optimizer.step()
+            if accountant is not None:
+                accountant.step()
+            for j, (loss, size) in enumerate(zip(out.mean_losses(), out.batch_sizes.tolist())):
+                pending[j].append((step, loss, int(size)))
+            if bar is not None:
+                bar.update(1)
+            if step % eval_every == 0 or step == last:
+                record_eval(step)
+                last_flush = time.time()
+            elif rows and time.time() - last_flush > 0.5:
+                flush()  # keeps the UI's progress bar live between evaluations
+                last_flush = time.time()
+    finally:  # also when stopped (Cancel, Ctrl-C): the terminal's bar line is cleared for the CLI's message
         if bar is not None:
-            bar.update(1)
-        if step % eval_every == 0 or step == last:
-            record_eval(step)
-            last_flush = time.time()
-        elif rows and time.time() - last_flush > 0.5:
-            flush()  # keeps the UI's progress bar live between evaluations
-            last_flush = time.time()
-    if bar is not None:
-        bar.close()
+            bar.close()
     seconds = time.time() - started
     configs = config.seed_configs()
     summaries = [summarize(prep, evals[j], seconds, seed_config=configs[j]) for j in range(k)]

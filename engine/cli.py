@@ -211,8 +211,6 @@ def cmd_audit(args) -> int:
         config = config.replace(controls=True).validate()
     config = apply_overrides(config, getattr(args, "overrides", None))
     run_id, report = _execute_here(store, config, kind="audit", label="audit", progress=not args.json)
-    if report is None:
-        return 1
     if args.json:
         print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
     else:
@@ -222,14 +220,13 @@ def cmd_audit(args) -> int:
 
 
 def _execute_here(store, config, *, kind: str, label: str, progress: bool):
-    """Store ``config`` as a new run of ``kind`` and run it in this process: (its id, the result, or None when it
-    was cancelled — said on stderr)."""
+    """Store ``config`` as a new run of ``kind`` and run it in this process: (its id, the result). Stopped
+    (``cancel`` from another shell), it raises Cancelled naming the run, for :func:`main`'s one line."""
     run_id = store.create_run(config.to_dict(), kind=kind, status="queued", name=config.name or label)
     try:
         return run_id, execute(store, run_id, config, kind=kind, progress=progress)
-    except Cancelled:
-        print(f"{label} {run_id} cancelled", file=sys.stderr)
-        return run_id, None
+    except Cancelled as e:
+        raise Cancelled(f"{label} {run_id}: {e}") from None
 
 
 def cmd_one_run(args) -> int:
@@ -239,8 +236,6 @@ def cmd_one_run(args) -> int:
     config = load_one_run_config(args.config) if args.config else OneRunConfig()
     config = apply_overrides(config, args.overrides)
     run_id, report = _execute_here(store, config, kind="one_run", label="one-run audit", progress=not args.json)
-    if report is None:
-        return 1
     if args.json:
         frame = report.frame()
         print(json.dumps({"run_id": run_id, "rows": json.loads(frame.to_json(orient="records")),

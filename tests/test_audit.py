@@ -387,3 +387,27 @@ def test_worker_runs_a_queued_audit_and_sigterm_cancels(tmp_path):
             proc.kill()
     run = store.get_run(slow)
     assert run["status"] == "cancelled" and "signal" in run["error"]
+
+
+@pytest.mark.slow
+def test_a_foreground_audit_stopped_by_cancel_says_so_in_one_line_naming_it(tmp_path):
+    """`privacy-lab audit` stopped by SIGTERM (what `privacy-lab cancel` from another shell sends first): the audit is
+    cancelled with what it computed so far, and the command prints one line naming it and exits 128 + SIGTERM (no
+    traceback)."""
+    store_path = tmp_path / "runs.sqlite"
+    store = RunStore(store_path)
+    cfg = tmp_path / "audit.json"
+    cfg.write_text(TINY.replace(R=400, looa_k=0, chunk_models=50, **{"run.epochs": 20.0, "run.batch_size": 16}).to_json())
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store_path), "audit", str(cfg), "--json"],
+                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: store.list_runs() and (store.list_runs()[0]["step"] or 0) > 0, 120, "the audit to train")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+        lines = [line for line in proc.stderr.read().splitlines() if line.strip()]
+        assert lines == ["stopped: audit 1: terminated by signal; a run it had started is recorded as cancelled, with "
+                         "what it logged so far"], lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert store.get_run(1)["status"] == "cancelled" and "signal" in store.get_run(1)["error"]

@@ -115,7 +115,7 @@ def test_directory_in_place_of_the_store(tmp_path, cmd):
 def test_missing_store_is_not_created_by_read_commands(tmp_path, cmd):
     path = tmp_path / "sub" / "runs.sqlite"
     line = one_line_error(cli(*cmd, store=path), naming=path)
-    assert "no run store" in line
+    assert "no run store" in line and "`privacy-lab run CONFIG`" in line  # the installed command's name
     assert not path.parent.exists()
 
 

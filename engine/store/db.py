@@ -147,7 +147,7 @@ class RunStore:
                              "or pass another --store", self.path)
         if self.readonly:
             if not self.path.exists():
-                raise StoreError(f"no run store at {self.path}: run `python -m engine run CONFIG` to create one, "
+                raise StoreError(f"no run store at {self.path}: run `privacy-lab run CONFIG` to create one, "
                                  "or point --store / $PRIVACY_LAB_STORE at an existing store", self.path)
             with self._connect() as db:
                 has_runs = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'").fetchone()

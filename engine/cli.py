@@ -198,8 +198,7 @@ def cmd_cancel(args) -> int:
 
 def cmd_audit(args) -> int:
     """``python -m engine audit CONFIG.json | --preset NAME [--set k=v ...] [--json] [--controls]``: run an audit in
-    this process, into the store."""
-    store = _store(args)
+    this process, into the store (opened once the config holds: a refused command creates no store file)."""
     preset_name = getattr(args, "preset", None)
     if (args.config is None) == (preset_name is None):
         raise ConfigError("config", "give either a config file or --preset NAME (not both)")
@@ -210,7 +209,7 @@ def cmd_audit(args) -> int:
     if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
         config = config.replace(controls=True).validate()
     config = apply_overrides(config, getattr(args, "overrides", None))
-    run_id, report = _execute_here(store, config, kind="audit", label="audit", progress=not args.json)
+    run_id, report = _execute_here(_store(args), config, kind="audit", label="audit", progress=not args.json)
     if args.json:
         print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
     else:
@@ -232,10 +231,10 @@ def _execute_here(store, config, *, kind: str, label: str, progress: bool):
 def cmd_one_run(args) -> int:
     """``python -m engine one-run-audit [CONFIG.json] [--set k=v ...] [--json]``: per-tier empirical ε from one run
     per algorithm (white-box gradient and black-box input canaries), in this process, into the store."""
-    store = _store(args)
     config = load_one_run_config(args.config) if args.config else OneRunConfig()
     config = apply_overrides(config, args.overrides)
-    run_id, report = _execute_here(store, config, kind="one_run", label="one-run audit", progress=not args.json)
+    run_id, report = _execute_here(_store(args), config, kind="one_run", label="one-run audit",
+                                   progress=not args.json)
     if args.json:
         frame = report.frame()
         print(json.dumps({"run_id": run_id, "rows": json.loads(frame.to_json(orient="records")),
@@ -272,12 +271,12 @@ def apply_overrides(config, overrides: list[str]):
 def cmd_rerun(args) -> int:
     """A stored run's config, with ``--set`` overrides, as a new run of the same kind; a row of a k-seed
     job re-runs the whole job (the overrides apply to the job's config: base seed, seed_index 0)."""
-    store = _store(args)
-    old = store.get_run(args.run_id)
+    old = _store(args, readonly=True).get_run(args.run_id)  # (a missing store is said, not created)
     if old is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+        raise ConfigError("run_id", f"no run {args.run_id} in {resolve_store_path(args.store)}")
     job, config = rerun_of(old)
     config = apply_overrides(config, args.overrides)
+    store = _store(args)
     store.mark_dead_runs()
     _print_data_report(job.run_config(config))
     rows = job.rows(config)

@@ -111,6 +111,18 @@ def test_directory_in_place_of_the_store(tmp_path, cmd):
     assert "is a directory" in line
 
 
+@pytest.mark.parametrize("cmd, naming", [(["audit", "missing.json"], "missing.json"),
+                                         (["audit", "--preset", "quick", "--set", "R=0"], "R"),
+                                         (["one-run-audit", "--set", "canaries=-1"], "canaries"),
+                                         (["run", "missing.json"], "missing.json"),
+                                         (["rerun", "1"], "no run store")])
+def test_a_refused_command_creates_no_store(tmp_path, cmd, naming):
+    """A command refused before it runs (a missing config file, a bad override) leaves no store file behind."""
+    path = tmp_path / "sub" / "runs.sqlite"
+    one_line_error(cli(*cmd, store=path), naming=naming)
+    assert not path.parent.exists()
+
+
 @pytest.mark.parametrize("cmd", [["list"], ["show", "1"], ["export", "1"]])
 def test_missing_store_is_not_created_by_read_commands(tmp_path, cmd):
     path = tmp_path / "sub" / "runs.sqlite"

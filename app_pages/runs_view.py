@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from urllib.parse import quote
 
 import pandas as pd
 import streamlit as st
@@ -119,9 +118,8 @@ for r in selected:
         if note is not None and note[0] == r["id"]:
             with st.container(key=f"rerun-note-{r['id']}"):
                 st.success(f"Queued as run {', '.join(map(str, note[1]))} in a new comparison.")
-                link = (f"train?group={quote(store.get_run(note[1][0])['group_id'] or '')}" if note[2] == "train"
-                        else f"audit?audit={int(note[1][0])}")
-                st.markdown(f"[Watch it on the {'Train' if note[2] == 'train' else 'Audit'} page]({link})")
+                page, link = JOB_KINDS[note[2]].watch(int(note[1][0]), store.get_run(note[1][0])["group_id"])
+                st.markdown(f"[Watch it on the {page} page]({link})")
         st.caption("Copy as CLI command (re-runs this config as a new run, from any directory; add "
                    "`--set key=value` to change a field, e.g. `--set epochs=4`):")
         st.code(rerun_command(r["id"]), language="bash")

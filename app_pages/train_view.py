@@ -241,7 +241,8 @@ launch = l1.button("Launch comparison", type="primary", key="launch", icon=":mat
 with l2.container(key="launch-note"):
     if slots.reasons:
         fields = list(dict.fromkeys(slots.reasons))  # the messages themselves stay next to their fields
-        st.caption(md("Launch is disabled until this is fixed: " + ", ".join(fields) + " (see the message above)"))
+        st.caption(md("Launch is disabled until this is fixed: " + ", ".join(fields)
+                      + " (see its message below, by the field)"))  # (the settings are below the Launch row)
     elif errors:
         st.caption("Launch is disabled: see the message below.")
     elif configs and len(previews) == len(configs):

@@ -194,7 +194,7 @@ def test_an_out_of_range_setting_disables_launch_and_says_why_next_to_the_field(
     assert not column_of(at, "epochs").error  # only the bad field is marked
     assert at.button(key="launch").disabled
     note = " ".join(c.value.replace("\\", "") for c in at.caption)
-    assert "Launch is disabled until this is fixed: Batch size (see the message above)" in note, note
+    assert "Launch is disabled until this is fixed: Batch size (see its message below, by the field)" in note, note
     assert "must be at most" not in note  # the message itself is said once, next to the field
     at.number_input(key="batch").set_value(32).run()  # fixed: the message goes, Launch is enabled
     no_exception(at)

@@ -80,7 +80,8 @@ def test_epochs_zero_or_negative_from_a_link_is_refused_once_and_launch_waits(la
     assert beside == [f"must be a number > 0, got {float(epochs)}"], (beside, texts(at.error))
     assert len(texts(at.error)) == 1, texts(at.error)  # once on the page
     assert at.button(key="launch").disabled
-    assert launch_note(at) == "Launch is disabled until this is fixed: Epochs (see the message above)", \
+    assert launch_note(at) == ("Launch is disabled until this is fixed: Epochs (see its message below, by the "
+                               "field)"), \
         launch_note(at)  # it names the field; the message itself is said once, next to it
 
 

@@ -35,6 +35,17 @@ def test_registry_knows_train_audit_and_one_run_and_names_an_unknown_kind():
     assert e.value.field == "epochs"
 
 
+def test_each_kind_is_watched_where_its_page_shows_it():
+    """The Runs page's link to a re-run opens the page and section that show its kind (a one-run audit opened the
+    PA-ALOOA section, which warned and showed another audit)."""
+    assert JOB_KINDS["train"].watch(7, "cmp-a b") == ("Train", "train?group=cmp-a%20b")
+    assert JOB_KINDS["audit"].watch(7, "audit-x") == ("Audit", "audit?audit=7")
+    assert JOB_KINDS["one_run"].watch(7, "onerun-x") == ("Audit", "audit?one_run=7")
+    from app_pages._one_run import PARAM
+
+    assert PARAM == "one_run"  # the query parameter the one-run section opens a run from
+
+
 def test_success_finishes(store):
     rid = store.create_run(TINY, status="queued")
     with store_lifecycle(store, rid, sigterm=False) as life:

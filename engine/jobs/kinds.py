@@ -28,6 +28,7 @@ import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import quote
 
 from engine.audit.config import AuditConfig
 from engine.audit.one_run import preview_one_run, run_one_run_audit
@@ -60,6 +61,8 @@ class JobKind:
     group_prefix: str  # the group id of jobs submitted together ("cmp-…", "audit-…")
     algorithms: Callable[[object], list]  # the AlgorithmConfigs the job trains with (a run: one; an audit: each)
     no_dp_note: Callable[[list, str | None], str]  # (labels without formal DP, a run's reason) → the warning text
+    # (run id, group id) → (the dashboard page a run of this kind is watched on, the link that opens it there)
+    watch: Callable[[int, str | None], tuple[str, str]] = lambda run_id, group: _watch_comparison(group)
     standby_prepare: Callable[[object], object] | None = None  # config → what a warm worker prepares ahead
     whole_on_ray: bool = True  # on Ray: the job is one task (False: it sends its own parts there, as an audit)
 
@@ -69,6 +72,11 @@ class JobKind:
 
     def dataset_name(self, config) -> str:
         return self.run_config(config).data.name
+
+
+def _watch_comparison(group: str | None) -> tuple[str, str]:
+    """A training run is watched with its comparison on the Train page."""
+    return "Train", f"train?group={quote(group or '')}"
 
 
 def _train_note(labels: list, reason: str | None) -> str:
@@ -118,11 +126,12 @@ JOB_KINDS: dict[str, JobKind] = {
         "audit", load=AuditConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
         run=_run_audit, preview=lambda c: preview_audit(c, estimate=True), run_config=lambda c: c.run,
         summary_table=summary_table, group_prefix="audit", algorithms=lambda c: list(c.algorithms),
-        no_dp_note=_audit_note, whole_on_ray=False),
+        no_dp_note=_audit_note, whole_on_ray=False, watch=lambda run_id, group: ("Audit", f"audit?audit={run_id}")),
     "one_run": JobKind(
         "one_run", load=OneRunConfig.from_dict, rows=lambda c: [c], job_config=lambda c: c,
         run=_run_one_run, preview=preview_one_run, run_config=lambda c: c.run, summary_table=one_run_table,
-        group_prefix="onerun", algorithms=lambda c: list(c.algorithms), no_dp_note=_audit_note),
+        group_prefix="onerun", algorithms=lambda c: list(c.algorithms), no_dp_note=_audit_note,
+        watch=lambda run_id, group: ("Audit", f"audit?one_run={run_id}")),
 }
 
 

@@ -84,11 +84,12 @@ def total_steps(epochs: float, n_train: int, batch_size: int, rule: str = "round
 
 
 def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_large: bool = False,
-               what: str = "steps") -> int:
+               what: str = "steps", at_least: bool = False) -> int:
     """Refuse planned work over ``limit`` unless ``allow_large``: one ConfigError naming ``field``
-    (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap."""
+    (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap. ``at_least``:
+    ``work`` is a lower bound (known before the data are), and the message says so."""
     if work > limit and not allow_large:
-        shown = f"{work:,}" if work < 1e12 else f"{work:.3g}"
+        shown = ("at least " if at_least else "") + (f"{work:,}" if work < 1e12 else f"{work:.3g}")
         raise ConfigError(field, f"plans {shown} {what}, over the limit of {limit:,}; lower it, "
                                  f"or set \"allow_large\": true in the run config to run it anyway")
     return work
@@ -394,7 +395,7 @@ class RunConfig:
         check_positive(self.epochs, "epochs")
         check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
         # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
-        check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large)
+        check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large, at_least=True)
         check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
         check_positive(self.clip_norm, "clip_norm")
         check_int(self.seed, "seed", 0, MAX_SEED)

@@ -15,7 +15,7 @@ from app_pages._look import md
 from engine.figures import export
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import JOB_KINDS, rerun_of
-from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
+from engine.jobs.runs import algorithms_label, dataset_name, dp_note, run_label, run_record
 from engine.jobs.estimates import format_seconds
 from engine.store.db import ACTIVE
 
@@ -65,7 +65,7 @@ if not runs:
     st.stop()
 df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
-    "algorithm": algorithm_label(r["algorithm"]), "dataset": dataset_name(r),
+    "algorithm": algorithms_label(r), "dataset": dataset_name(r),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": format_seconds(_duration(r)),
     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
     "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",

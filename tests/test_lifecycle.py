@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from in_process import cli_here
@@ -12,6 +11,7 @@ from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import JOB_KINDS, execute, job_kind, run_queued
 from engine.store.db import RunStore
+from engine.jobs.runs import algorithm_label
 from engine.store.lifecycle import Cancelled, store_lifecycle
 
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
@@ -163,3 +163,23 @@ def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
     assert run["status"] == "failed" and run["error"] == "kind: unknown job kind 'nope'; known: train, audit, one_run"
     shown = cli_here("show", rid, store=store.path)
     assert shown.returncode == 0 and "kind=nope" in shown.stdout and "failed" in shown.stdout
+
+
+def test_a_runs_algorithms_in_words_for_each_kind(store):
+    """The Runs page's algorithm column: a training run's algorithm, an audit's and a one-run audit's each (an
+    audit row read "run")."""
+    from engine.audit.config import DEFAULT_RUN, AuditConfig
+    from engine.audit.one_run_config import OneRunConfig
+    from engine.config.run import AlgorithmConfig
+    from engine.jobs.runs import algorithms_label
+
+    train = store.get_run(store.create_run(TINY.replace(**{"algorithm.name": "ino"})))
+    audit = AuditConfig(run=DEFAULT_RUN, algorithms=(AlgorithmConfig(name="dpsgd"),
+                                                     AlgorithmConfig(name="dpsgd_s", group_by="attribute")))
+    audit = store.get_run(store.create_run(audit.to_dict(), kind="audit"))
+    one_run = store.get_run(store.create_run(OneRunConfig().to_dict(), kind="one_run"))
+    assert algorithms_label(train) == "INO-SGD"
+    assert algorithms_label(audit) == "DP-SGD, DP-SGD-S"
+    assert algorithms_label(one_run) == ", ".join(
+        algorithm_label(a.name) for a in OneRunConfig().algorithms) and algorithms_label(one_run) != "run"
+    assert algorithms_label({"kind": "audit", "algorithm": None, "config": {"R": "x"}}) == "run"  # unreadable

@@ -126,6 +126,17 @@ def dp_note(run: dict) -> str:
     return _kind(run).no_dp_note(without_formal_dp(run) or ["?"], formal_dp_reason(run))
 
 
+def algorithms_label(run: dict) -> str:
+    """The algorithm(s) a row trains, in words: a training run's one ("INO-SGD"), an audit's each ("DP-SGD,
+    DP-SGD-S"), from its kind's config; the stored algorithm's label if the config cannot be read."""
+    cfg = run_config(run) if run.get("kind") not in (None, "train") else None
+    if cfg is not None:
+        labels = list(dict.fromkeys(algorithm_label(a.name) for a in _kind(run).algorithms(cfg)))
+        if labels:
+            return ", ".join(labels)
+    return algorithm_label(run.get("algorithm") or "")
+
+
 def run_config(run: dict):
     """The run's typed configuration (its kind's: a RunConfig, or an AuditConfig with flat configs of older stores
     migrated); None if the stored config cannot be read."""

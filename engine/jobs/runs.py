@@ -129,7 +129,7 @@ def dp_note(run: dict) -> str:
 def algorithms_label(run: dict) -> str:
     """The algorithm(s) a row trains, in words: a training run's one ("INO-SGD"), an audit's each ("DP-SGD,
     DP-SGD-S"), from its kind's config; the stored algorithm's label if the config cannot be read."""
-    cfg = run_config(run) if run.get("kind") not in (None, "train") else None
+    cfg = run_config(run)
     if cfg is not None:
         labels = list(dict.fromkeys(algorithm_label(a.name) for a in _kind(run).algorithms(cfg)))
         if labels:

@@ -55,7 +55,8 @@ def invariant_problems(listed: set[str], collected: dict[str, bool]) -> list[str
     modules = {name.split("::")[0] for name in collected}
     gone = sorted(t for t in listed if t.split("::")[0] in modules and t not in collected)
     out = sorted(t for t in listed if collected.get(t))
-    return ([f"gone: {', '.join(gone)}"] if gone else []) + ([f"marked slow or browser: {', '.join(out)}"] if out else [])
+    return (([f"gone: {', '.join(gone)}"] if gone else [])
+            + ([f"marked slow or browser: {', '.join(out)}"] if out else []))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups

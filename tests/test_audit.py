@@ -397,7 +397,8 @@ def test_a_foreground_audit_stopped_by_cancel_says_so_in_one_line_naming_it(tmp_
     store_path = tmp_path / "runs.sqlite"
     store = RunStore(store_path)
     cfg = tmp_path / "audit.json"
-    cfg.write_text(TINY.replace(R=400, looa_k=0, chunk_models=50, **{"run.epochs": 20.0, "run.batch_size": 16}).to_json())
+    long = TINY.replace(R=400, looa_k=0, chunk_models=50, **{"run.epochs": 20.0, "run.batch_size": 16})
+    cfg.write_text(long.to_json())
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store_path), "audit", str(cfg), "--json"],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

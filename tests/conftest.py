@@ -30,8 +30,9 @@ BROWSER_B = {"test_browser_preset.py", "test_browser_live.py", "test_browser_zoo
 
 
 def xdist_group(path: Path) -> str:
-    """The pytest-xdist group of a test module (README's command runs ``-n 3 --dist loadgroup``): the tests of one
-    group run on one worker, one after another, in file order. The Ray modules are one group (one Ray instance at a
+    """The pytest-xdist group of a test module, used under ``-n N --dist loadgroup`` (the README's fast subset runs
+    ``-n 2`` without it; the full suite runs in one process): the tests of one group run on one worker, one after
+    another, in file order. The Ray modules are one group (one Ray instance at a
     time on the machine); the browser modules two (at most two Streamlit servers with their workers and Chromiums at
     a time: four at once on 2 cores made every page several times slower); any other module is its own group, so
     its module-scoped fixtures are made once, as when the module runs alone."""

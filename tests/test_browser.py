@@ -112,16 +112,25 @@ def server(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("lab-browser")
     proc, url = start_lab(tmp, **({} if getattr(request.module, "TRAINS", True) else {"PRIVACY_LAB_PREWARM": "0"}))
     store = RunStore(tmp / "runs.sqlite")
+    try:
+        with reporting_runs(store):
+            yield url, store, tmp
+    finally:
+        stop_lab(proc, store)
 
-    def runs() -> str:  # what a timed-out wait reports: the runs of this server's store
-        return "runs: " + str([(r["id"], r["status"], r["step"], r["error"]) for r in store.list_runs()])
+
+@contextlib.contextmanager
+def reporting_runs(store: RunStore):
+    """Inside the block a timed-out wait (conftest.wait_until) also says the runs of ``store`` and their states."""
+    def runs() -> str:
+        rows = [(r["id"], r["algorithm"], r["status"], r["step"], r["error"]) for r in store.list_runs()]
+        return f"runs: {rows}"
 
     ON_TIMEOUT.append(runs)
     try:
-        yield url, store, tmp
+        yield
     finally:
         ON_TIMEOUT.remove(runs)
-        stop_lab(proc, store)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +141,6 @@ def browser():
         b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
         b.close()
-
 
 
 def wait_healthy(url: str, proc, log_path: Path, timeout: float = UI) -> None:

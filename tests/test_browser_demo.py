@@ -16,8 +16,8 @@ from engine.store.db import RunStore
 from engine.tools.demo import DEFAULT_TRAIN
 
 from conftest import wait_until
-from test_browser import (CHROMIUM, SHOTS_FOR_README, UI, UI_MS, browser, shot_path, start_lab,  # noqa: F401
-                          stop_lab)
+from test_browser import (CHROMIUM, SHOTS_FOR_README, UI, UI_MS, browser, reporting_runs, shot_path,  # noqa: F401
+                          start_lab, stop_lab)
 
 GAIN_WAIT = 900.0  # seconds from the click to INO's early lead on a loaded machine (about a minute when quiet)
 EARLY = 20  # "early": among the first evaluations (20 × 13 steps ≈ 2 of the 12 epochs)
@@ -60,7 +60,8 @@ def fresh_server(tmp_path_factory):
             os.environ["PRIVACY_LAB_WORKERS"] = saved
     store = RunStore(tmp / "runs.sqlite")
     try:
-        yield url, store, data_dir
+        with reporting_runs(store):  # a timed-out wait says the runs' states (algorithm, status, step)
+            yield url, store, data_dir
     finally:
         stop_lab(proc, store)
 

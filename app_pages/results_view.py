@@ -17,6 +17,7 @@ from app_pages import _widgets as widgets
 from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
 from engine.audit.report import as_report
 from engine.figures import export, frames
+from engine.figures.common_span import common_span
 from engine.figures import talk_frames as tf
 from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.scaffold import FigureSpec
@@ -69,7 +70,8 @@ store = handles.store()
 
 c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
 include_all = c2.toggle("Include unfinished", value=False, key="all", bind="query-params",
-                        help="Also cancelled / interrupted / running runs (their last evaluation counts)")
+                        help="Also cancelled / interrupted / running runs (the selection is then compared over the "
+                             "steps all of its runs reached)")
 candidates = [r for r in store.list_runs(kind="train") if include_all or r["status"] == "finished"]
 examples = not candidates
 if examples:
@@ -116,13 +118,19 @@ mid = build_figures(runs, theme=theme, names=["mid_curves"], mid_layout="overlay
 st.subheader("MID and the INO gain of the most private tier")
 tier = tf.most_private_tier(runs)
 gain = tf.gain_summary(runs)
+span = common_span(runs)  # every compared number below is over it (engine.figures.common_span)
+with st.container(key="span-note"):  # a note that comes and goes must not shift (remount) the widgets below
+    if span.words() is not None:
+        st.warning(md(f"Compared {span.words()}: every gain, recall AUC, final value and Pearson r on this page "
+                      "(and in its exports) is computed over that span."), icon=":material/straighten:")
 with st.container(key="headline"):
     m1, m2, m3 = st.columns(3)
     if gain is not None:
         se = f" ± {format_pp(gain['auc_se'], signed=False)} (s.e. over {gain['pairs']} paired seeds)" \
             if math.isfinite(gain["auc_se"]) else ""
+        over = f", {md(gain['span'])}" if gain["span"] else ""
         m1.metric(f"INO gain, {md(gain['tier'])} recall AUC", format_pp(gain["auc_gain"]),
-                  help=f"INO − IDP area under the {md(gain['tier'])} tier's recall curve{se}")
+                  help=f"INO − IDP area under the {md(gain['tier'])} tier's recall curve{se}{over}")
         if gain["peak_step"] is not None:
             m2.metric(f"Peak INO gain, {md(gain['tier'])} recall", format_pp(gain["peak_gain"]),
                       help=f"largest mean gain along training: step {gain['peak_step']} "

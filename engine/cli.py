@@ -35,7 +35,8 @@ from engine.config.schema import ConfigError, replace_dotted
 from engine.data import load_dataset
 from engine.dp import accounting
 from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
-from engine.figures.export import export_runs
+from engine.figures.common_span import common_span
+from engine.figures.export import export_runs, load_runs
 from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
 from engine.jobs.worker import run_worker
 from engine.jobs.manager import JobManager, new_group_id
@@ -342,10 +343,14 @@ def cmd_app(args) -> int:
 
 
 def cmd_export(args) -> int:
-    paths = export_runs(_store(args, readonly=True), args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
+    store = _store(args, readonly=True)
+    paths = export_runs(store, args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
                         width=args.width, height=args.height, scale=args.scale, theme=args.theme)
     for path in paths:
         print(path)
+    words = common_span(load_runs(store, args.run_ids)).words()
+    if words is not None:  # the comparisons were cut to the steps every run reached: say it where the user looks
+        print(f"note: the figures compare the runs {words}", file=sys.stderr)
     return 0
 
 

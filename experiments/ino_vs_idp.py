@@ -74,9 +74,11 @@ def check_pairs(configs, ref, variant, seed) -> dict:
 
 
 def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict, str]:
-    from engine.figures.frames import last_eval
+    from engine.figures.common_span import common_span
+    from engine.figures.frames import compared_eval
     from experiments import tiered
 
+    span = common_span(runs)  # what tiered.frames cuts the histories to (each run: the steps all of them reached)
     th, ch = tiered.frames(runs, refs)
     tiers = tiered.tier_order(th)
     eps = [float(th[th.tier == t]["epsilon"].iloc[0]) for t in tiers]
@@ -92,7 +94,7 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
     acc = {}
     for k in keys:
         finals = [r for r in runs if any(x.run_id == r["id"] and x.key == k for x in refs)]
-        acc[k] = mean_se([100.0 * last_eval(r).overall.accuracy for r in finals])
+        acc[k] = mean_se([100.0 * compared_eval(r, span).overall.accuracy for r in finals])
     per_epoch = {}
     for k in keys:
         rec, loss = tiered.tier_values(th, k, seeds, "recall"), tiered.tier_values(th, k, seeds, "loss")
@@ -131,7 +133,7 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
                          "class_gain": pearson[v]} for v in variants},
         "reference_accuracy": {"mean": acc[ref][0], "se": acc[ref][1], "n": acc[ref][2]},
         "per_epoch": per_epoch, "mid": mids, "evaluation_steps": points,
-        "steps": int(th["step"].max()), "planned_epochs": ref_config.epochs,
+        "steps": int(th["step"].max()), "compared_over": span.words(), "planned_epochs": ref_config.epochs,
         "trained_epochs": ref_config.train_epochs or ref_config.epochs, "steps_rule": ref_config.steps_rule,
     }
     return result, markdown(result, keys, labels, variants, points)
@@ -140,7 +142,8 @@ def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict,
 def markdown(r: dict, keys, labels, variants, points) -> str:
     tiers = r["tiers"]
     n = r["n_seeds"]
-    lines = [f"Recall gain INO − IDP per tier (pp, mean ± s.e. over n = {n} paired seeds)", "",
+    over = [f"Compared {r['compared_over']}.", ""] if r.get("compared_over") else []
+    lines = over + [f"Recall gain INO − IDP per tier (pp, mean ± s.e. over n = {n} paired seeds)", "",
              "| variant | point | " + " | ".join(tiers) + " |", "|---|---|" + "---|" * len(tiers)]
     for v in variants:
         for p, g in r["variants"][v]["gains"].items():

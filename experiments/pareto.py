@@ -88,16 +88,18 @@ def run_experiment(args) -> tuple[dict, str]:
 def analyse(runs, refs, grid, seeds, epochs) -> dict:
     import numpy as np
 
-    from engine.figures.frames import last_eval
+    from engine.figures.common_span import common_span
+    from engine.figures.frames import compared_eval
     from experiments import tiered
 
+    span = common_span(runs)  # what tiered.frames cuts the histories to
     th, _ = tiered.frames(runs, refs)
     tiers = tiered.tier_order(th)  # most private first
     points = tiered.epoch_steps(th, epochs)
     acc = {}
     for run in runs:
         ref = next(r for r in refs if r.run_id == run["id"])
-        acc.setdefault(ref.key, []).append(100.0 * last_eval(run).overall.accuracy)
+        acc.setdefault(ref.key, []).append(100.0 * compared_eval(run, span).overall.accuracy)
     def per_seed(key):
         gap = {p: [] for p in ("final", "epoch1")}
         for s in seeds:
@@ -121,11 +123,13 @@ def analyse(runs, refs, grid, seeds, epochs) -> dict:
             row[name], row[f"{name}_se"], _ = mean_se(v)
             row[f"{name}_change"], row[f"{name}_change_se"], _ = mean_se(v - ref)
         rows.append(row)
-    return {"tiers": tiers, "seeds": list(seeds), "n_seeds": len(seeds), "settings": rows}
+    return {"tiers": tiers, "seeds": list(seeds), "n_seeds": len(seeds), "settings": rows,
+            "compared_over": span.words()}
 
 
 def markdown(r: dict) -> str:
-    lines = [f"Pareto sweep (mean ± s.e. over n = {r['n_seeds']} seeds; imbalance = recall {r['tiers'][-1]} − "
+    over = [f"Compared {r['compared_over']}.", ""] if r.get("compared_over") else []
+    lines = over + [f"Pareto sweep (mean ± s.e. over n = {r['n_seeds']} seeds; imbalance = recall {r['tiers'][-1]} − "
              f"{r['tiers'][0]} in pp; AUC: {r['tiers'][0]} recall AUC in %)", "",
              "| setting | γ (tail_fraction) | β | accuracy (%) | imbalance (end) | imbalance (epoch 1) | AUC most private |"
              " paired change vs IDP: imbalance (end) | imbalance (epoch 1) | AUC |",

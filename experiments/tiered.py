@@ -24,12 +24,16 @@ class RunRef:
 
 
 def frames(runs: list[dict], refs: list[RunRef]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(tier history, class history) of ``runs`` with ``key`` and ``seed`` columns."""
+    """(tier history, class history) of ``runs`` with ``key`` and ``seed`` columns, over the steps every run
+    reached (the lab's one rule for comparing runs, :func:`engine.figures.common_span.common_span`: a run reused
+    from an interrupted job is not compared over more steps than it trained)."""
+    from engine.figures.common_span import common_span
     from engine.figures.frames import class_history, tier_history
 
     key = {r.run_id: r.key for r in refs}
     seed = {r.run_id: r.seed for r in refs}
-    th, ch = tier_history(runs), class_history(runs)
+    span = common_span(runs)
+    th, ch = span.keep(tier_history(runs)), span.keep(class_history(runs))
     for f in (th, ch):
         f["key"] = f["run_id"].map(key)
         f["seed"] = f["run_id"].map(seed)

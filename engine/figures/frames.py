@@ -1,10 +1,11 @@
 """Tidy frames of training runs: run records in, one :class:`pandas.DataFrame` per question out.
 
-Histories (``tier_history``, ``class_history``, ``overall_history``, ``mid_spans``) work on partial
-runs too; comparisons (``owner_recall``, ``pearson_by_run``, ``recall_gain_by_class``,
-``recall_gain_over_time``, ``recall_auc_table``, ``final_table``, ``fairness_table``, ``mid_summary``)
-use each run's last evaluation. Frames hold raw text (run and tier names as the user wrote them); the
-figure builders in :mod:`engine.figures.training` escape it. Nothing here reads the store or plots.
+Histories (``tier_history``, ``class_history``, ``overall_history``, ``mid_spans``) show each run as far
+as it went; comparisons (``owner_recall``, ``pearson_by_run``, ``recall_gain_by_class``, ``recall_auc_table``,
+``final_table``, ``fairness_table``, ``mid_summary``) read every run over the span all compared runs reached
+(:func:`engine.figures.common_span.common_span`: a cancelled run beside a finished one is compared over the
+steps both reached), and ``recall_gain_over_time`` only where both runs of a pair have got to. Frames hold raw
+text (run and tier names as the user wrote them); the figure builders in :mod:`engine.figures.training` escape it. Nothing here reads the store or plots.
 
 A run record's ``evals`` are the store's dicts (or :class:`engine.train.records.EvalRecord`); they are read as
 records (:func:`run_evals`). ``memo`` (a dict kept by a live view between refreshes, or by one figure build):
@@ -17,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from engine.figures.common_span import Span, common_span
 from engine.jobs.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
                               series_label)
 from engine.models.metrics import mid_markers, recall_auc
@@ -279,17 +281,28 @@ def mid_spans(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=MID_COLUMNS)
 
 
-# --- data: comparisons (finished or partial runs; the last evaluation counts) -----------------------
+# --- data: comparisons (finished or partial runs, over the span all of them reached) ------------------
 
 OWNER_COLUMNS = ID_COLUMNS + ["owner", "owner_kind", "tier", "epsilon", "recall"]
 
 
-def owner_recall(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
-    """Final recall per data owner: per class when tiers are assigned by class, else per tier."""
+def compared_eval(run: dict, span: Span, memo: dict | None = None) -> EvalRecord | None:
+    """The run's last evaluation within the compared ``span`` (:func:`engine.figures.common_span.common_span`
+    of the runs compared with it); None before the first."""
+    limit = span.limit(run["id"])
+    if limit is None:
+        return last_eval(run, memo)
+    return span.last(run_evals(run, memo), run["id"])
+
+
+def owner_recall(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
+    """Recall per data owner at each run's last compared evaluation (``span``: default the runs' common span):
+    per class when tiers are assigned by class, else per tier."""
     rows = []
     labels = series_labels(runs)
+    span = common_span(runs) if span is None else span
     for run in runs:
-        last = last_eval(run, memo)
+        last = compared_eval(run, span, memo)
         if last is None:
             continue
         ident = _ident(run, labels)
@@ -359,9 +372,10 @@ PAIR_COLUMNS = ["pair", "ino_run_id", "idp_run_id", "seed", "seed_index", "serie
 GAIN_CLASS_COLUMNS = PAIR_COLUMNS + ["owner", "tier", "epsilon", "ino_recall", "idp_recall", "gain"]
 
 
-def recall_gain_by_class(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
-    """Per-owner final recall gain INO − IDP (owner = class for class tiers, else tier); one row per seed pair."""
-    owners = owner_recall(runs, memo)
+def recall_gain_by_class(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
+    """Per-owner recall gain INO − IDP at the end of the runs' common span (their final recall when every run
+    finished; owner = class for class tiers, else tier); one row per seed pair."""
+    owners = owner_recall(runs, memo, span)
     labels = series_labels(runs)
     rows = []
     for ino, idp in pair_runs(runs):
@@ -411,11 +425,13 @@ def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, me
     return pd.concat(parts, ignore_index=True)[GAIN_TIME_COLUMNS]
 
 
-def recall_auc_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+def recall_auc_table(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
     """Area under each tier's recall-vs-progress curve, normalised to [0, 1]: the summary's own
-    :func:`engine.models.metrics.recall_auc` over the evaluations so far (a run with only its initial
-    evaluation: that recall)."""
-    hist = tier_history(runs, memo)
+    :func:`engine.models.metrics.recall_auc` over the evaluations within the compared ``span`` (default: the
+    runs' common span; a run with only its initial evaluation: that recall); ``final_recall`` is the recall at
+    the span's end."""
+    span = common_span(runs) if span is None else span
+    hist = span.keep(tier_history(runs, memo))
     rows = []
     for key, g in hist.groupby(ID_COLUMNS + ["tier"], sort=False):
         g = g.sort_values("step")
@@ -428,11 +444,13 @@ def recall_auc_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame
 FINAL_COLUMNS = ID_COLUMNS + ["status", "steps", "loss", "accuracy", "balanced_accuracy", "dp"]
 
 
-def final_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+def final_table(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
+    """Overall loss and accuracy per run at its last compared evaluation (``span``: default the common span)."""
     rows = []
     labels = series_labels(runs)
+    span = common_span(runs) if span is None else span
     for run in runs:
-        last = last_eval(run, memo)
+        last = compared_eval(run, span, memo)
         if last is None:
             continue
         o = last.overall
@@ -442,11 +460,13 @@ def final_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FINAL_COLUMNS)
 
 
-def fairness_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
+def fairness_table(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
+    """Outcome-fairness metrics per run at its last compared evaluation (``span``: default the common span)."""
     rows = []
     labels = series_labels(runs)
+    span = common_span(runs) if span is None else span
     for run in runs:
-        last = last_eval(run, memo)
+        last = compared_eval(run, span, memo)
         fair = last.fairness.to_dict() if last is not None and last.fairness is not None else None
         if not fair:
             continue
@@ -455,10 +475,11 @@ def fairness_table(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=ID_COLUMNS + ["metric", "value"])
 
 
-def mid_summary(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
-    """The MID table: per run and tier, onset/end/peak, final recall and recall AUC."""
+def mid_summary(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
+    """The MID table: per run and tier, onset/end/peak (over the run's whole history), final recall and recall
+    AUC (over the compared ``span``, default the runs' common span: see :func:`recall_auc_table`)."""
     spans = mid_spans(runs, memo)
-    auc = recall_auc_table(runs, memo)
+    auc = recall_auc_table(runs, memo, span)
     if spans.empty:
         return pd.DataFrame(columns=["run", "seed", "series", "tier", "ε", "MID", "onset step", "end step", "peak step",
                                      "peak loss increase", "final recall", "recall AUC", "DP"])

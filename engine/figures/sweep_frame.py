@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from engine.figures import frames as fr
+from engine.figures.common_span import Span, common_span
 from engine.models.metrics import recall_auc
 
 SWEEP_PARAMS = {"alpha": "algorithm.alpha", "beta": "algorithm.beta", "tail_fraction": "algorithm.tail_fraction"}
@@ -62,9 +63,10 @@ SWEEP_COLUMNS = ["x_param", "y_param", "x", "y", "run_id", "tier", "epsilon", "m
                  "status"]
 
 
-def _value(run: dict, tier: str, metric: str, epoch: float | None) -> float:
-    """The tier's recall AUC (normalised, 0..1) or its recall at ``epoch`` (nearest evaluation at or before)."""
-    hist = fr.tier_history([run])
+def _value(run: dict, tier: str, metric: str, epoch: float | None, span: Span) -> float:
+    """The tier's recall AUC (normalised, 0..1) or its recall at ``epoch`` (nearest evaluation at or before),
+    within the compared ``span`` (the cell's and its reference's common span)."""
+    hist = span.keep(fr.tier_history([run]))
     g = hist[hist.tier == tier].sort_values("step")
     if g.empty:
         return float("nan")
@@ -95,10 +97,10 @@ def sweep_frame(runs: list[dict], *, x_param: str | None = None, y_param: str | 
     if not tiers:
         return pd.DataFrame(columns=SWEEP_COLUMNS)
     most = min(tiers, key=lambda t: t.epsilon or math.inf)
-    idp = _value(ref, most.name, metric, epoch)
     rows = []
     for r in sorted(cells, key=lambda r: r["id"]):
-        ino = _value(r, most.name, metric, epoch)
+        span = common_span([r, ref])  # each cell against the reference over the steps both reached
+        ino, idp = _value(r, most.name, metric, epoch, span), _value(ref, most.name, metric, epoch, span)
         rows.append({"x_param": x_param, "y_param": y_param, "x": param_value(r, x_param), "y": param_value(r, y_param),
                      "run_id": r["id"], "tier": most.name, "epsilon": most.epsilon, "metric": metric,
                      "ino": ino, "idp": idp, "gain": 100.0 * (ino - idp), "status": r.get("status", "")})

@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 
 from engine.figures import talk_frames as tf
 from engine.figures.bands import seed_mean
+from engine.figures.common_span import common_span, span_title
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
                                      fig_table, group_color, tier_color)
 from engine.figures.sweep_frame import PARAM_LABELS, sweep_frame
@@ -52,14 +53,15 @@ def _err(se) -> dict:
 
 
 def fig_privacy_frontier(frame: pd.DataFrame, *, theme: str = "light", value: str = "recall",
-                         title: str | None = None) -> go.Figure:
-    """Mean final recall (``value="recall"``) or recall AUC (``"recall_auc"``) per tier vs its ε."""
+                         title: str | None = None, span=None) -> go.Figure:
+    """Mean final recall (``value="recall"``) or recall AUC (``"recall_auc"``) per tier vs its ε; ``span``: the
+    runs' common span (:mod:`engine.figures.common_span`), named in the title when it cuts a run."""
     se_col = "recall_se" if value == "recall" else "auc_se"
     what = "final recall" if value == "recall" else "recall AUC"
     if frame.empty:
         return empty_figure(title or f"Per-tier {what} vs ε", theme, "no evaluations in the selection")
     bars = "seeds" if (frame["error_bars"] == "seeds").any() else "runs"
-    title = title or f"Privacy–utility frontier: per-tier {what} vs ε (mean ± s.e. over {bars})"
+    title = span_title(title or f"Privacy–utility frontier: per-tier {what} vs ε (mean ± s.e. over {bars})", span)
     df = escape_columns(frame, "series", "tier")
     colors = _series_colors(df)
     fig = base_figure(title, theme)
@@ -263,14 +265,16 @@ def build_talk_figures(runs: list[dict], *, theme: str = "light", names=None, au
     """The talk figures of a selection of run records (``names`` restricts and orders them); ``audit``: an
     audit report (or its results dict) for ``audit_tiers`` and the table's Δ column."""
     names = list(names) if names is not None else list(TALK_FIGURES)
+    span = common_span(runs)  # the frontier and the table compare the runs over it (and say so when it cuts one)
     out = []
     for name in names:
         if name == "privacy_frontier":
             f = tf.frontier_frame(runs)
-            spec = FigureSpec(name, TITLES[name], fig_privacy_frontier(f, theme=theme), f)
+            fig = fig_privacy_frontier(f, theme=theme, span=span)
+            spec = FigureSpec(name, TITLES[name], fig, f)
         elif name == "results_table":
             t = tf.results_table(runs, audit)
-            spec = FigureSpec(name, TITLES[name], fig_results_table(t, theme=theme), t)
+            spec = FigureSpec(name, TITLES[name], fig_results_table(t, theme=theme, title=span_title("Results", span)), t)
         elif name == "ino_internals":
             f = tf.ino_internals_frame(runs)
             has_ino = any(r.get("algorithm") == "ino" for r in runs)

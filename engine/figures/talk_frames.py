@@ -17,6 +17,7 @@ import pandas as pd
 from engine.audit.report import as_report
 from engine.figures import frames as fr
 from engine.figures.bands import mean_se
+from engine.figures.common_span import common_span
 from engine.jobs.runs import algorithm_label, run_label, seed_index, series_key
 from engine.train.records import PlanRecord
 
@@ -84,10 +85,11 @@ PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_inde
                   "gain_final", "gain_auc"]
 
 
-def paired_gains(runs: list[dict]) -> pd.DataFrame:
+def paired_gains(runs: list[dict], span=None) -> pd.DataFrame:
     """Per INO-SGD run and tier: final-recall and recall-AUC gain over its IDP-SGD run, paired by seed
-    (:func:`engine.figures.frames.pair_runs`), in percentage points; ``series`` is INO's series label."""
-    auc = fr.recall_auc_table(runs).set_index(["run_id", "tier"])
+    (:func:`engine.figures.frames.pair_runs`), in percentage points, over the runs' common ``span`` (default:
+    :func:`engine.figures.common_span.common_span` of ``runs``); ``series`` is INO's series label."""
+    auc = fr.recall_auc_table(runs, span=span).set_index(["run_id", "tier"])
     labels = fr.series_labels(runs)
     rows = []
     for ino, idp in fr.pair_runs(runs):
@@ -108,16 +110,19 @@ def paired_gains(runs: list[dict]) -> pd.DataFrame:
 def gain_summary(runs: list[dict]) -> dict | None:
     """The most private tier's INO − IDP gain of one INO-SGD series (the first one's, when the selection
     holds several, e.g. a sweep): recall AUC gain (pp) ± s.e. over its paired seeds, and the peak of the
-    mean gain along training (pp, at which progress / step). None without a pair."""
+    mean gain along training (pp, at which progress / step), all over the runs' common span (``span``: its
+    words when it cuts a run, else None). None without a pair."""
     tier = most_private_tier(runs)
-    pg = paired_gains(runs)
+    span = common_span(runs)
+    pg = paired_gains(runs, span)
     if tier is None or pg.empty:
         return None
     p = pg[pg.tier == tier[0]]
     if p.empty:
         return None
     p = p[p.series_key == p.sort_values("ino_run_id")["series_key"].iloc[0]]
-    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "auc_gain": _mean(p["gain_auc"]),
+    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "span": span.words(),
+           "auc_gain": _mean(p["gain_auc"]),
            "auc_se": _se(p["gain_auc"]), "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
            "peak_gain": float("nan"), "peak_step": None, "peak_progress": None}
     t = fr.recall_gain_over_time(runs)
@@ -288,14 +293,17 @@ def _pm(mean: float, se: float, digits: int = 1, signed: bool = False) -> str | 
 
 def results_table(runs: list[dict], report=None) -> pd.DataFrame:
     """One row per algorithm (series): runs (seeds), overall accuracy, the most private tier's final recall
-    and recall AUC, its gain vs IDP-SGD (pp, ± s.e. over paired seeds) and the audit's Δ (pp) if audited."""
-    final = fr.final_table(runs)
+    and recall AUC, its gain vs IDP-SGD (pp, ± s.e. over paired seeds) and the audit's Δ (pp) if audited; all
+    over the runs' common span (:func:`engine.figures.common_span.common_span`: the figure says so when it cuts
+    a run)."""
+    span = common_span(runs)
+    final = fr.final_table(runs, span=span)
     tier = most_private_tier(runs)
     if final.empty or tier is None:
         return pd.DataFrame(columns=["algorithm", "runs", "accuracy (%)"])
-    auc = fr.recall_auc_table(runs)
+    auc = fr.recall_auc_table(runs, span=span)
     auc = auc[auc.tier == tier[0]].set_index("run_id")
-    gains = paired_gains(runs)
+    gains = paired_gains(runs, span)
     gains = gains[gains.tier == tier[0]]
     deltas = {}
     if report is not None:

@@ -18,6 +18,7 @@ from engine.figures import frames as fr
 from engine.figures import headline as hd
 from engine.figures import talk
 from engine.figures import talk_frames as tf
+from engine.figures.common_span import common_span, span_title
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
                                      escape_columns, fig_table, render, run_colors)
 from engine.jobs.runs import dp_note, run_label
@@ -45,6 +46,12 @@ def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
 
 
 # --- live training: the curves (plans in engine.figures.curves) -----------------------------------------
+
+GAIN_CLASS_TITLE = "Recall gain INO − IDP per owner vs ε"
+RECALL_AUC_TITLE = "Area under each tier's recall curve"
+OVERALL_TITLE = "Overall test loss and accuracy"
+FAIRNESS_TITLE = "Outcome fairness (lower is fairer)"
+
 
 def fig_mid_curves(hist: pd.DataFrame, *, theme: str = "light", layout: str = "facet", x_axis: str = "step",
                    smoothing: float = 0.0, bands: bool = True, title: str | None = None) -> go.Figure:
@@ -107,12 +114,12 @@ def fig_recall_vs_budget(owners: pd.DataFrame, stats: pd.DataFrame, *, theme: st
                                      line=dict(color=colors.get(run_id), dash="dot", width=1.5)))
     kind = owners["owner_kind"].iloc[0]
     fig.update_xaxes(title_text=f"privacy budget ε of the {kind}'s tier")
-    fig.update_yaxes(title_text=f"final recall per {kind}", range=[-0.02, 1.05])
+    fig.update_yaxes(title_text=f"recall per {kind}", range=[-0.02, 1.05])
     return fig
 
 
 def fig_recall_gain_by_class(gain: pd.DataFrame, *, theme: str = "light",
-                             title: str = "Recall gain INO − IDP per owner vs ε") -> go.Figure:
+                             title: str = GAIN_CLASS_TITLE) -> go.Figure:
     if gain.empty:
         return empty_figure(title, theme, "select an INO-SGD run and the IDP-SGD run it builds on")
     fig = base_figure(title, theme)
@@ -150,7 +157,7 @@ def fig_gain_spread(spread: pd.DataFrame, *, theme: str = "light",
 
 
 def fig_recall_auc(auc: pd.DataFrame, *, theme: str = "light", run_colors: dict | None = None,
-                   title: str = "Area under each tier's recall curve") -> go.Figure:
+                   title: str = RECALL_AUC_TITLE) -> go.Figure:
     if auc.empty:
         return empty_figure(title, theme, "no evaluations yet")
     colors = run_colors or colors_from_frame(auc)
@@ -167,7 +174,7 @@ def fig_recall_auc(auc: pd.DataFrame, *, theme: str = "light", run_colors: dict 
 
 
 def fig_overall_bars(final: pd.DataFrame, *, theme: str = "light", run_colors: dict | None = None,
-                     title: str = "Overall test loss and accuracy") -> go.Figure:
+                     title: str = OVERALL_TITLE) -> go.Figure:
     if final.empty:
         return empty_figure(title, theme, "no evaluations yet")
     colors = run_colors or colors_from_frame(final)
@@ -184,7 +191,7 @@ def fig_overall_bars(final: pd.DataFrame, *, theme: str = "light", run_colors: d
 
 
 def fig_fairness_bars(fair: pd.DataFrame, *, theme: str = "light", run_colors: dict | None = None,
-                      title: str = "Outcome fairness (lower is fairer)") -> go.Figure:
+                      title: str = FAIRNESS_TITLE) -> go.Figure:
     if fair.empty:
         return empty_figure(title, theme, "fairness metrics exist for binary tabular datasets with a sensitive attribute")
     colors = run_colors or colors_from_frame(fair)
@@ -277,20 +284,23 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
     curves = curve_parts(runs, names, mid_layout=mid_layout, x_axis=x_axis, smoothing=smoothing, bands=bands,
                          memo=memo)
     colors = run_colors(runs)
+    span = common_span(runs)  # what every comparison below is computed over (and says, when it cuts a run)
     out: list[FigureSpec] = []
     for name in names:
         if name in curves:
             plan, data = curves[name]
             spec = FigureSpec(name, CURVE_TITLES[name], render(plan, theme), data)
         elif name == "recall_vs_budget":
-            owners = fr.owner_recall(runs, memo)
+            owners = fr.owner_recall(runs, memo, span)
             stats = fr.pearson_by_run(owners)
-            fig = fig_recall_vs_budget(owners, stats, theme=theme, run_colors=colors)
+            fig = fig_recall_vs_budget(owners, stats, theme=theme, run_colors=colors,
+                                       title=span_title("Per-owner recall vs privacy budget", span))
             data = owners.merge(stats[["run_id", "r", "p"]], on="run_id", how="left")
             spec = FigureSpec(name, "Recall vs budget", fig, data)
         elif name == "recall_gain_class":
-            g = fr.recall_gain_by_class(runs, memo)
-            spec = FigureSpec(name, "Recall gain per owner", fig_recall_gain_by_class(g, theme=theme), g)
+            g = fr.recall_gain_by_class(runs, memo, span)
+            fig = fig_recall_gain_by_class(g, theme=theme, title=span_title(GAIN_CLASS_TITLE, span))
+            spec = FigureSpec(name, "Recall gain per owner", fig, g)
         elif name == "group_clip":  # the talk figure, built on the live view's memo
             f = tf.group_clip_frame(runs, memo)
             spec = FigureSpec(name, talk.TITLES[name], talk.fig_group_clip(f, theme=theme), f)
@@ -298,17 +308,20 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
             t = bd.recall_gain_spread(fr.recall_gain_over_time(runs, memo=memo))
             spec = FigureSpec(name, "Gain beyond seed spread", fig_gain_spread(t, theme=theme), t)
         elif name == "recall_auc":
-            a = fr.recall_auc_table(runs, memo)
-            spec = FigureSpec(name, "Recall AUC", fig_recall_auc(a, theme=theme, run_colors=colors), a)
+            a = fr.recall_auc_table(runs, memo, span)
+            fig = fig_recall_auc(a, theme=theme, run_colors=colors, title=span_title(RECALL_AUC_TITLE, span))
+            spec = FigureSpec(name, "Recall AUC", fig, a)
         elif name == "overall_bars":
-            f = fr.final_table(runs, memo)
-            spec = FigureSpec(name, "Loss and accuracy", fig_overall_bars(f, theme=theme, run_colors=colors), f)
+            f = fr.final_table(runs, memo, span)
+            fig = fig_overall_bars(f, theme=theme, run_colors=colors, title=span_title(OVERALL_TITLE, span))
+            spec = FigureSpec(name, "Loss and accuracy", fig, f)
         elif name == "fairness_bars":
-            f = fr.fairness_table(runs, memo)
-            spec = FigureSpec(name, "Fairness", fig_fairness_bars(f, theme=theme, run_colors=colors), f)
+            f = fr.fairness_table(runs, memo, span)
+            fig = fig_fairness_bars(f, theme=theme, run_colors=colors, title=span_title(FAIRNESS_TITLE, span))
+            spec = FigureSpec(name, "Fairness", fig, f)
         else:  # mid_summary
-            t = fr.mid_summary(runs, memo)
-            spec = FigureSpec(name, "MID summary", fig_table(t, theme=theme), t)
+            t = fr.mid_summary(runs, memo, span)
+            spec = FigureSpec(name, "MID summary", fig_table(t, theme=theme, title=span_title("MID summary", span)), t)
         if skip_empty and spec.data.empty:
             continue
         out.append(spec)

@@ -12,14 +12,15 @@ import streamlit as st
 
 from app_pages._look import md
 from engine.jobs.estimates import SmoothEta, eta_seconds, format_seconds
-from engine.jobs.runs import dp_note, run_label
-from engine.store.db import ACTIVE
+from engine.jobs.runs import diverged_note, dp_note, run_label
+from engine.store.db import ACTIVE, ENDED
 
 LIVE_INTERVAL = 0.5  # seconds between live refreshes while runs are active (≥ 1 update/s)
-STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "failed": "red",
+STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "diverged": "red", "failed": "red",
                  "cancelled": "orange", "interrupted": "violet"}
 STATUS_ICONS = {"queued": ":material/schedule:", "running": ":material/play_arrow:", "finished": ":material/check:",
-                "failed": ":material/error:", "cancelled": ":material/stop:", "interrupted": ":material/bolt:"}
+                "diverged": ":material/trending_up:", "failed": ":material/error:", "cancelled": ":material/stop:",
+                "interrupted": ":material/bolt:"}
 USER_STOPS = ("by the user", "before it started", "terminated by signal")  # engine.jobs.manager.JobManager.cancel, engine.train.loop
 
 
@@ -41,6 +42,8 @@ def state_words(run: dict) -> str:
         return "interrupted (worker stopped)"
     if status == "failed":
         return "failed (see the message)"
+    if status == "diverged":
+        return "diverged (see the note)"
     return status
 
 
@@ -60,7 +63,7 @@ def progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float 
         text = f"{label} — step {step}/{total}" + (f" · about {format_seconds(left)} left" if left is not None else "")
     else:
         took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
-        step = total if run["status"] == "finished" and total else step
+        step = total if run["status"] == "finished" and total else step  # (a diverged run may stop early)
         text = f"{label} — step {step}/{total or '?'}" + (f" · took {format_seconds(took)}" if took is not None else "")
     note = dp_note(run)
     return text + (f" · ⚠ {note}" if note else "")
@@ -90,7 +93,7 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
     """
     c1, c2, c3 = st.columns([6, 1.3, 1.2], vertical_alignment="center")
     total, step = run["total_steps"] or 0, run["step"] or 0
-    done = run["status"] == "finished"  # (the row's step may lag its last batch of step metrics)
+    done = run["status"] in ENDED  # (the row's step may lag its last batch of step metrics)
     c1.progress(1.0 if done else min(1.0, step / total) if total else 0.0, text=md(text))
     with c2:
         status_badge(run["status"], state_words(run))
@@ -105,3 +108,5 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
             st.rerun()
     if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
         c1.caption(md(f"{state_words(run)}: {run['error']}"))
+    elif diverged_note(run):
+        c1.caption(md(f"⚠ {diverged_note(run)}"))

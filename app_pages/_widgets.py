@@ -195,6 +195,19 @@ class FieldSlots:
         self.reasons.append(who)
         return True
 
+    def warn(self, advisory: ConfigError) -> bool:
+        """An advisory (``RunConfig.advisories``: valid, but far from what trains) as a warning in its field's
+        slot, in the user's terms; it does not disable Launch (not in ``reasons``). False when no widget owns
+        the field."""
+        hit = self.owner(getattr(advisory, "field", "") or "")
+        if hit is None:
+            return False
+        slot, label, row = hit
+        who, message = self.explain(advisory, label)
+        target = row if row is not None and len(message) > self.NARROW else slot
+        target.warning(f"**{md(who)}**: {md(message)}", icon=":material/warning:")
+        return True
+
 
 def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float,
                     slots: FieldSlots | None = None) -> dict:

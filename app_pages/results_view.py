@@ -23,7 +23,7 @@ from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.scaffold import FigureSpec
 from engine.figures.talk import build_talk_figures, fig_results_table
 from engine.figures.training import LIVE_FIGURES, RESULT_FIGURES, build_figures
-from engine.jobs.runs import algorithm_label, dataset_name, dp_note, run_label, run_record
+from engine.jobs.runs import algorithm_label, dataset_name, diverged_note, dp_note, run_label, run_record
 
 
 PEARSON_COLUMNS = {
@@ -70,9 +70,11 @@ store = handles.store()
 
 c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
 include_all = c2.toggle("Include unfinished", value=False, key="all", bind="query-params",
-                        help="Also cancelled / interrupted / running runs (the selection is then compared over the "
-                             "steps all of its runs reached)")
-candidates = [r for r in store.list_runs(kind="train") if include_all or r["status"] == "finished"]
+                        help="Also diverged, cancelled, interrupted and running runs (the selection is then compared "
+                             "over the steps all of its runs reached)")
+trained = store.list_runs(kind="train")
+candidates = [r for r in trained if include_all or r["status"] == "finished"]
+left_out = [r for r in trained if r["status"] == "diverged"] if not include_all else []
 examples = not candidates
 if examples:
     runs = charts.example_runs()
@@ -104,7 +106,13 @@ if not runs:
     st.warning("The selected runs have no evaluations yet.")
     st.stop()
 with st.container():  # a variable number of notes must not shift (remount) the widgets below
+    if left_out:
+        them = "it" if len(left_out) == 1 else "them"
+        st.caption(md(f"Left out: {', '.join(run_label(r) for r in left_out)} diverged (a tier's loss went non-finite "
+                      f"or stayed far above its start); turn on **Include unfinished** to choose {them}."))
     for r in runs:
+        if diverged_note(r):
+            st.warning(md(f"{run_label(r)} {diverged_note(r)}"), icon=":material/trending_up:")
         if dp_note(r):
             st.caption(md(f"⚠ {run_label(r)}: {dp_note(r)}"))
 

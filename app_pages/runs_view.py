@@ -15,9 +15,9 @@ from app_pages._look import md
 from engine.figures import export
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import JOB_KINDS, rerun_of
-from engine.jobs.runs import algorithms_label, dataset_name, dp_note, run_label, run_record
+from engine.jobs.runs import algorithms_label, dataset_name, diverged_note, dp_note, run_label, run_record
 from engine.jobs.estimates import format_seconds
-from engine.store.db import ACTIVE
+from engine.store.db import ACTIVE, STATUSES
 
 st.title("Runs")
 url = widgets.UrlParams()
@@ -25,7 +25,7 @@ mgr = handles.manager()
 store = mgr.store
 
 c1, c2, c3 = st.columns([2, 2, 1], vertical_alignment="bottom")
-status_filter = c1.multiselect("Status", ["queued", "running", "finished", "failed", "cancelled", "interrupted"],
+status_filter = c1.multiselect("Status", list(STATUSES),
                                key="status", bind="query-params", placeholder="all")
 kind_filter = c2.segmented_control("Kind", list(JOB_KINDS), key="kind", bind="query-params",
                                    selection_mode="single", format_func=lambda k: k.replace("_", "-"))
@@ -101,6 +101,8 @@ for r in selected:
     with st.expander(md(f"{run_label(r)} — {r['status']}"), expanded=len(selected) == 1):
         if r["error"]:
             st.caption(md(f"{r['status']}: {r['error']}"))
+        if diverged_note(r):
+            st.warning(md(diverged_note(r)), icon=":material/trending_up:")
         if dp_note(r):
             st.warning(md(dp_note(r)))
         config_text = json.dumps(r["config"], indent=2, sort_keys=True)

@@ -222,6 +222,9 @@ with st.container():
                 batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
                 seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
             base_cfg.validate()
+            for advice in base_cfg.advisories():  # valid but far from what trains: a warning by the field
+                if not slots.warn(advice):
+                    st.warning(md(str(advice)), icon=":material/warning:")
             configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
         except ConfigError as e:
             errors.append(str(e))

@@ -38,6 +38,7 @@ from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
 from engine.figures.common_span import common_span
 from engine.figures.export import export_runs, load_runs
 from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
+from engine.jobs.runs import diverged_note
 from engine.jobs.worker import run_worker
 from engine.jobs.manager import JobManager, new_group_id
 from engine.store.db import ACTIVE, RunStore, resolve_store_path
@@ -60,6 +61,7 @@ def cmd_run(args) -> int:
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
     config = apply_overrides(config, args.overrides)
+    _print_advisories(config)
     _print_data_report(config)
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
@@ -67,7 +69,7 @@ def cmd_run(args) -> int:
 
     execute(store, ids[0], config.job_config(), kind="train", progress=not args.json)
     _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)}: {config.label} on "
-                                                      f"{config.data.name} — {run['status']}")
+                                                      f"{config.data.name} — {_ended(run)}")
     return 0
 
 
@@ -87,11 +89,22 @@ def _print_job(store, ids, args, header, *, extra=None, table=tier_table) -> Non
             print(table(run["summary"]))
 
 
+def _ended(run: dict) -> str:
+    """How a run ended, in the lab's words: its status, or the diverged run's sentence."""
+    return diverged_note(run) or run["status"]
+
+
 def _seed_note(run: dict) -> str:
     """' (seed S, j+1 of k in job #L)' for a row of a k-seed job, else ''."""
     if (run.get("seeds") or 1) <= 1:
         return ""
     return f" (seed {run['seed']}, {run['seed_index'] + 1} of {run['seeds']} in job #{run['job_id']})"
+
+
+def _print_advisories(config: RunConfig) -> None:
+    """A valid setting far from what trains (``RunConfig.advisories``): one warning line each, then the run goes."""
+    for e in config.advisories():
+        print(f"warning: {e}", file=sys.stderr)
 
 
 def _print_data_report(config: RunConfig) -> None:
@@ -153,6 +166,8 @@ def cmd_show(args) -> int:
         print(f"job rows: {', '.join(str(i) for i in store.job_rows(run['id']))}")
     if run["error"]:
         print(f"error: {run['error']}")
+    if diverged_note(run):
+        print(diverged_note(run))
     print(f"config: {json.dumps(run['config'], sort_keys=True)}")
 
     kind = JOB_KINDS.get(run["kind"])
@@ -279,6 +294,7 @@ def cmd_rerun(args) -> int:
     config = apply_overrides(config, args.overrides)
     store = _store(args)
     store.mark_dead_runs()
+    _print_advisories(job.run_config(config))
     _print_data_report(job.run_config(config))
     rows = job.rows(config)
     # a new comparison of its own unless --join: a re-run with other settings must not change the old one's figures
@@ -287,7 +303,7 @@ def cmd_rerun(args) -> int:
     execute(store, ids[0], rows[0], kind=job.name, progress=not args.json)
     joined = "joined its comparison" if group == old.get("group_id") else "a new comparison"
     _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}; "
-                                                      f"{joined} {group}) — {run['status']}",
+                                                      f"{joined} {group}) — {_ended(run)}",
                extra={"rerun_of": args.run_id, "group_id": group}, table=job.summary_table)
     return 0
 

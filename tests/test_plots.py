@@ -504,12 +504,20 @@ def test_diverged_run_is_clipped_and_badged_and_the_other_facets_stay_readable()
 
 
 def test_divergence_rule():
-    from engine.figures.bands import diverged_step
+    from engine.models.metrics import diverged_at, diverged_step
 
-    assert diverged_step([0, 1, 2], [2.0, 19.0, 2.0]) is None  # 9.5× its start: not diverged
-    assert diverged_step([0, 1, 2], [2.0, 21.0, 2.0]) == 1  # above 10×
+    assert diverged_step([0, 1, 2], [2.0, 19.0, 19.5]) is None  # 9.75× its start: not diverged
+    assert diverged_step([0, 1, 2], [2.0, 21.0, 25.0]) == 1  # above 10× and stays there
+    assert diverged_step([0, 1, 2, 3], [2.0, 21.0, 2.0, 22.0]) == 3  # the final stretch above 10× starts at 3
+    assert diverged_step([0, 1, 2], [2.0, 21.0, 2.0]) is None  # a spike the optimizer recovered from
     assert diverged_step([0, 1, 2], [2.0, 2.1, float("inf")]) == 2
-    assert diverged_step([0, 1, 2], [2.0, float("nan"), 2.0]) == 1
+    assert diverged_step([0, 1, 2], [2.0, float("nan"), 2.0]) == 1  # non-finite: at once
+    assert diverged_step([0, 10, 20], [0.0, 1e-13, 1e-10]) == 20  # a zero start: the factor of a tiny floor
+    assert diverged_step([0, 1, 2, 3], [2.0, 30.0, 1e6, float("nan")]) == 1  # above, then non-finite: one stretch
+    assert diverged_step([], []) is None and diverged_step([0, 1], [float("nan")] * 2) is None  # no samples: no curve
+    assert diverged_step([0, 1], [2.0, None]) == 1  # a loss not recorded (None) is not finite
+    assert diverged_at([0, 1, 2], [[2.0, 1.0], [2.1, 11.0], [2.0, 12.0]]) == 1  # any tier
+    assert diverged_at([0, 1, 2], [[2.0, 1.0], [2.1, 1.0], [2.0, 1.2]]) is None
 
 
 def test_every_mark_has_a_legend_entry(pair):

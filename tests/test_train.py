@@ -134,8 +134,9 @@ def test_seeded_runs_repeat_and_secure_rng_runs_do_not():
 
 
 def test_empty_batches_are_noise_only_steps():
+    # lr 0.1: with an expected batch of one sample the step's noise is σC per coordinate; lr 1 diverges (loss 16×)
     cfg = FAST.replace(**{"data.max_train": 60, "batch_size": 1, "epochs": 2.0, "algorithm.name": "dpsgd",
-                          "tiers": SINGLE})
+                          "tiers": SINGLE, "optimizer.lr": 0.1})
     store = RunStore()
     run_id = store.create_run(cfg)
     execute(store, run_id, cfg, kind="train")

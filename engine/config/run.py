@@ -341,6 +341,13 @@ class AlgorithmConfig:
             check_choice(self.group_by, p + "group_by", GROUP_BY)
 
 
+# The learning rates each optimizer trains the lab's models with (the presets and the papers: SGD 0.05–4 on
+# clipped, averaged DP gradients; Adam 1e-4–1e-2), widened 10-fold or more each way: a value outside is far
+# outside, and draws a warning before Launch (never a block: a researcher may mean it).
+LR_TRAINS = {"sgd": (1e-4, 50.0), "adam": (1e-6, 0.1)}
+MAX_LR = 1e38  # above float32's largest value (3.4e38) the optimizer's update raises instead of training
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: str = "sgd"
@@ -351,7 +358,20 @@ class OptimizerConfig:
         check_section(self, "optimizer.")
         check_choice(self.name, "optimizer.name", OPTIMIZERS)
         check_positive(self.lr, "optimizer.lr")
+        check_number(self.lr, "optimizer.lr", 0, MAX_LR, low_open=True)  # a step torch's float32 update can take
         check_number(self.momentum, "optimizer.momentum", 0, 1, high_open=True)
+
+    def advisories(self) -> list[ConfigError]:
+        """Valid settings far from what trains, each as a ConfigError naming its field (a warning, not a
+        refusal): a learning rate outside :data:`LR_TRAINS`."""
+        lo, hi = LR_TRAINS[self.name]
+        if self.lr > hi:
+            return [ConfigError("optimizer.lr", f"{self.lr:g} is far above the learning rates {self.name.upper()} "
+                                                f"trains with (up to about {hi:g}): expect the run to diverge")]
+        if self.lr < lo:
+            return [ConfigError("optimizer.lr", f"{self.lr:g} is far below the learning rates {self.name.upper()} "
+                                                f"trains with (from about {lo:g}): expect the model to barely move")]
+        return []
 
 
 @dataclass(frozen=True)
@@ -416,6 +436,11 @@ class RunConfig:
         if self.train_epochs is not None:
             check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
         return self
+
+    def advisories(self) -> list[ConfigError]:
+        """Valid settings far from what trains (warnings shown before Launch and by the CLI, never a refusal),
+        each a ConfigError naming its field."""
+        return self.optimizer.advisories()
 
     def planned_steps(self, n_train: int) -> int:
         """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming

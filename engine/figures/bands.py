@@ -7,8 +7,9 @@
 * **Gain beyond the seed spread.** :func:`recall_gain_spread` and :func:`gain_spread_words` over
   :func:`engine.figures.frames.recall_gain_over_time` (seed pairs matched by ``seed_index``).
 * **Smoothing.** :func:`ema`, an exponential moving average with weight ``smoothing`` in [0, 0.99).
-* **Divergence.** :func:`diverged_step`: a loss that is non-finite or above :data:`DIVERGENCE_FACTOR` × its
-  initial value marks the run diverged from that evaluation on.
+* **Divergence.** :func:`diverged_units`, by the lab's one rule (:func:`engine.models.metrics.diverged_step`, also
+  what ends a run as *diverged*): a loss that is non-finite, or that stays above :data:`DIVERGENCE_FACTOR` × its
+  initial value, marks the run diverged from that evaluation on.
 * **x axis.** :func:`with_x`: step, epoch, wall time (elapsed s) or ε spent.
 """
 from __future__ import annotations
@@ -18,9 +19,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from engine.models.metrics import DIVERGENCE_FACTOR, diverged_step
+
 X_AXES = ("step", "epoch", "elapsed", "epsilon")
 MID_LAYOUTS = ("facet", "overlay")
-DIVERGENCE_FACTOR = 10.0  # a loss above 10× its initial value (or non-finite) is a diverged run
 
 
 def check_options(*, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0) -> None:
@@ -137,32 +139,17 @@ def ema(y, weight: float) -> np.ndarray:
     return out
 
 
-def diverged_step(steps, losses, factor: float = DIVERGENCE_FACTOR):
-    """The first step at which a loss curve has diverged — its loss is non-finite (nan, ±inf) or above
-    ``factor`` × its initial (first) value — or None."""
-    losses = np.asarray(losses, dtype=float)
-    if not len(losses):
-        return None
-    initial = losses[0]
-    for s, v in zip(steps, losses):
-        if not math.isfinite(v) or (math.isfinite(initial) and v > factor * max(initial, 1e-12)):
-            return s
-    return None
-
-
 def diverged_units(df: pd.DataFrame, value: str = "raw_loss", factor: float = DIVERGENCE_FACTOR) -> dict:
-    """unit → the first step at which any of its runs' tier curves diverged (:func:`diverged_step`'s rule,
-    vectorised; units that never did are absent)."""
+    """unit → the first step at which any of its runs' tier curves diverged (the lab's one rule,
+    :func:`engine.models.metrics.diverged_step`; units that never did are absent)."""
     if df.empty:
         return {}
-    d = df.sort_values("step", kind="stable")
-    v = d[value].to_numpy(float)
-    initial = d.groupby(["run_id", "tier"], sort=False)[value].transform("first").to_numpy(float)
-    with np.errstate(invalid="ignore"):
-        flag = ~np.isfinite(v) | (np.isfinite(initial) & (v > factor * np.maximum(initial, 1e-12)))
-    if not flag.any():
-        return {}
-    return d[flag].groupby("unit", sort=False)["step"].min().to_dict()
+    out: dict = {}
+    for (unit, _, _), g in df.sort_values("step", kind="stable").groupby(["unit", "run_id", "tier"], sort=False):
+        step = diverged_step(g["step"].to_numpy(), g[value].to_numpy(float), factor)
+        if step is not None:
+            out[unit] = step if unit not in out else min(out[unit], step)
+    return out
 
 
 # --- the x axis ------------------------------------------------------------------------------------

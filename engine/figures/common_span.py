@@ -28,7 +28,7 @@ import pandas as pd
 from engine.jobs.runs import run_label
 
 # how a run that stopped short is named in the span's words (any other status: its own name)
-_STOPPED = {"running": "is still running", "queued": "is queued"}
+_STOPPED = {"running": "is still running", "queued": "is queued", "diverged": "diverged"}
 
 
 def _last_step(run: dict) -> int | None:
@@ -39,10 +39,13 @@ def _last_step(run: dict) -> int | None:
     return int(e.step if hasattr(e, "step") else e.get("step", 0))
 
 
-def _planned(run: dict, last: int) -> int:
-    """The run's planned step total: the store's, else its last evaluation's step (a run without a plan has
-    reached all of what it has)."""
-    return int(run.get("total_steps") or last or 1)
+def _reached(run: dict, last: int) -> tuple[int, float]:
+    """(the run's planned step total, the share of it its last evaluation reached): a finished run, or one
+    stored without a plan (nothing to measure it against), has reached all of it."""
+    total = run.get("total_steps")
+    if run.get("status") == "finished" or not total:
+        return int(total or last or 1), 1.0
+    return int(total), min(1.0, last / max(int(total), 1))
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,7 @@ def common_span(runs: list[dict]) -> Span:
         last = _last_step(run)
         if last is None:
             continue
-        total = _planned(run, last)
-        share = 1.0 if run.get("status") == "finished" else min(1.0, last / max(total, 1))
+        total, share = _reached(run, last)
         reached[run["id"]] = (run, last, total, share)
     if not reached:
         return Span()

@@ -12,6 +12,7 @@ import json
 from engine.config.run import ALGORITHM_LABELS
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import job_kind
+from engine.models.metrics import DIVERGENCE_FACTOR
 
 
 def run_record(store, run_id: int) -> dict | None:
@@ -124,6 +125,17 @@ def dp_note(run: dict) -> str:
     if formal_dp(run) is not False:
         return ""
     return _kind(run).no_dp_note(without_formal_dp(run) or ["?"], formal_dp_reason(run))
+
+
+def diverged_note(run: dict) -> str:
+    """'' unless the run ended *diverged*; then the one sentence the lab says about it (badge captions, the Runs
+    page, Results, the CLI): where it diverged and by which rule (:func:`engine.models.metrics.diverged_step`)."""
+    if run.get("status") != "diverged":
+        return ""
+    step = (run.get("summary") or {}).get("diverged_step")
+    where = f" at step {step}" if step is not None else ""
+    return (f"diverged{where}: a tier's test loss went non-finite or stayed above {DIVERGENCE_FACTOR:g}× its "
+            "start; its metrics describe a broken model (lower the learning rate)")
 
 
 def algorithms_label(run: dict) -> str:

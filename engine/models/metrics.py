@@ -15,6 +15,8 @@ UI/plots read it. Definitions:
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -124,3 +126,44 @@ def recall_auc(steps, recalls) -> float:
     if len(x) < 2 or x[-1] <= 0:
         return float(y[-1])
     return float(np.trapezoid(y, x / x[-1]))
+
+
+# --- divergence -------------------------------------------------------------------------------------
+
+DIVERGENCE_FACTOR = 10.0  # a loss that stays above 10× its initial value (or is non-finite) is a diverged run
+
+
+def diverged_step(steps, losses, factor: float = DIVERGENCE_FACTOR):
+    """The step from which a loss curve (evaluations in step order, the first the initial one) has diverged, or
+    None: the lab's one divergence rule, read by the run's status (:func:`diverged_at`) and by the MID chart.
+
+    * a non-finite loss (nan, ±inf) diverges the curve at once (a model with non-finite weights stays so);
+    * a loss above ``factor`` × the initial one diverges it only if the losses stay above it (or non-finite) up to
+      the last evaluation so far (a spike the optimizer recovers from is training, not divergence): the step is
+      the first of that final stretch — or the first non-finite loss, when that comes earlier;
+    * a curve without a finite initial loss (a tier without test samples: its loss is nan throughout) has nothing
+      to diverge from: None."""
+    losses = np.asarray(losses, dtype=float)
+    steps = list(steps)
+    if not len(losses) or not math.isfinite(losses[0]):
+        return None
+    finite = np.isfinite(losses)
+    initial = losses[0]
+    with np.errstate(invalid="ignore"):
+        flagged = ~finite | (losses > factor * max(initial, 1e-12))
+    hits = []
+    if not finite.all():
+        hits.append(int(np.argmax(~finite)))
+    if flagged[-1]:
+        hits.append(0 if flagged.all() else len(flagged) - int(np.argmin(flagged[::-1])))
+    return steps[min(hits)] if hits else None
+
+
+def diverged_at(steps, tier_losses, factor: float = DIVERGENCE_FACTOR):
+    """The first step from which any tier's loss curve has diverged (:func:`diverged_step`; ``tier_losses``:
+    one row per evaluation, one column per tier), or None."""
+    if not len(tier_losses):
+        return None
+    rows = np.asarray(tier_losses, dtype=float).reshape(len(tier_losses), -1)
+    hits = [s for k in range(rows.shape[1]) if (s := diverged_step(steps, rows[:, k], factor)) is not None]
+    return min(hits) if hits else None

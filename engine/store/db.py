@@ -45,10 +45,13 @@ from pathlib import Path
 from engine.store.errors import StoreError, store_error
 from engine.store.liveness import dead_message, pid_alive, this_host, worker_gone
 
-__all__ = ["ACTIVE", "STATUSES", "RunStore", "StoreError", "default_store_path", "pid_alive", "resolve_store_path",
+__all__ = ["ACTIVE", "ENDED", "STATUSES", "RunStore", "StoreError", "default_store_path", "pid_alive", "resolve_store_path",
            "worker_gone"]
 
-STATUSES = ("queued", "running", "finished", "failed", "cancelled", "interrupted")
+STATUSES = ("queued", "running", "finished", "diverged", "failed", "cancelled", "interrupted")
+# ended by its own code: ``finished`` (its plan trained) or ``diverged`` (its plan trained, or cut short, with a loss
+# that went non-finite or stayed far above its start: engine.models.metrics.diverged_step); both keep a summary
+ENDED = ("finished", "diverged")
 ACTIVE = ("queued", "running")
 
 _SCHEMA = """
@@ -331,7 +334,7 @@ class RunStore:
         args = (status, error, done, time.time(), run_id, run_id)
         sql = ("UPDATE runs SET status=?, error=COALESCE(?, error), finished_at=COALESCE(?, finished_at),"
                f" updated_at=? WHERE {self._JOB}")
-        if status in ACTIVE or status == "finished":
+        if status in ACTIVE or status in ENDED:
             self._write(sql, args)
             return
         for delay in STATUS_RETRY_DELAYS:
@@ -389,12 +392,18 @@ class RunStore:
         self._write("UPDATE runs SET status='finished', summary_json=?, finished_at=?, updated_at=? WHERE id=?",
                     (json.dumps(summary), time.time(), time.time(), run_id))
 
-    def finish_runs(self, summaries: dict) -> None:
-        """Finish several rows at once ({run_id: summary}, e.g. the k rows of a job) in one transaction."""
+    def finish_runs(self, summaries: dict, statuses: dict | None = None) -> None:
+        """Finish several rows at once ({run_id: summary}, e.g. the k rows of a job) in one transaction, each as
+        ``statuses[run_id]`` (one of :data:`ENDED`; default ``finished``): one model of a job may diverge while
+        the others train."""
         now = time.time()
+        statuses = statuses or {}
+        if any(v not in ENDED for v in statuses.values()):
+            raise ValueError(f"a run ends as one of {', '.join(ENDED)}, not {sorted(set(statuses.values()))}")
         with self._transaction() as db:
-            db.executemany("UPDATE runs SET status='finished', summary_json=?, finished_at=?, updated_at=? WHERE id=?",
-                           [(json.dumps(s), now, now, int(rid)) for rid, s in summaries.items()])
+            db.executemany("UPDATE runs SET status=?, summary_json=?, finished_at=?, updated_at=? WHERE id=?",
+                           [(statuses.get(rid, "finished"), json.dumps(s), now, now, int(rid))
+                            for rid, s in summaries.items()])
 
     def set_summary(self, run_id: int, summary: dict) -> None:
         self._write("UPDATE runs SET summary_json=?, updated_at=? WHERE id=?", (json.dumps(summary), time.time(), run_id))

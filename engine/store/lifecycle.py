@@ -75,12 +75,14 @@ class RunLifecycle:
         if self.active:
             self.store.update_progress(self.run_id, step)
 
-    def finish(self, *summaries: dict) -> None:
-        """The job finished: row j keeps ``summaries[j]`` (one per row, written in one transaction)."""
+    def finish(self, *summaries: dict, statuses=None) -> None:
+        """The job ended by its own code: row j keeps ``summaries[j]`` (one per row, written in one transaction)
+        and ends as ``statuses[j]`` (``finished`` or ``diverged``; default all finished)."""
         if self.active:
             if len(summaries) != len(self.rows):
                 raise ValueError(f"{len(summaries)} summaries for the {len(self.rows)} rows of run {self.run_id}")
-            self.store.finish_runs(dict(zip(self.rows, summaries)))
+            ended = dict(zip(self.rows, statuses)) if statuses is not None else None
+            self.store.finish_runs(dict(zip(self.rows, summaries)), ended)
 
     def ended(self, status: str, error: str) -> None:
         """Record why the run ended, unless its own code already ended it."""

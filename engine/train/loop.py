@@ -10,6 +10,9 @@
         mechanism.observe(...)                 (every step, empty batches included)
         step the optimizer on sum / (expected batch size Σ q_n N_n)
         every eval_every steps: per-tier/per-class metrics, ε spent per tier → store
+                               (every model's loss non-finite: stop, nothing can train on)
+    each model ends "finished", or "diverged" when a tier's test loss went non-finite or stayed far above its
+    start (engine.models.metrics.diverged_at: the one rule, also the MID chart's badge)
 
 "Repeat over k seeds" (``config.seeds = k``) trains k models in this same loop, on the model axis
 (M = k): model j starts exactly like a single run with seed ``base + j`` (``seeded_model``), all k share
@@ -27,6 +30,7 @@ evaluation (``_Evaluator``), the summary (:func:`summarize`) — and stored as t
 """
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -41,7 +45,7 @@ from engine.dp.mechanisms import build_mechanism
 from engine.dp.prepare import PreparedData, PrivacyPlan, prepare_data, prepare_privacy, seeded_model, total_steps
 from engine.dp.stacked import StackedModels
 from engine.dp.step import PoissonSampler, dp_step
-from engine.models.metrics import fairness_metrics, group_metrics, mid_markers, predict, recall_auc
+from engine.models.metrics import diverged_at, fairness_metrics, group_metrics, mid_markers, predict, recall_auc
 from engine.store.lifecycle import NO_STORE, Cancelled, RunLifecycle
 from engine.train.records import (ClassMetrics, EvalRecord, Fairness, MidMarkers, OverallMetrics, PlanRecord,
                                   RunSummary, TierMetrics, TierSummary)
@@ -245,6 +249,8 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
             if step % eval_every == 0 or step == last:
                 record_eval(step)
                 last_flush = time.time()
+                if all(not math.isfinite(e[-1].overall.loss) for e in evals):
+                    break  # every model's weights went non-finite: it cannot train on; it ends diverged
             elif rows and time.time() - last_flush > 0.5:
                 flush()  # keeps the UI's progress bar live between evaluations
                 last_flush = time.time()
@@ -255,7 +261,7 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
     configs = config.seed_configs()
     summaries = [summarize(prep, evals[j], seconds, seed_config=configs[j]) for j in range(k)]
     summary_dicts = [s.to_dict() for s in summaries]
-    life.finish(*summary_dicts)
+    life.finish(*summary_dicts, statuses=[run_status(s) for s in summaries])
     results = [RunResult(config=configs[j], plan_record=plan, eval_records=evals[j], run_summary=summaries[j],
                          model=models.module(j), plan=plan_dict, evals=stored[j], summary=summary_dicts[j])
                for j in range(k)]
@@ -365,13 +371,22 @@ def mechanism_state(mechanism, model: int) -> dict:
     return mechanism.state()
 
 
+def run_status(summary: RunSummary) -> str:
+    """How a model's run ended by its own code: ``diverged`` when its summary records a divergence, else
+    ``finished``."""
+    return "diverged" if summary.diverged_step is not None else "finished"
+
+
 def summarize(prep: Prepared, evals: list[EvalRecord], seconds: float, *,
               seed_config: RunConfig | None = None) -> RunSummary:
     """One model's summary from its evaluations (step order): the last one's metrics, per tier the recall AUC
-    over the run and the MID markers; the model's seed (a k-seed job: also its index and k)."""
+    over the run and the MID markers, the step it diverged from (the lab's one rule,
+    :func:`engine.models.metrics.diverged_at`, None when it did not); the model's seed (a k-seed job: also its
+    index and k); the steps it trained (fewer than planned when every model diverged)."""
     last = evals[-1]
     steps = [e.step for e in evals]
-    mids = mid_markers([[t.loss for t in e.tiers] for e in evals], steps)
+    losses = [[t.loss for t in e.tiers] for e in evals]
+    mids = mid_markers(losses, steps)
     tiers = tuple(TierSummary(name=t.name, epsilon=t.epsilon, epsilon_spent=t.epsilon_spent, recall=t.recall,
                               accuracy=t.accuracy, loss=t.loss,
                               recall_auc=recall_auc(steps, [e.tiers[j].recall for e in evals]),
@@ -382,8 +397,9 @@ def summarize(prep: Prepared, evals: list[EvalRecord], seconds: float, *,
     return RunSummary(
         algorithm=prep.config.algorithm.name,
         label=prep.config.label or ALGORITHM_LABELS[prep.config.algorithm.name],
-        steps=prep.train_steps or prep.steps, planned_steps=prep.steps, seconds=seconds,
+        steps=last.step, planned_steps=prep.steps, seconds=seconds,
         formal_dp=prep.privacy.formal_dp, formal_dp_reason=prep.privacy.formal_dp_reason,
         accuracy=last.overall.accuracy, balanced_accuracy=last.overall.balanced_accuracy, loss=last.overall.loss,
         tiers=tiers, class_recall=tuple(c.recall for c in last.classes), fairness=last.fairness,
-        seed=config.seed, seed_index=config.seed_index if several else None, seeds=config.seeds if several else None)
+        seed=config.seed, seed_index=config.seed_index if several else None, seeds=config.seeds if several else None,
+        diverged_step=diverged_at(steps, losses))

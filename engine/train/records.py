@@ -310,17 +310,20 @@ class RunSummary:
     seed: int | None = None
     seed_index: int | None = None  # k-seed jobs only (with seeds)
     seeds: int | None = None
+    # the step from which a tier's test loss diverged (engine.models.metrics.diverged_at; the run ends "diverged")
+    diverged_step: int | None = None
     extra: dict = field(default_factory=dict)
 
     _SCALARS: ClassVar = ("algorithm", "label", "steps", "planned_steps", "seconds", "formal_dp", "formal_dp_reason",
                           "accuracy", "balanced_accuracy", "loss")
-    _OWN: ClassVar = _SCALARS + ("tiers", "class_recall", "fairness", "seed", "seed_index", "seeds")
+    _OPTIONAL: ClassVar = ("seed_index", "seeds", "diverged_step")  # stored only when set
+    _OWN: ClassVar = _SCALARS + ("tiers", "class_recall", "fairness", "seed") + _OPTIONAL
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self._SCALARS}
         out.update(tiers=[t.to_dict() for t in self.tiers], class_recall=list(self.class_recall),
                    fairness=None if self.fairness is None else self.fairness.to_dict(), seed=self.seed)
-        for k in ("seed_index", "seeds"):
+        for k in self._OPTIONAL:
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         out.update(self.extra)
@@ -333,7 +336,7 @@ class RunSummary:
         return cls(**scalars, tiers=tuple(TierSummary.from_dict(t) for t in d.get("tiers") or ()),
                    class_recall=tuple(d.get("class_recall") or ()),
                    fairness=None if d.get("fairness") is None else Fairness.from_dict(d["fairness"]),
-                   seed=d.get("seed"), seed_index=d.get("seed_index"), seeds=d.get("seeds"),
+                   seed=d.get("seed"), **{k: d.get(k) for k in cls._OPTIONAL},
                    extra={k: v for k, v in d.items() if k not in cls._OWN})
 
     @classmethod

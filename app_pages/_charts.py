@@ -23,6 +23,13 @@ NARROW_NOTE_CHARS = 62  # the same column's 11 px notes above a plot (the gain s
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 
+def view_revision(*units) -> str:
+    """A live chart's ``uirevision`` from what its axes mean (the comparison, the x unit, the layout): a kept view
+    belongs to its units, so zoom, pan and legend clicks survive refreshes while these stay the same, and the
+    chart re-ranges when any of them changes (a zoom on steps 14..36 means nothing on an ε axis)."""
+    return "|".join(str(u) for u in units)
+
+
 def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: int | None = None,
           uirevision: str | None = None, narrow: bool = False) -> None:
     """A Plotly chart (in a keyed container, so tests and the browser can find it) with an export menu.

@@ -18,6 +18,7 @@ from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
 from engine.audit.report import as_report
 from engine.figures import export, frames
 from engine.figures.common_span import common_span
+from engine.figures.headline import undersampled_note
 from engine.figures import talk_frames as tf
 from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.scaffold import FigureSpec
@@ -131,6 +132,9 @@ with st.container(key="span-note"):  # a note that comes and goes must not shift
     if span.words() is not None:
         st.warning(md(f"Compared {span.words()}: every gain, recall AUC, final value and Pearson r on this page "
                       "(and in its exports) is computed over that span."), icon=":material/straighten:")
+    sparse = undersampled_note(runs)
+    if sparse:
+        st.caption(md(f"⚠ {sparse}"))
 with st.container(key="headline"):
     m1, m2, m3 = st.columns(3)
     if gain is not None:

@@ -18,7 +18,7 @@ from engine.config.run import MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, M
 from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
-from engine.figures.headline import gain_sentence
+from engine.figures.headline import gain_sentence, undersampled_note
 from engine.figures.live import LiveFigures
 from engine.figures.sweep_frame import is_sweep_group
 from engine.figures.talk_frames import noise_cost_sentence
@@ -320,6 +320,7 @@ def live(group: str) -> None:
     for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
             tuple(options.items()), any(status.is_active(r) for r in runs))).items():
         specs[name] = got[name]
+    view = charts.view_revision(group, options["x_axis"])  # the live charts' views re-range when these change
     if "private_gain" in specs:  # the phenomenon first, in words and as the paired gain over steps
         with st.container(key="live-gain-sentence"):
             sentence = gain_sentence(specs["private_gain"].data)
@@ -327,17 +328,21 @@ def live(group: str) -> None:
                 st.info(md(sentence), icon=":material/trending_up:")
             else:
                 st.caption("INO − IDP recall gain on the most private tier: waiting for both runs' first evaluations")
-        charts.chart(specs["private_gain"], key="live-gain", export_key="x-gain", uirevision=group)
-    charts.chart(specs["mid_curves"], key="live-mid", export_key="x-mid", uirevision=group)
-    charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=group)
+            sparse = undersampled_note(runs)
+            if sparse:
+                st.caption(md(f"⚠ {sparse}"))
+        charts.chart(specs["private_gain"], key="live-gain", export_key="x-gain", uirevision=view)
+    charts.chart(specs["mid_curves"], key="live-mid", export_key="x-mid",
+                 uirevision=charts.view_revision(view, options["mid_layout"]))
+    charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=view)
     c1, c2 = st.columns(2)
     with c1:
-        charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=group, narrow=True)
+        charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=view, narrow=True)
     with c2:
-        charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=group, narrow=True)
-    charts.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=group)
+        charts.chart(specs["epsilon_spent"], key="live-epsilon", export_key="x-eps", uirevision=view, narrow=True)
+    charts.chart(specs["class_recall"], key="live-class-recall", export_key="x-class", uirevision=view)
     if "group_clip" in specs:  # a DP-SGD-S run in the comparison: its clips and its noise vs DP-SGD's
-        charts.chart(specs["group_clip"], key="live-group-clip", export_key="x-clip", uirevision=group)
+        charts.chart(specs["group_clip"], key="live-group-clip", export_key="x-clip", uirevision=view)
         cost = noise_cost_sentence(specs["group_clip"].data)
         if cost:
             st.warning(md(cost), icon=":material/warning:")

@@ -17,8 +17,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, cancel_all, wait_until
+from tests.test_browser import CHROMIUM, RUN, UI, cancel_all, rerun_of, wait_until, watched_page
 from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
+from tests.test_browser_preset import choose
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -93,8 +94,7 @@ def drag_zoom(page) -> None:
 
 def test_zoom_and_legend_clicks_survive_live_refreshes(server, browser):  # noqa: F811 - pytest fixtures
     url, store, _ = server
-    page = browser.new_page(viewport={"width": 1440, "height": 1300})
-    page.set_default_timeout(UI_MS)
+    page = watched_page(browser, viewport={"width": 1440, "height": 1300})
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     # ~125 000 steps, an evaluation every 5: the runs outlast the refreshes the test watches (then cancelled)
@@ -175,6 +175,20 @@ def test_zoom_and_legend_clicks_survive_live_refreshes(server, browser):  # noqa
     whole = wait_until(reset, UI, "the view reset by a double-click", interval=1.0)
     assert whole["range"][1] - whole["range"][0] > zoom[1] - zoom[0], (whole["range"], zoom)
     assert whole["range"][1] >= whole["last"], (whole["range"], whole["last"])
+
+    # a kept view belongs to its units: zoomed again, the chart re-ranges to its whole curve when the x unit
+    # changes (steps → epochs) and when the layout does (facet → overlay); a zoom on steps would hide every curve
+    def overlay():
+        with rerun_of(page):
+            page.locator(".st-key-mid_layout").get_by_text("overlay", exact=True).click()
+
+    for what, change in (("the x axis to epochs", lambda: choose(page, "xaxis", "epochs")),
+                         ("the MID layout to overlay", overlay)):
+        again = wait_until(zoomed, UI, f"the x axis zoomed again before {what}", interval=1.0)["range"]
+        change()
+        fresh = wait_until(lambda: (r := read(page)) and r["autorange"] and r["last"] > 0 and r, UI,
+                           f"the chart re-ranged after {what} (zoomed to {again})")
+        assert fresh["range"][0] <= 0 < fresh["last"] <= fresh["range"][1], (what, fresh["range"], fresh["last"])
 
     # plotly.js came from the lab's server (the plotly package's copy), nothing from elsewhere
     host = urlparse(url).netloc

@@ -1,7 +1,8 @@
 """Divergence is a run state: a run whose test loss goes non-finite or stays far above its start ends *diverged*
 (not *finished*) — in the store, on the CLI, the Runs page and Results (left out of the headline unless chosen) —
-by the lab's one rule (engine.models.metrics.diverged_step, also the MID chart's badge); a learning rate far outside
-what the optimizer trains with is warned about before the run (never refused)."""
+by the lab's one rule (engine.models.metrics.diverged_step, also the MID chart's badge). Valid settings far from what
+works (RunConfig.advisories: a learning rate far outside what the optimizer trains with, a data folder that does not
+exist) are warned about before the run, by the field and on the CLI, never refused."""
 from __future__ import annotations
 
 import json
@@ -124,3 +125,14 @@ def test_a_far_learning_rate_is_warned_about_by_its_field_and_launch_stays_enabl
     from app_pages import _handles
 
     _handles._manager.clear()
+
+
+def test_a_data_folder_that_does_not_exist_is_said_before_the_run(tmp_path):
+    path = tmp_path / "c.json"
+    missing = tmp_path / "no-such-folder"
+    path.write_text(json.dumps({**TINY, "data": {"name": "digits", "max_train": 300, "data_dir": str(missing)}}))
+    out = cli_here("run", path, store=tmp_path / "runs.sqlite")
+    assert out.returncode == 0, out.stderr
+    assert f"warning: data.data_dir: '{missing}' does not exist: digits is read from the lab's shipped copy if it " \
+           "has one (else it will not load)" in out.stderr
+    assert RunConfig.from_dict({**TINY, "data": {"name": "digits", "data_dir": str(tmp_path)}}).advisories() == []

@@ -113,6 +113,14 @@ class DataConfig:
         if self.max_train is not None:
             check_int(self.max_train, "data.max_train", 2, 10**9)
 
+    def advisories(self) -> list[ConfigError]:
+        """A data folder that does not exist (a typo, an unmounted disk) is said, not refused: the datasets the lab
+        ships (digits, MNIST, Adult) still load from its own copy, which is then what the run trains on."""
+        if self.data_dir is not None and not os.path.exists(os.path.expanduser(self.data_dir)):
+            return [ConfigError("data.data_dir", f"{self.data_dir!r} does not exist: {self.name} is read from the "
+                                                 "lab's shipped copy if it has one (else it will not load)")]
+        return []
+
 
 @dataclass(frozen=True)
 class TierConfig:
@@ -440,7 +448,7 @@ class RunConfig:
     def advisories(self) -> list[ConfigError]:
         """Valid settings far from what trains (warnings shown before Launch and by the CLI, never a refusal),
         each a ConfigError naming its field."""
-        return self.optimizer.advisories()
+        return self.data.advisories() + self.optimizer.advisories()
 
     def planned_steps(self, n_train: int) -> int:
         """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming

@@ -334,11 +334,13 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
 
 def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing: float = 0.0, bands: bool = True,
                           title: str = "Recall gain INO − IDP per tier over training") -> Plan:
-    """Per tier: INO's recall minus its IDP-SGD pair's; for a series of paired seeds the mean paired gain
-    with a ± 1 SE band, and above the plot, in words, whether the gain is beyond the seed spread."""
+    """Per tier: INO's recall minus its IDP-SGD pair's, in recall points (pp: the unit the gain sentence and the
+    tables say; the frame keeps fractions); for a series of paired seeds the mean paired gain with a ± 1 SE band,
+    and above the plot, in words, whether the gain is beyond the seed spread."""
     if gain.empty:
         return Plan(title, empty="select an INO-SGD run and the IDP-SGD run it builds on")
-    df, missing = _prepare(gain, bands, x_axis, per_tier=True, text=("pair", "tier", "series"), run_col="pair",
+    points = gain.assign(gain=100.0 * gain["gain"].astype(float))
+    df, missing = _prepare(points, bands, x_axis, per_tier=True, text=("pair", "tier", "series"), run_col="pair",
                            id_col="ino_run_id")
     if df.empty:
         return Plan(title, empty=_missing_note(missing, x_axis)["text"])
@@ -360,5 +362,5 @@ def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing
     if missing:
         notes.append(_missing_note(missing, x_axis))
     return Plan(title, traces, notes=notes, hlines=[dict(y=0, line=dict(color="gray", width=1))],
-                x_title=bd.x_title(x_axis, per_tier=True), y_title="recall gain (INO − IDP)",
+                x_title=bd.x_title(x_axis, per_tier=True), y_title="recall gain, INO − IDP (pp)",
                 layout=dict(margin=dict(t=90 + 16 * len(words))))

@@ -390,14 +390,14 @@ def recall_gain_by_class(runs: list[dict], memo: dict | None = None, span: Span 
 
 
 GAIN_TIME_COLUMNS = PAIR_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon",
-                                    "epsilon_spent", "ino_recall", "idp_recall", "gain", "idp_loss"]
+                                    "epsilon_spent", "ino_recall", "idp_recall", "gain", "idp_loss", "ino_loss"]
 
 
 def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, memo: dict | None = None) -> pd.DataFrame:
     """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress), one row per seed
     pair (:func:`pair_runs`: replicate j with replicate j) and INO evaluation; step, epoch, elapsed and ε spent
-    are INO's, and so is IDP-SGD's tier loss (``idp_loss``, interpolated the same way: the headline reads IDP-SGD's
-    MID from it by the one MID rule). ``hist``: the runs' :func:`tier_history` when the caller has it."""
+    are INO's, and so is IDP-SGD's tier loss (``idp_loss``, interpolated the same way) beside INO's own
+    (``ino_loss``): the headline reads both algorithms' MID from them by the one MID rule. ``hist``: the runs' :func:`tier_history` when the caller has it."""
     hist = tier_history(runs, memo) if hist is None else hist
     labels = series_labels(runs)
     parts = []
@@ -417,6 +417,7 @@ def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, me
             part["gain"] = part["ino_recall"] - idp_rec
             part["idp_loss"] = np.interp(ga["progress"].to_numpy(float), gb["progress"].to_numpy(float),
                                          gb["loss"].to_numpy(float))
+            part["ino_loss"] = ga["loss"].to_numpy(float)
             for k, v in ident.items():
                 part[k] = v
             parts.append(part)

@@ -18,13 +18,14 @@ from engine.figures import frames as fr
 from engine.figures import talk_frames as tf
 from engine.figures.bands import mean_se
 from engine.models.metrics import mid_markers
+from engine.train.records import PlanRecord
 
 # A mean gain within this many recall points of zero reads "level": below it the two algorithms' recalls of a
 # tier of a few hundred test samples differ by about one sample, and a sign would flicker from one refresh to
 # the next.
 LEVEL_POINTS = 0.5
 
-CURVE_COLUMNS = ["step", "progress", "gain", "se", "n", "idp_recall", "idp_loss", "tier", "epsilon"]
+CURVE_COLUMNS = ["step", "progress", "gain", "se", "n", "idp_recall", "idp_loss", "ino_loss", "tier", "epsilon"]
 
 
 def private_gain(runs: list[dict], gain: pd.DataFrame | None = None, memo: dict | None = None) -> pd.DataFrame:
@@ -40,8 +41,8 @@ def private_gain(runs: list[dict], gain: pd.DataFrame | None = None, memo: dict 
 
 def gain_curve(gain: pd.DataFrame) -> pd.DataFrame:
     """Per INO evaluation step of a one-tier gain frame: the mean paired gain, its standard error over the pairs
-    (nan for one pair), the pairs counted, IDP-SGD's mean recall and mean tier loss, the tier and its ε; in step
-    order."""
+    (nan for one pair), the pairs counted, IDP-SGD's mean recall and mean tier loss, INO-SGD's mean tier loss, the
+    tier and its ε; in step order."""
     if gain.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)
     rows = []
@@ -49,12 +50,14 @@ def gain_curve(gain: pd.DataFrame) -> pd.DataFrame:
         m, se, n = mean_se(g["gain"])
         rows.append({"step": int(step), "progress": float(g["progress"].mean()), "gain": m, "se": se, "n": n, "idp_recall": float(g["idp_recall"].mean()),
                      "idp_loss": float(g["idp_loss"].mean()),
+                     "ino_loss": float(g["ino_loss"].mean()) if "ino_loss" in g else float("nan"),
                      "tier": g["tier"].iloc[0], "epsilon": float(g["epsilon"].iloc[0])})
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
 def idp_mid(steps, loss, *, finished: bool = False) -> tuple[str | None, int | None]:
-    """IDP-SGD's MID of a tier from its test loss (evaluations in step order, the first the initial one) by the
+    """An algorithm's MID of a tier (IDP-SGD's or INO-SGD's) from its test loss (evaluations in step order, the
+    first the initial one) by the
     lab's one MID rule, :func:`engine.models.metrics.mid_markers` (the MID chart's shading, the MID table and the
     run summary read the same): (state, step).
 
@@ -84,9 +87,9 @@ def _points(value: float) -> float:
 def gain_sentence(gain: pd.DataFrame) -> str | None:
     """One sentence on a one-tier gain frame (:func:`private_gain`): who leads at the latest evaluation every
     pair has reached (the latest one when the pairs have none in common), by how many recall points (mean over
-    the paired seeds, ± its s.e. when there are several), and IDP-SGD's MID (:func:`idp_mid`) when it can be
-    decided (from IDP-SGD's tier loss averaged over the pairs, up to that evaluation; "finished" when INO-SGD's
-    progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points (after rounding to one
+    the paired seeds, ± its s.e. when there are several), and each algorithm's MID (:func:`idp_mid`, IDP-SGD's
+    then INO-SGD's) where it can be decided (from the tier's loss averaged over the pairs, up to that evaluation;
+    "finished" when INO-SGD's progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points (after rounding to one
     decimal, so never "−0.0") is "level". None without a gain."""
     curve = gain_curve(gain).dropna(subset=["gain"])
     if curve.empty:
@@ -106,11 +109,49 @@ def gain_sentence(gain: pd.DataFrame) -> str | None:
         text = f"{leader} ahead by +{abs(points):.1f}{spread} recall points {where}{seeds}"
     upto = curve[curve["step"] <= step]
     finished = bool(upto["progress"].iloc[-1] >= 1.0 - 1e-9)
-    state, mid_step = idp_mid(upto["step"], upto["idp_loss"], finished=finished)
-    if state == "ongoing":
-        text += "; IDP-SGD still in its MID"
-    elif state == "recovered":
-        text += f"; IDP-SGD out of its MID since step {mid_step}"
-    elif state == "none":
-        text += "; IDP-SGD had no MID"
+    for who, loss in (("IDP-SGD", "idp_loss"), ("INO-SGD", "ino_loss")):
+        text += _mid_words(who, *idp_mid(upto["step"], upto[loss], finished=finished))
     return text
+
+
+def _mid_words(who: str, state: str | None, step: int | None) -> str:
+    """One algorithm's MID in the sentence ("; IDP-SGD still in its MID"), '' when it cannot be decided."""
+    if state == "ongoing":
+        return f"; {who} still in its MID"
+    if state == "recovered":
+        return f"; {who} out of its MID since step {step}"
+    if state == "none":
+        return f"; {who} had no MID"
+    return ""
+
+
+# A tier whose samples are drawn less than this many times each, on average, over the steps a run trains (q_k · T)
+# barely trains: most of its data is never seen, and its recall (and any gain on it) stays near where it started.
+UNDERSAMPLED_DRAWS = 1.0
+
+
+def undersampled_note(runs: list[dict]) -> str | None:
+    """The sentence that says a compared run's tier barely trained because its sampling rate is tiny (IDP-SGD
+    SAMPLE's most private tier on short runs: q = 0.0009 over 234 steps draws each of its samples 0.2 times), so
+    that a gain of 0.0 pp there is not read as "no difference between the algorithms". One sentence per tier name
+    (the run that draws it least), most private first; None when every tier of every run is drawn at least
+    :data:`UNDERSAMPLED_DRAWS` times per sample."""
+    worst: dict[str, tuple[float, float, float, int, str]] = {}
+    for run in runs:
+        plan = PlanRecord.of(run.get("plan"))
+        rates, steps = plan.sample_rates, plan.trained_steps or plan.steps
+        if not rates or not steps or len(set(rates)) < 2:  # one rate for all: the run's length, not the tiers
+            continue
+        for name, q, eps in zip(plan.tier_names, rates, plan.target_epsilons or [math.nan] * len(rates)):
+            draws = q * steps
+            if draws < UNDERSAMPLED_DRAWS and (name not in worst or draws < worst[name][1]):
+                others = [r * steps for r in rates if r != q]
+                worst[name] = (eps, draws, q, steps, f"{min(others):.1f}–{max(others):.1f}")
+    if not worst:
+        return None
+    out = []
+    for name, (eps, draws, q, steps, others) in sorted(worst.items(), key=lambda kv: kv[1][0]):
+        out.append(f"The {name} tier barely trains: sampled at q = {q:.2g}, each of its samples is drawn {draws:.1g} "
+                   f"times on average over {steps} steps (the other tiers' {others}), so its recall stays near its "
+                   "start and a gain there of about 0 pp says nothing; train more epochs to see it move.")
+    return " ".join(out)

@@ -8,7 +8,10 @@
     run_time_estimate(jobs, history, w)   a comparison's (or a sweep's) wall time: each run's steps × expected
                                           batch × k seeds × that rate, the runs shared out over w worker processes,
                                           plus one start per wave of w runs (``JobManager.run_time_estimate``
-                                          gives it the manager's workers and ready standbys)
+                                          gives it the manager's workers and ready standbys); without history,
+                                          the rough constants are slowed by what the machine does now
+    busy_elsewhere(active), contention    the machine's other busy processes (its load average less the lab's own
+                                          running workers) and how much slower they make a worker than alone
     eta_seconds(run)                      a running run's remaining seconds from its progress so far
     SmoothEta                             the live view's ETA: from the progress seen since this viewer first saw
                                           the run (the start is not a step), never rising except to re-anchor
@@ -20,6 +23,7 @@ here calls Streamlit. ``bench/estimates.py`` compares every estimate with the wa
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 
@@ -57,6 +61,23 @@ def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, s
     return rate, "a rough estimate until a run of this dataset and model has finished"
 
 
+def busy_elsewhere(active_workers: int = 0) -> float:
+    """Processes busy on this machine besides the lab's ``active_workers`` training runs: the 1-minute load average
+    less those (≥ 0; 0 where the OS keeps no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+    return max(0.0, load - active_workers)
+
+
+def contention(workers: int, others: float, cores: int | None = None) -> float:
+    """How many times slower each of ``workers`` one-thread worker processes trains than alone on a quiet machine,
+    beside ``others`` busy processes (:func:`busy_elsewhere`): the ``cores`` are shared by all of them (≥ 1)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1.0, (workers + max(0.0, others)) / cores)
+
+
 def start_seconds(history: list[dict], *, warm: bool | None = None) -> tuple[float, bool]:
     """(seconds from Launch to a run's first step, measured?): the median over the launches (groups) in
     ``history`` of their first run's created → started wait, which holds a worker start (or a warm standby's
@@ -80,24 +101,37 @@ def start_seconds(history: list[dict], *, warm: bool | None = None) -> tuple[flo
 
 
 def run_time_estimate(jobs, history: list[dict], workers: int, *, ready_standbys: int | None = None,
-                      prewarm: bool = True) -> tuple[float, str] | None:
+                      prewarm: bool = True, others: float = 0.0, cores: int | None = None) -> tuple[float, str] | None:
     """(seconds, how) from Launch to the last run's end, for runs started together: ``jobs`` is a list of
     (config, steps, expected batch size or None for the config's batch size); each run trains for steps ×
     batch × k seeds × :func:`seconds_per_sample`, the runs shared out over ``workers`` worker processes (never
     less than the longest run), and each wave of ``workers`` runs starts in :func:`start_seconds`: the first
     wave warm when ``ready_standbys`` cover it (None: not known, the median of every launch), later waves warm
-    when the manager prewarms (``prewarm``: their standbys warm while the first wave trains). None for no runs."""
-    total, how = [], ""
+    when the manager prewarms (``prewarm``: their standbys warm while the first wave trains). None for no runs.
+
+    ``others``: processes busy beside the launch (:func:`busy_elsewhere`). A rough constant (no run of this dataset
+    and model measured here yet) is for a worker alone on a core: it is slowed by :func:`contention` of the
+    launch's workers and ``others`` on the ``cores``, and so is a rough start (a first estimate on a busy machine
+    said 1.6 min for runs that took 9.2 at a load of 7–8.5 on 2 cores). A measured rate already holds how this
+    machine trains, and is kept."""
+    total, how, rough = [], "", False
     for config, steps, batch in jobs:
         rate, how = seconds_per_sample(config, history)
+        rough |= not how.startswith("measured")
         total.append(steps * (batch or config.batch_size) * max(1, int(getattr(config, "seeds", 1) or 1)) * rate)
     if not total:
         return None
     workers = max(1, workers)
     waves = -(-len(total) // workers)
+    slow = contention(min(workers, len(total)), others, cores)
+    if rough and slow > 1.0:
+        total = [t * slow for t in total]
+        how += f", × {slow:.1f} for the machine's load now ({others:.1f} other busy processes)"
     warm = None if ready_standbys is None else ready_standbys >= min(len(total), workers)
     start, measured = start_seconds(history, warm=warm)
     later = start_seconds(history, warm=prewarm if ready_standbys is not None else None)[0]
+    if not measured:
+        start, later = start * slow, later * slow
     how += "; starting measured too" if measured else "; a rough start time"
     how += {None: "", True: " (a warm worker is ready)", False: " (no warm worker ready: a cold start)"}[warm]
     return max(max(total), sum(total) / workers) + start + (waves - 1) * later, how
@@ -118,18 +152,28 @@ class SmoothEta:
     """A run's remaining time as the live view shows it, from one viewer's refreshes (keep one per viewer: the
     page keeps it in its session; it reads only the run row it is given).
 
-    * The step rate is the progress seen since this viewer first saw the run make progress, (step − s₀) /
-      (now − t₀): the worker's start and first evaluation are not steps, so a rate from ``started_at`` would
-      put the first ETA far too high. Until a second sighting has moved on there is no ETA (None).
-    * Evaluations pause the steps; averaging over the whole window keeps a pause from swinging the ETA.
-    * Shown ETAs never rise: each is at most the last one shown. A run that really slows down (the rate's
-      ETA ``reanchor`` × the last one shown, and more than ``slack`` seconds above it) re-anchors once
-      upward instead of sitting at a time already past.
+    * The step rate is the progress seen over the last ``window`` seconds of this viewer's readings, since it
+      first saw the run make progress: the worker's start and first evaluation are not steps, so a rate from
+      ``started_at`` would put the first ETA far too high; a window of several evaluations keeps a pause from
+      swinging it, and lets it follow a machine that gets busier. Until a second sighting has moved on there is
+      no ETA (None).
+    * The shown ETA counts down with the clock between readings (one that stands still says nothing: it sat at
+      "7.1 min" for 90 s on a loaded machine) and drops to the rate's ETA when that is lower. It rises only to
+      re-anchor: at once when the run really slows down (the rate's ETA ``reanchor`` × the countdown, and more
+      than ``slack`` seconds above it), and at a new evaluation of the run when the rate's ETA is more than
+      ``drift`` × the countdown (a machine that got busier shows at its next evaluations).
     """
 
-    def __init__(self, reanchor: float = 1.5, slack: float = 5.0):
-        self.reanchor, self.slack = reanchor, slack
-        self._runs: dict[int, tuple[float, int, float | None]] = {}  # run id → (t₀, s₀, last ETA shown)
+    def __init__(self, reanchor: float = 1.5, slack: float = 5.0, drift: float = 1.2, window: float = 60.0):
+        self.reanchor, self.slack, self.drift, self.window = reanchor, slack, drift, window
+        # run id → [readings (time, step) oldest first, last ETA shown, when it was shown, the evaluation then]
+        self._runs: dict[int, list] = {}
+
+    @staticmethod
+    def _evaluation(run: dict, step: int, total: int) -> int:
+        """How many evaluations the run has made by ``step`` (its ``eval_every``, else the loop's default)."""
+        every = (run.get("config") or {}).get("eval_every") or max(1, total // 25)
+        return step // max(1, int(every))
 
     def __call__(self, run: dict, now: float | None = None) -> float | None:
         now = time.time() if now is None else now
@@ -138,17 +182,29 @@ class SmoothEta:
             if run.get("status") != "running":
                 self._runs.pop(run["id"], None)
             return None
+        evaluation = self._evaluation(run, step, total)
         seen = self._runs.get(run["id"])
-        if seen is None or step < seen[1]:  # first sighting (or the run restarted from a checkpoint)
-            self._runs[run["id"]] = (now, step, None)
+        if seen is None or step < seen[0][-1][1]:  # first sighting (or the run restarted from a checkpoint)
+            self._runs[run["id"]] = [[(now, step)], None, now, evaluation]
             return None
-        t0, s0, shown = seen
-        if step == s0 or now <= t0:
+        readings, shown, t_shown, at = seen
+        if step == readings[0][1] or now <= readings[0][0]:
             return shown  # no progress since the first sighting: nothing to measure yet
-        raw = max(0.0, (total - step) * (now - t0) / (step - s0))
-        if shown is None or raw <= shown or raw > max(self.reanchor * shown, shown + self.slack):
+        readings.append((now, step))
+        while len(readings) > 2 and readings[1][0] <= now - self.window:
+            readings.pop(0)  # the rate over the last window (the oldest reading kept reaches back to it)
+        t0, s0 = readings[0]
+        raw = max(0.0, (total - step) * (now - t0) / max(step - s0, 1e-9)) if step > s0 else shown
+        if raw is None:
+            return None
+        if shown is None:
             shown = raw
-        self._runs[run["id"]] = (t0, s0, shown)
+        else:
+            countdown = max(0.0, shown - max(0.0, now - t_shown))
+            slowed = raw > max(self.reanchor * countdown, countdown + self.slack)
+            busier = evaluation > at and raw > self.drift * countdown
+            shown = raw if raw <= countdown or slowed or busier else countdown
+        seen[1:] = [shown, now, evaluation]
         return shown
 
 

@@ -55,7 +55,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-from engine.jobs.estimates import run_time_estimate, start_seconds
+from engine.jobs.estimates import busy_elsewhere, run_time_estimate, start_seconds
 from engine.jobs.kinds import job_kind
 from engine.store.db import ACTIVE, RunStore
 from engine.store.liveness import pid_alive
@@ -512,8 +512,11 @@ class JobManager:
     def run_time_estimate(self, jobs, kind: str = "train") -> tuple[float, str] | None:
         """:func:`engine.jobs.estimates.run_time_estimate` for ``jobs`` launched now: this store's history, this
         manager's workers, and whether the first wave finds warm standbys (later ones do when it prewarms)."""
-        return run_time_estimate(jobs, self.store.list_runs(kind=kind), self.max_workers,
-                                 ready_standbys=self.standbys_ready(), prewarm=self.prewarm)
+        history = self.store.list_runs(kind=kind)
+        # the lab's own busy workers (one per job, not per seed row) are in the load average: not "others"
+        running = len([r for r in self.store.list_runs(status="running") if _is_leader(r)])
+        return run_time_estimate(jobs, history, self.max_workers, ready_standbys=self.standbys_ready(),
+                                 prewarm=self.prewarm, others=busy_elsewhere(running))
 
     def start_estimate(self, kind: str) -> tuple[float, bool]:
         """(seconds from Launch to the first step of a ``kind`` job launched now, measured?): warm when a standby

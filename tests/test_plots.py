@@ -472,7 +472,7 @@ def test_gain_is_paired_by_seed_index_and_judged_against_the_seed_spread():
     assert "not beyond the seed spread" in words[-1]
     fig = training.fig_recall_gain_over_time(gain)
     line = _trace(fig, "line|INO-SGD #21–24 − IDP-SGD (SAMPLE) #11–14|ε=1")
-    assert np.allclose(line.y, 100 * np.mean(gains))  # in recall points (pp), as the words above it
+    assert np.allclose(line.y, 100 * np.mean(gains))  # in recall points (pp), as the words below it
     note = [a for a in fig.layout.annotations if a.name == "gain_spread"][0]
     assert "beyond the seed spread" in note.text
     noisy = seed_series(31, "ino", 4, offsets=offsets, gains=[0.2, -0.2, 0.15, -0.1], group="gs2") + \
@@ -645,6 +645,24 @@ def test_a_narrow_column_wraps_a_long_title_on_a_copy_and_keeps_short_ones():
     assert wrapped.layout.title.y < fig.layout.title.y
     short = scaffold.base_figure("Accuracy", "light")
     assert scaffold.wrap_title(short, 40) is short
+
+
+def test_notes_below_a_plot_keep_its_height_and_a_narrow_column_grows_the_figure_for_them():
+    sentence = "ε=1 (INO #4 − IDP-SGD (SAMPLE) #3): best gain +8.2 points at step 90; one seed, so the spread is unknown."
+    note, layout = scaffold.notes_below([sentence, sentence], plot_px=300, top_px=80)
+    assert layout["height"] - layout["margin"]["t"] - layout["margin"]["b"] == 300  # the plot's own height
+    assert note["y"] < 0 and note["yanchor"] == "top" and note["text"].count("<br>") == 1
+    assert scaffold.notes_below([], plot_px=300)[0] is None
+    fig = scaffold.base_figure("Gain", "light")
+    fig.add_annotation(**note)
+    fig.update_layout(**layout)
+    narrow = scaffold.wrap_title(fig, 40, note_width=60)
+    lines = narrow.layout.annotations[0].text.split("<br>")
+    assert len(lines) == 4 and " ".join(lines) == " ".join([sentence, sentence])
+    grown = 2 * scaffold.NOTE_LINE_PX
+    assert narrow.layout.height == layout["height"] + grown and narrow.layout.margin.b == layout["margin"]["b"] + grown
+    assert narrow.layout.margin.t == 80  # nothing above the plot moved
+    assert fig.layout.height == layout["height"]  # the exported figure is unchanged
 
 
 def test_a_narrow_column_wraps_the_notes_above_a_plot_and_makes_room_for_them():

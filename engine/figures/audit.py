@@ -5,7 +5,7 @@ running audit's partial one too). Nothing here reads the store or calls Streamli
 the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
 
 Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, each group's own null floor as a
-tick on its bar, "Δ not resolved" named above the plot); the Δ table (pp, with CI, the null Δ spread and
+tick on its bar, "Δ not resolved" named below the plot; more than four algorithms: a panel each); the Δ table (pp, with CI, the null Δ spread and
 whether Δ is resolved) and accuracy per algorithm; per-tier empirical ε lower bound next to the
 claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
 (PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
@@ -16,12 +16,15 @@ import numpy as np
 import plotly.graph_objects as go
 
 from engine.audit.report import AuditReport, as_report
-from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
-                                     fig_table, group_color)
+from engine.figures.scaffold import (LEGEND_BESIDE, FigureSpec, algo_color, base_figure, empty_figure, esc,
+                                     escape_columns, facet_grid, fig_table, group_color, notes_below)
 
 AUDIT_FIGURES = ("gpr_bars", "delta_table", "accuracy", "epsilon_bounds", "lira_roc", "advantage_hist", "baselines",
                  "paired_differences")
 NO_RESULTS = "No audit results yet"
+# More audited algorithms than this (six with DP-SGD-S's controls): the GPR and ε-bound charts draw one panel per
+# algorithm (small multiples) instead of six to twelve bars side by side in each group.
+MAX_GROUPED_ALGORITHMS = 4
 
 
 def _colors(report: AuditReport) -> dict:
@@ -37,15 +40,38 @@ def _group_title(report: AuditReport) -> str:
 
 
 def _top(title: str, theme: str, fig: go.Figure | None = None) -> go.Figure:
-    return base_figure(title, theme, fig, legend="top")
+    """A one-panel audit figure: its legend beside the plot (never over the title or a note, however many
+    algorithms: :data:`engine.figures.scaffold.LEGEND_BESIDE`)."""
+    fig = base_figure(title, theme, fig)
+    fig.update_layout(legend=LEGEND_BESIDE)
+    return fig
 
 
 def _grid(labels: list, title: str, theme: str):
-    """One panel per algorithm, at most three a row, legend on top."""
+    """One panel per algorithm, at most three a row, the legend beside them."""
     fig, rows, cols = facet_grid(labels, title, theme, horizontal_spacing=0.05, vertical_spacing=0.16)
-    fig.update_layout(height=max(400, 120 + 300 * rows), margin=dict(t=110),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0 + 0.1 / rows, x=1, xanchor="right"))
+    fig.update_layout(height=max(400, 120 + 300 * rows), margin=dict(t=110), legend=LEGEND_BESIDE)
     return fig, rows, cols
+
+
+def _note_below(fig: go.Figure, lines: list[str]) -> None:
+    """``lines`` (escaped) under the plot, the figure grown by them (:func:`engine.figures.scaffold.notes_below`):
+    a note in the title's second line had run over a legend above the plot."""
+    top, bottom = fig.layout.margin.t or 80, fig.layout.margin.b or 50
+    plot_px = (fig.layout.height or 450) - top - bottom
+    note, layout = notes_below(lines, plot_px=plot_px, top_px=top)
+    fig.add_annotation(**note)
+    fig.update_layout(**layout)
+
+
+def _panels(labels: list, title: str, theme: str):
+    """(figure, where) for a per-group chart of the algorithms ``labels`` (escaped): up to
+    :data:`MAX_GROUPED_ALGORITHMS` side by side on one panel (``where(k)`` = {}), more one panel each
+    (``where(k)`` = that panel's row and col)."""
+    if len(labels) <= MAX_GROUPED_ALGORITHMS:
+        return _top(title, theme), lambda k: {}
+    fig, rows, cols = _grid(labels, title, theme)
+    return fig, lambda k: {"row": k // cols + 1, "col": k % cols + 1}
 
 
 def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> go.Figure:
@@ -55,35 +81,36 @@ def fig_gpr_bars(results, *, theme: str = "light", title: str | None = None) -> 
     df = report.gpr_frame()
     if df.empty:
         return empty_figure(title, theme, NO_RESULTS, legend="top")
-    fig = _top(title, theme)
     colors = _colors(report)
-    for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
+    frame = escape_columns(df, "label", "group")
+    labels = list(dict.fromkeys(frame["label"]))
+    fig, where = _panels(labels, title, theme)
+    for k, (label, g) in enumerate(frame.groupby("label", sort=False)):
         # offsetgroup: each algorithm's bar beside the others' (not on top), its CI and null floor tick on it
         fig.add_trace(go.Bar(x=g["group"], y=g["gpr"], name=label, marker_color=colors.get(label), offsetgroup=label,
                              error_y=dict(type="data", symmetric=False, array=(g["high"] - g["gpr"]).clip(lower=0),
                                           arrayminus=(g["gpr"] - g["low"]).clip(lower=0), thickness=1.5, width=4),
                              customdata=np.stack([g["low"], g["high"], g["n"].fillna(0)], axis=1),
                              hovertemplate="%{x}: GPR %{y:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]"
-                                           "<br>n = %{customdata[2]}<extra>" + label + "</extra>"))
-    # each group's own null floor (permuted membership within the group), on its algorithm's bar
-    for label, g in escape_columns(df, "label", "group").groupby("label", sort=False):
+                                           "<br>n = %{customdata[2]}<extra>" + label + "</extra>"), **where(k))
+        # each group's own null floor (permuted membership within the group), on its algorithm's bar
         if g["null_floor"].notna().any():
             fig.add_trace(go.Scatter(x=g["group"], y=g["null_floor"], mode="markers", name=f"{label}: null floor",
                                      offsetgroup=label, legendgroup="null floor", showlegend=False,
                                      marker=dict(symbol="line-ew-open", size=22, color="#555",
                                                  line=dict(width=3, color="#555")),
                                      hovertemplate="%{x}: null floor %{y:.4f} (permuted membership)<extra>" + label
-                                                   + "</extra>"))
+                                                   + "</extra>"), **where(k))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="null floor (each group's own)",
                              legendgroup="null floor",
-                             marker=dict(symbol="line-ew-open", size=22, color="#555", line=dict(width=3, color="#555"))))
+                             marker=dict(symbol="line-ew-open", size=22, color="#555", line=dict(width=3, color="#555"))),
+                  **where(0))
     unresolved = [esc(a.label) for a in report.algorithms if a.resolved is False]
     if unresolved:
-        fig.update_layout(title_text=(fig.layout.title.text or "") + "<br><sub>Δ not resolved (its CI reaches the "
-                          "null Δ spread): " + ", ".join(unresolved) + "</sub>")
-    fig.update_layout(scattermode="group")
-    fig.update_layout(barmode="group", yaxis_title="GPR = mean per-sample advantage", xaxis_title=_group_title(report))
-    fig.update_xaxes(type="category")
+        _note_below(fig, ["Δ not resolved (its CI reaches the null Δ spread): " + ", ".join(unresolved)])
+    fig.update_layout(scattermode="group", barmode="group")
+    fig.update_xaxes(type="category", title_text=_group_title(report))
+    fig.update_yaxes(title_text="GPR = mean per-sample advantage", **({"col": 1} if where(0) else {}))
     return fig
 
 
@@ -129,25 +156,28 @@ def fig_epsilon_bounds(results, *, theme: str = "light",
         return empty_figure(title, theme, NO_RESULTS, legend="top")
     conf = df["confidence"].dropna()
     title += f" ({int(round(100 * conf.iloc[0]))}% Clopper–Pearson)" if len(conf) else ""
-    fig = _top(title, theme)
     colors = _colors(report)
-    for label, d in escape_columns(df, "label", "tier").groupby("label", sort=False):
+    frame = escape_columns(df, "label", "tier")
+    fig, where = _panels(list(dict.fromkeys(frame["label"])), title, theme)
+    for k, (label, d) in enumerate(frame.groupby("label", sort=False)):
         fig.add_trace(go.Bar(x=d["tier"], y=d["lower_bound"], name=f"{label}: lower bound", offsetgroup=label,
                              marker_color=colors.get(label), legendgroup=label, texttemplate="%{y:.2f}",
                              textposition="outside", cliponaxis=False,
                              customdata=np.stack([d["tpr"], d["fpr"]], axis=1),
                              hovertemplate="%{x}: ε ≥ %{y:.3f} (TPR %{customdata[0]:.4f}, FPR %{customdata[1]:.4f})"
-                                           "<extra>" + label + "</extra>"))
+                                           "<extra>" + label + "</extra>"), **where(k))
         claimed = d["claimed"]
         if claimed.notna().any():
             fig.add_trace(go.Scatter(x=d["tier"], y=claimed, mode="markers", name=f"{label}: claimed ε",
                                      offsetgroup=label, legendgroup=label, showlegend=True,
                                      marker=dict(symbol="line-ew-open", size=28, color=colors.get(label),
                                                  line=dict(width=4, color=colors.get(label))),
-                                     hovertemplate="%{x}: claimed ε = %{y:.3f}<extra>" + label + "</extra>"))
-    fig.update_layout(barmode="group", scattermode="group", yaxis_title="ε", xaxis_title="privacy tier",
-                      yaxis_rangemode="tozero")
-    fig.update_xaxes(type="category")
+                                     hovertemplate="%{x}: claimed ε = %{y:.3f}<extra>" + label + "</extra>"),
+                          **where(k))
+    fig.update_layout(barmode="group", scattermode="group")
+    fig.update_xaxes(type="category", title_text="privacy tier")
+    fig.update_yaxes(title_text="ε", **({"col": 1} if where(0) else {}))
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 

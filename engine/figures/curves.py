@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from engine.figures import bands as bd
-from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, Plan, Span, Trace, algo_symbol, axis_name, esc,
-                                     escape_columns, facets, rgba, tier_color)
+from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, LEGEND_BESIDE, Plan, Span, Trace, algo_symbol,
+                                     axis_name, esc, escape_columns, facets, notes_below, rgba, stacked_panels,
+                                     tier_color)
 from engine.models.metrics import mid_markers
 
 CURVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent", "recall_gain_time")
@@ -332,11 +333,19 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
                 y_rangemode="tozero")
 
 
+# More INO/IDP pairs (or series of paired seeds) than this on one gain chart: one panel per pair (small
+# multiples), stacked, instead of one panel of dash styles and a legend entry per pair and tier.
+MAX_OVERLAID_PAIRS = 1
+GAIN_PANEL_PX = 260  # each pair's panel (the plot area of a one-pair chart too)
+
+
 def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing: float = 0.0, bands: bool = True,
                           title: str = "Recall gain INO − IDP per tier over training") -> Plan:
     """Per tier: INO's recall minus its IDP-SGD pair's, in recall points (pp: the unit the gain sentence and the
-    tables say; the frame keeps fractions); for a series of paired seeds the mean paired gain with a ± 1 SE band,
-    and above the plot, in words, whether the gain is beyond the seed spread."""
+    tables say; the frame keeps fractions); for a series of paired seeds the mean paired gain with a ± 1 SE band.
+    Below the plot, in words, whether each gain is beyond the seed spread; the legend (the tiers) beside it; with
+    more than :data:`MAX_OVERLAID_PAIRS` pairs one panel per pair, stacked, each as tall as a lone pair's plot:
+    the figure grows with the pairs and their words, the plots keep their height."""
     if gain.empty:
         return Plan(title, empty="select an INO-SGD run and the IDP-SGD run it builds on")
     points = gain.assign(gain=100.0 * gain["gain"].astype(float))
@@ -347,20 +356,25 @@ def recall_gain_time_plan(gain: pd.DataFrame, *, x_axis: str = "step", smoothing
     agg = bd.seed_mean(df, ["unit", "tier", "tier_index", "step"], "gain", extra=("x",))
     by_unit = _groups(agg.sort_values("tier_index", kind="stable"), "unit", ["tier", "tier_index"], "gain")
     units = list(df["unit"].unique())
-    traces, any_band = [], False
+    panels = units if len(units) > MAX_OVERLAID_PAIRS else None
+    traces, any_band, shown = [], False, set()
     for i, u in enumerate(units):
         for (tier, ti), g in by_unit[u]:
             _, x, m, se, n = g
             any_band |= bands and n > 1
-            _curve(traces, f"{u}|{tier}", x, m, se, panel=0, color=tier_color(int(ti)),
-                   name=tier + (f" · {u}" if len(units) > 1 else ""), group=f"{u}|{tier}", show=True,
-                   smoothing=smoothing, band=bands and n > 1, dash=DASHES[i % len(DASHES)])
+            _curve(traces, f"{u}|{tier}", x, m, se, panel=i if panels else 0, color=tier_color(int(ti)),
+                   name=tier, group=f"tier|{tier}", show=tier not in shown, smoothing=smoothing,
+                   band=bands and n > 1)
+            shown.add(tier)
     _mark_legends(traces, smoothing=smoothing, band=any_band)
-    words = bd.gain_spread_words(bd.recall_gain_spread(gain))
-    notes = [dict(text="<br>".join(esc(w) for w in words), name="gain_spread", xref="paper", yref="paper", x=0,
-                  y=1.0, yanchor="bottom", xanchor="left", align="left", showarrow=False, font=dict(size=11))]
+    words = [esc(w) for w in bd.gain_spread_words(bd.recall_gain_spread(gain))]
     if missing:
-        notes.append(_missing_note(missing, x_axis))
-    return Plan(title, traces, notes=notes, hlines=[dict(y=0, line=dict(color="gray", width=1))],
-                x_title=bd.x_title(x_axis, per_tier=True), y_title="recall gain, INO − IDP (pp)",
-                layout=dict(margin=dict(t=90 + 16 * len(words))))
+        words.append(_missing_note(missing, x_axis)["text"])
+    plot_px, spacing = stacked_panels(len(panels), GAIN_PANEL_PX) if panels else (GAIN_PANEL_PX, None)
+    below, layout = notes_below(words, plot_px=plot_px, name="gain_spread")
+    hline = dict(y=0, line=dict(color="gray", width=1))
+    return Plan(title, traces, panels=panels, notes=[below] if below is not None else [],
+                hlines=[{**hline, "row": "all", "col": 1}] if panels else [hline],
+                x_title=bd.x_title(x_axis, per_tier=True), y_title="recall gain, INO − IDP (pp)", max_cols=1,
+                vertical_spacing=spacing, height=layout["height"],
+                layout=dict(margin=layout["margin"], legend=LEGEND_BESIDE))

@@ -199,14 +199,20 @@ def wrap_title(fig: go.Figure, width: int, *, note_width: int | None = None) -> 
     exported) is not changed; a figure whose texts fit is returned as it is."""
     text = fig.layout.title.text or ""
     title_lines = _wrap_words(text, width) if len(text) > width and "<br>" not in text else None
-    notes, added = [], 0
+    notes, added, below = [], 0, 0
     for k, a in enumerate(fig.layout.annotations):
         above = a.xref == "paper" and a.yref == "paper" and a.xanchor == "left" and (a.y or 0) >= 1
+        # a note under the plot (:func:`notes_below`): the figure grows at the bottom instead
+        under = a.xref == "paper" and a.yref == "paper" and a.xanchor == "left" and a.yanchor == "top" and \
+            (a.y or 0) < 0
         lines = (a.text or "").split("<br>")
-        if note_width and above and any(len(line) > note_width for line in lines):
+        if note_width and (above or under) and any(len(line) > note_width for line in lines):
             wrapped = [w for line in lines for w in _wrap_words(line, note_width)]
             notes.append((k, "<br>".join(wrapped)))
-            added += len(wrapped) - len(lines)
+            if under:
+                below += len(wrapped) - len(lines)
+            else:
+                added += len(wrapped) - len(lines)
     if title_lines is None and not notes:
         return fig
     out = go.Figure(fig)
@@ -220,7 +226,41 @@ def wrap_title(fig: go.Figure, width: int, *, note_width: int | None = None) -> 
         out.layout.annotations[k].text = note
     top += ANNOTATION_LINE_PX * added
     out.update_layout(margin_t=top)
+    if below:  # the plot keeps its height: the bottom margin and the figure grow by the added lines
+        grow = NOTE_LINE_PX * below
+        out.update_layout(margin_b=(out.layout.margin.b or 50) + grow, height=(out.layout.height or 450) + grow)
     return out
+
+
+# --- many series: the legend beside the plot, notes below it, the plot's own height kept --------------------
+
+# A legend listed down the right of the plot: Plotly widens the right margin to fit it, so however many entries
+# it has it never covers the plot, its title or a note (a horizontal legend above the plot grew into the title
+# with 12 entries; one below it into the notes).
+LEGEND_BESIDE = dict(orientation="v", x=1.02, xanchor="left", y=1.0, yanchor="top", title=None)
+NOTE_LINE_PX = 16  # one line of an 11 px note
+BELOW_X_TITLE_PX = 58  # from the plot's bottom edge, past its tick labels and x-axis title
+PANEL_GAP_PX = 90  # between stacked panels: the upper one's x-axis title and the lower one's panel title
+
+
+def notes_below(lines: list[str], *, plot_px: int, top_px: int = 80, name: str = "below") -> tuple[dict | None, dict]:
+    """(the annotation of ``lines`` — escaped text — under the plot and its x-axis title, or None; the layout
+    that keeps the plot area ``plot_px`` tall: the bottom margin and the figure's height grow by the lines).
+    Notes above a plot had squeezed it into a thin strip as pairs were added; here the figure grows instead."""
+    bottom = BELOW_X_TITLE_PX + NOTE_LINE_PX * len(lines) + 14
+    layout = dict(margin=dict(t=top_px, b=bottom), height=top_px + plot_px + bottom)
+    if not lines:
+        return None, layout
+    note = dict(text="<br>".join(lines), name=name, xref="paper", yref="paper", x=0, xanchor="left",
+                y=-BELOW_X_TITLE_PX / plot_px, yanchor="top", align="left", showarrow=False, font=dict(size=11))
+    return note, layout
+
+
+def stacked_panels(n: int, panel_px: int) -> tuple[int, float]:
+    """(plot-area height in px, vertical spacing as a fraction of it) of ``n`` panels stacked in one column, each
+    ``panel_px`` tall with :data:`PANEL_GAP_PX` between them."""
+    total = n * panel_px + (n - 1) * PANEL_GAP_PX
+    return total, (PANEL_GAP_PX / total if n > 1 else 0.0)
 
 
 def empty_figure(title: str, theme: str, message: str, *, legend: str = "bottom") -> go.Figure:

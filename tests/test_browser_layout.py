@@ -1,0 +1,119 @@
+"""Charts that hold many series (issue 38 point 4), measured in a real browser: for 1, 2 and 4 INO/IDP pairs the
+gain-over-training chart, and for 6 audited algorithms the GPR and ε-bound charts, keep every title, note and
+legend out of every plot area and out of each other, inside the figure, and every plot area at least
+MIN_PLOT_PX tall — the gain chart at the width of a
+half-width column of the page (its title and notes wrapped as the page wraps them) and at full width, the audit
+charts (full width on the Audit page) at full width.
+
+Each figure is the engine's own (engine.figures), written as a Plotly HTML page (plotly.js from the plotly package,
+beside it in a temporary folder: nothing from the internet) and opened in Debian's Chromium; the boxes are read
+from what Plotly drew (the SVG), so what is checked is what a researcher sees.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.figures import frames, scaffold, training
+from engine.figures.audit import MAX_GROUPED_ALGORITHMS, fig_epsilon_bounds, fig_gpr_bars
+from tests.test_browser import CHROMIUM, UI_MS
+from tests.test_browser import browser  # noqa: F401 - pytest fixture
+from tests.test_plots import make_run
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+
+NARROW_PX, WIDE_PX = 640, 1400  # a half-width column of the wide page on a laptop; a full-width chart
+MIN_PLOT_PX = 180  # a plot area squeezed below this by notes and legends (the tour saw a thin strip) is a problem
+
+# Every box Plotly drew that must stay clear: the title, each annotation (notes, panel titles), the legend; and the
+# plot areas (each subplot's drag rectangle). Viewport pixels.
+BOXES = """() => {
+  const svg = document.querySelector('svg.main-svg');
+  const box = e => { const r = e.getBoundingClientRect(); return {x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}; };
+  const named = (sel, kind) => [...document.querySelectorAll(sel)].filter(e => e.getBoundingClientRect().width > 0)
+      .map(e => ({kind, text: (e.textContent || '').slice(0, 60), ...box(e)}));
+  return {figure: box(svg),
+          texts: [...named('.gtitle', 'title'), ...named('.annotation-text-g', 'note'), ...named('.legend .bg', 'legend')],
+          plots: named('.nsewdrag', 'plot')};
+}"""
+
+
+def overlap(a: dict, b: dict, slack: float = 2.0) -> bool:
+    return min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack
+
+
+def problems(page, fig, width: int, tmp_path, name: str) -> list[str]:
+    """What overlaps what (or leaves the figure) in ``fig`` drawn ``width`` px wide."""
+    path = tmp_path / f"{name}-{width}.html"
+    fig.write_html(path, include_plotlyjs="directory", full_html=True, default_width=f"{width}px",
+                   config={"responsive": False})
+    page.set_viewport_size({"width": width + 40, "height": 1000})
+    page.goto(path.as_uri())
+    page.wait_for_selector("svg.main-svg .legend, svg.main-svg .gtitle", timeout=UI_MS)
+    got = page.evaluate(BOXES)
+    out, f = [], got["figure"]
+    for t in got["texts"]:
+        if t["x0"] < f["x0"] - 1 or t["x1"] > f["x1"] + 1 or t["y0"] < f["y0"] - 1 or t["y1"] > f["y1"] + 1:
+            out.append(f"{t['kind']} {t['text']!r} leaves the figure")
+        out += [f"{t['kind']} {t['text']!r} over a plot area" for p in got["plots"] if overlap(t, p)]
+    for i, a in enumerate(got["texts"]):
+        out += [f"{a['kind']} {a['text']!r} over {b['kind']} {b['text']!r}" for b in got["texts"][i + 1:]
+                if overlap(a, b)]
+    assert got["plots"], f"{name}: no plot area drawn"
+    out += [f"a plot area only {p['y1'] - p['y0']:.0f} px tall" for p in got["plots"] if p["y1"] - p["y0"] < MIN_PLOT_PX]
+    return out
+
+
+def pairs(n: int) -> list[dict]:
+    """``n`` INO-SGD/IDP-SGD pairs, each its own comparison (group)."""
+    runs = []
+    for k in range(n):
+        runs += [make_run(2 * k + 1, "idp_sample", group=f"g{k}"),
+                 make_run(2 * k + 2, "ino", group=f"g{k}", gain=0.02 * (k + 1))]
+    return runs
+
+
+def six_algorithms() -> dict:
+    """An audit's results (the store's summary shape) of six algorithms on two groups and three tiers."""
+    groups, tiers = ["Female", "Male"], ["ε=1", "ε=2", "ε=3"]
+    algos = []
+    for k, name in enumerate(("nonprivate", "dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s")):
+        algos.append({
+            "key": name, "name": name, "label": {"dpsgd_s": "DP-SGD-S", "ino": "INO-SGD"}.get(name, name.upper()),
+            "formal_dp": name != "nonprivate", "null_floor": 0.05, "resolved": k % 2 == 0,
+            "gpr": {"groups": {g: {"mean": 0.1 + 0.02 * k + 0.1 * j, "low": 0.05, "high": 0.3}
+                               for j, g in enumerate(groups)},
+                    "delta": {"value": 10.0, "low": 2.0, "high": 18.0}},
+            "accuracy": {"mean": 0.8, "std": 0.01, "min": 0.78, "max": 0.82, "groups": {g: 0.8 for g in groups}},
+            "epsilon": {"tiers": [{"name": t, "claimed": 1.0 + j, "target": 1.0 + j, "lower_bound": 0.2 * (j + 1),
+                                   "tpr": 0.2, "fpr": 0.1} for j, t in enumerate(tiers)], "confidence": 0.95},
+        })
+    return {"algorithms": algos, "group_names": groups, "group_sizes": {g: 100 for g in groups},
+            "threshold": "in_sample", "n_models": 400, "n_train": 2000, "group_by": "attribute",
+            "config": {"group_attribute": "sex"}}
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_the_gain_chart_holds_its_pairs(browser, tmp_path, n):  # noqa: F811 - pytest fixture
+    fig = training.fig_recall_gain_over_time(frames.recall_gain_over_time(pairs(n)))
+    panels = [a for a in fig.layout.annotations if a.name != "gain_spread"]
+    assert len(panels) == (n if n > 1 else 0)  # small multiples: a titled panel per pair beyond one
+    page = browser.new_page()
+    narrow = scaffold.wrap_title(fig, 52, note_width=62)  # as the page draws it in a half-width column
+    found = problems(page, narrow, NARROW_PX, tmp_path, f"gain{n}") + problems(page, fig, WIDE_PX, tmp_path, f"gain{n}")
+    page.close()
+    assert not found, found
+
+
+def test_the_audit_charts_hold_six_algorithms(browser, tmp_path):  # noqa: F811 - pytest fixture
+    report = six_algorithms()
+    page = browser.new_page()
+    found = []
+    for name, fig in (("gpr", fig_gpr_bars(report)), ("epsilon", fig_epsilon_bounds(report))):
+        assert len(fig.layout.annotations) >= 6 > MAX_GROUPED_ALGORITHMS  # one titled panel per algorithm
+        assert "Δ not resolved" not in (fig.layout.title.text or "")  # said below the plot, not in the title
+        found += [f"{name}: {p}" for p in problems(page, fig, WIDE_PX, tmp_path, name)]
+    page.close()
+    assert not found, found

@@ -71,7 +71,8 @@ def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
                    120, "the gain chart's traces of the most private tier")
     ys = [y for t in plotted for y in t["y"] if y is not None and math.isfinite(y)]
     assert max(ys) > 0
-    assert any(abs(y - curve.max()) < 1e-6 for y in ys), (curve.max(), max(ys))  # the example's peak gain
+    # the example's peak gain, in recall points (the chart's unit, as its sentence's)
+    assert any(abs(y - 100 * curve.max()) < 1e-6 for y in ys), (100 * curve.max(), max(ys))
     mid = page.locator(".st-key-chart-res-mid")
     assert mid.locator(".js-plotly-plot").count() == 1  # the MID chart next to it: IDP and INO, most private tier
     mid.scroll_into_view_if_needed()
@@ -125,4 +126,26 @@ def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
     except AssertionError:
         raise AssertionError(f"heatmap plotted {seen}, the engine computes {list(expect['gain'])}") from None
     assert hm["x"] == ["0.5", "4"] and hm["y"] == ["0.5"]
+    page.close()
+
+
+def test_a_cancelled_and_a_finished_run_are_compared_over_the_steps_both_reached(server, browser):
+    """The tour's case: IDP-SGD cancelled at step 901 of 1406 beside a finished INO-SGD run whose recall is the same
+    over those steps. Results (with "Include unfinished") says the span above the headline, and the headline's INO
+    gain is the one over the steps both reached (0.0 pp), not each run's own-length AUC's (+10.8 pp)."""
+    from test_common_span import case_one, own_length_gain, stored
+
+    url, store, _ = server
+    runs = case_one()
+    assert own_length_gain(runs) > 10  # what the page said before
+    ids = stored(store.path, runs)
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(UI_MS)
+    page.goto(url + f"results?all=true&runs=IDP-SGD+%28SAMPLE%29+%23{ids[0]}&runs=INO-SGD+%23{ids[1]}")
+    note = page.locator(".st-key-span-note")
+    poll(lambda: "Compared over steps 0–901, which both runs reached" in (note.text_content() or ""), RUN,
+         "the span above the headline")
+    assert f"IDP-SGD (SAMPLE) #{ids[0]} was cancelled at 64 %" in note.text_content()
+    gain = page.locator(".st-key-headline [data-testid='stMetricValue']").first
+    poll(lambda: gain.text_content() == "0.0 pp", RUN, "the headline's gain over the common steps")
     page.close()

@@ -19,6 +19,7 @@ from engine.jobs.runs import algorithm_label
 
 # about what a half-width column of the wide layout shows of a 17 px title on a laptop screen (1280 px)
 NARROW_TITLE_CHARS = 52
+WIDE_TITLE_CHARS = 100  # a full-width chart's title (17 px) on a laptop screen: a longer one is wrapped too
 NARROW_NOTE_CHARS = 62  # the same column's 11 px notes above a plot (the gain summary in words), from its left axis
 PLOT_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
@@ -44,6 +45,8 @@ def chart(spec: FigureSpec, *, key: str, export_key: str | None = None, height: 
             fig.update_layout(height=height)
         if narrow:
             fig = wrap_title(fig, NARROW_TITLE_CHARS, note_width=NARROW_NOTE_CHARS)
+        else:
+            fig = wrap_title(fig, WIDE_TITLE_CHARS)
         if uirevision is not None:
             live_plotly_chart(fig, key=f"plot-{key}", config=PLOT_CONFIG, uirevision=uirevision)
         else:

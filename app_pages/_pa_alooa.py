@@ -197,7 +197,7 @@ def page(mgr, store, url) -> None:
         with right:
             st.subheader("Algorithms and audit")
             algos = st.multiselect("Algorithms to compare", widgets.ALGORITHM_CHOICES, default=DEFAULT_ALGOS,
-                                   format_func=algorithm_label, key="a_algos", bind="query-params",
+                                   format_func=algorithm_label, key="a_algos", bind="query-params", wrap=True,
                                    help="Non-private SGD is the reference; DP-SGD-S clips per audit group")
             add_controls = st.toggle(
                 "Add DP-SGD-S controls", key="a_controls", bind="query-params",

@@ -35,7 +35,7 @@ PEARSON_COLUMNS = {
     "Pearson r": st.column_config.NumberColumn("Pearson r", format="%.3f",
                                                help="correlation of owner recall with the owner's privacy budget ε"),
     "p-value": st.column_config.NumberColumn("p-value", format="%.2g", help="two-sided")}
-TALK_TABLE_COLUMNS = {"algorithm": st.column_config.TextColumn("algorithm", width=250),
+TALK_TABLE_COLUMNS = {"algorithm": st.column_config.TextColumn("algorithm", width=200),  # every column in view
                       "runs": st.column_config.NumberColumn("runs (seeds)", format="%d")}
 
 

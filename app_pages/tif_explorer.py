@@ -39,7 +39,7 @@ def _sample(name: str, preset_name: str, batch: int, seed: int, mode: str) -> di
     return tif_explorer.explorer_sample(ds, preset(preset_name, ds), batch_size=batch, seed=seed, mode=mode)
 
 
-controls, view = st.columns([1, 2.4], gap="large")
+controls, view = st.columns([1.3, 2.4], gap="large")  # the TIF shape's four buttons fit their column
 with controls:
     names = dataset_names()
     name = st.selectbox("Dataset", names, index=names.index("digits"), key="x_dataset", bind="query-params")
@@ -104,9 +104,9 @@ with view:
     dropped_batch = float(((1 - batch_df["rho"]) * batch_df["clip_norm"]).sum()) if not batch_df.empty else 0.0
     m1, m2, m3, m4 = st.columns(4)
     m1.metric("Items in this batch", len(batch_df), help=f"expected {sample['expected_batch']:.1f}")
-    m2.metric("Dropped mass per full batch", f"{expected_dropped_mass(tif, gamma):.3f}",
-              help="γ·(1 − ∫TIF) = γ·α/(α+β) for Beta")
-    m3.metric("Dropped in this batch", f"{dropped_batch:.3f}", help="Σ (1 − ρ_i) · C_i")
+    m2.metric("Dropped, full batch", f"{expected_dropped_mass(tif, gamma):.3f}",
+              help="clip mass down-weighted per full batch: γ·(1 − ∫TIF) = γ·α/(α+β) for Beta")
+    m3.metric("Dropped here", f"{dropped_batch:.3f}", help="clip mass down-weighted here: Σ (1 − ρ_i) · C_i")
     m4.metric("Mean ρ", f"{batch_df['rho'].mean():.3f}" if not batch_df.empty else "—")
     charts.chart(spec_bif, key="x-bif", export_key="xe-bif")
     c1, c2 = st.columns(2)

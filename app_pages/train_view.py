@@ -38,9 +38,9 @@ X_AXES = {"step": "steps", "epoch": "epochs", "elapsed": "wall time", "epsilon":
 
 
 def comparison_label(group: str, runs: list[dict]) -> str:
-    """A comparison for the picker, in words (its group id stays in the URL): when it was launched, its
-    algorithms (× k seeds), its dataset and its runs' numbers — "05-12 14:03:27 · IDP-SGD (SAMPLE) vs INO-SGD ·
-    digits · runs #3–#4"."""
+    """A comparison for the picker, in words (its group id stays in the URL): its runs' numbers first (a
+    narrow picker cuts the end of its text, never them), its algorithms (× k seeds), its dataset and when it was
+    launched — "runs #3–#4 · IDP-SGD (SAMPLE) vs INO-SGD · digits · 05-12 14:03:27"."""
     members = sorted((r for r in runs if r["group_id"] == group), key=lambda r: r["id"])
     if not members:
         return "comparison (no runs)"
@@ -52,7 +52,7 @@ def comparison_label(group: str, runs: list[dict]) -> str:
     ids = f"#{members[0]['id']}" if len(members) == 1 else f"#{members[0]['id']}–#{members[-1]['id']}"
     kind = "TIF sweep · " if is_sweep_group(group) else ""
     runs_word = "runs" if len(members) > 1 else "run"
-    return f"{kind}{when} · {what}" + (f" · {data}" if data else "") + f" · {runs_word} {ids}"
+    return f"{runs_word} {ids} · {kind}{what}" + (f" · {data}" if data else "") + f" · {when}"
 
 
 def live_records(store, runs: list[dict]) -> list[dict]:
@@ -282,7 +282,7 @@ if not groups:
         charts.chart(preview, key="example-mid", export_key="x-example")
     st.stop()
 active = [r["group_id"] for r in runs_all if r["group_id"] and status.is_active(r)]
-h1, h2 = st.columns([3, 1])
+h1, h2 = st.columns([1, 2])  # the picker wide enough for its label (the run numbers come first in it)
 h1.subheader("Live view")
 current = widgets.run_picker("Comparison", groups, key="group_pick", param="group", default=(active or groups)[0],
                              format_func=lambda g: comparison_label(g, runs_all), url=url, where=h2,

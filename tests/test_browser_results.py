@@ -18,7 +18,7 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, RUN, UI_MS, browser, server, shot_path
+from test_browser import CHROMIUM, RUN, UI_MS, app_idle, browser, outside_figure, server, shot_path
 from test_browser import wait_until as poll  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -148,4 +148,47 @@ def test_a_cancelled_and_a_finished_run_are_compared_over_the_steps_both_reached
     assert f"IDP-SGD (SAMPLE) #{ids[0]} was cancelled at 64 %" in note.text_content()
     gain = page.locator(".st-key-headline [data-testid='stMetricValue']").first
     poll(lambda: gain.text_content() == "0.0 pp", RUN, "the headline's gain over the common steps")
+    page.close()
+
+
+CLIPPED_JS = """keys => keys.map(key => {
+  const root = document.querySelector('.st-key-' + key);
+  if (!root) return [key, null];
+  const cut = [...root.querySelectorAll('*')].filter(e => {
+    if (!e.clientWidth || e.scrollWidth <= e.clientWidth + 2) return false;
+    const st = getComputedStyle(e);
+    if (st.overflowX === 'auto' || st.overflowX === 'scroll') return true;  // a table that scrolls sideways
+    return (e.tagName === 'INPUT' || (e.textContent || '').trim()) &&  // text cut off
+           (st.overflowX !== 'visible' || st.textOverflow === 'ellipsis');
+  }).map(e => (e.value || e.textContent || e.className || '').slice(0, 60));
+  return [key, cut];
+})"""
+
+
+@pytest.mark.parametrize("path, keys", [
+    ("train", ["group_pick"]),  # the comparison picker: its run numbers
+    ("tif", ["x_shape"]),  # the TIF shape buttons
+    ("audit", ["a_algos"]),  # the audit's algorithm chips
+    ("results?all=true", ["talk-table"]),  # the talk table's last column
+])
+def test_nothing_is_cut_off(server, browser, path, keys):
+    """The widgets the tour found clipped show all of their text at 1400 × 900 (a laptop's browser window)."""
+    from test_common_span import stored
+    from test_plots import make_run
+
+    url, store, _ = server
+    if not store.list_runs(group_id="cmp-cut-off"):  # content for the pickers and tables: two INO/IDP pairs
+        stored(store.path, [make_run(k, "idp_sample" if k % 2 else "ino", group="cmp-cut-off") for k in range(1, 5)])
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(UI_MS)
+    page.goto(url + path)
+    poll(lambda: app_idle(page) and all(page.locator(f".st-key-{k}").count() for k in keys), RUN,
+         f"the widgets {keys} drawn")
+    if path.startswith("results"):
+        page.locator(".st-key-talk-table canvas").first.wait_for()  # the table's grid drawn
+    got = page.evaluate(CLIPPED_JS, keys)
+    assert all(not cut for _, cut in got), got
+    if path.startswith("results"):  # and the full-width charts' titles stay inside their figure (wrapped)
+        page.locator(".st-key-chart-res-ino svg.main-svg").first.wait_for()
+        assert outside_figure(page, "res-ino") == [], outside_figure(page, "res-ino")
     page.close()

@@ -61,8 +61,8 @@ def cmd_run(args) -> int:
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
     config = apply_overrides(config, args.overrides)
+    _print_data_report(config)  # first: a dataset that cannot load is the one message (not a warning before it)
     _print_advisories(config)
-    _print_data_report(config)
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
     ids = store.create_job(config.seed_configs(), status="queued")
@@ -294,8 +294,8 @@ def cmd_rerun(args) -> int:
     config = apply_overrides(config, args.overrides)
     store = _store(args)
     store.mark_dead_runs()
-    _print_advisories(job.run_config(config))
     _print_data_report(job.run_config(config))
+    _print_advisories(job.run_config(config))
     rows = job.rows(config)
     # a new comparison of its own unless --join: a re-run with other settings must not change the old one's figures
     group = old.get("group_id") if args.join and old.get("group_id") else new_group_id(job.group_prefix)

@@ -125,7 +125,7 @@ def common_span(runs: list[dict]) -> Span:
 
 
 def span_title(title: str, span: Span | None) -> str:
-    """A comparison figure's title with its span in words under it when the span cuts a run (raw text: the
-    figure builder escapes it)."""
+    """A comparison figure's title followed by its span in words ("Recall AUC — over steps 0–900, which …") when
+    the span cuts a run (raw text: the figure builder escapes it; a narrow chart wraps it)."""
     words = span.words() if span is not None else None
     return title if words is None else f"{title} — {words}"

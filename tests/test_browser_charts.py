@@ -61,7 +61,8 @@ def comparison(server):
     hot_id = store.create_run(hot, group_id=GROUP, name="lr 1e4")
     execute(store, hot_id, hot, kind="train")
     runs = {r["id"]: r for r in store.list_runs(group_id=GROUP)}
-    assert all(r["status"] == "finished" for r in runs.values()), [(r["id"], r["status"]) for r in runs.values()]
+    # the hot run ends as what it is (issue 38: divergence is a run state), the series as finished
+    assert {i: r["status"] for i, r in runs.items()} == {**{i: "finished" for i in ids}, hot_id: "diverged"}, runs
     hot_losses = [t["loss"] for e in store.eval_metrics(hot_id) for t in e["tiers"]]
     # the premise: the hot run really diverges (a non-finite loss, or one far above its start)
     assert any(not math.isfinite(v) or v > 10 * hot_losses[0] for v in hot_losses[3:])
@@ -83,6 +84,10 @@ def test_a_diverged_run_is_badged_and_seed_bands_are_drawn(server, browser, comp
         return data if data and data["traces"] and data["axes"] else None
 
     data = wait_until(read, UI, "the live MID chart of the comparison")
+    # its status row says it in words, with the lab's one sentence
+    status = page.locator(".st-key-live-status")
+    wait_until(lambda: status.get_by_text("diverged (see the note)").count() == 1, UI, "the diverged badge")
+    assert "diverged at step" in status.text_content()
     badges = [n for n in data["notes"] if n["name"] == "diverged" or n["text"].startswith("diverged")]
     assert len(badges) == 1, data["notes"]
     hot_axis = _axis(badges[0]["yref"])

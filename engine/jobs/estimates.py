@@ -35,6 +35,7 @@ from engine.config.run import RunConfig
 FALLBACK_SECONDS_PER_SAMPLE = {"cnn": 1.3e-4, "mlp": 6e-5, "lr": 2e-5, "resnet18": 5e-3, ("cnn", "digits"): 6e-5}
 FALLBACK_START_SECONDS = 5.0  # a worker process importing torch, loading the data and planning, on 2 cores (rough)
 FALLBACK_WARM_START_SECONDS = 0.5  # a ready standby taking the run, loading the data and planning (rough)
+MEASURED = "measured on this machine"  # how a rate found from this store's runs is said (else it is a rough one)
 WARM_START_MAX_SECONDS = 1.5  # a longer wait is a cold start: importing torch alone takes longer on 2 cores
 
 
@@ -55,7 +56,7 @@ def seconds_per_sample(config: RunConfig, history: list[dict]) -> tuple[float, s
         samples = r["total_steps"] * max(1, int(cfg.get("batch_size") or 1)) * max(1, int(cfg.get("seeds") or 1))
         rates.append((r["finished_at"] - r["started_at"]) / samples)
     if rates:
-        return statistics.median(rates), f"measured on this machine from {len(rates)} finished run(s)"
+        return statistics.median(rates), f"{MEASURED} from {len(rates)} finished run(s)"
     model = config.model.name if config.model.name in FALLBACK_SECONDS_PER_SAMPLE else "cnn"
     rate = FALLBACK_SECONDS_PER_SAMPLE.get((model, config.data.name), FALLBACK_SECONDS_PER_SAMPLE[model])
     return rate, "a rough estimate until a run of this dataset and model has finished"
@@ -74,7 +75,8 @@ def busy_elsewhere(active_workers: int = 0) -> float:
 def contention(workers: int, others: float, cores: int | None = None) -> float:
     """How many times slower each of ``workers`` one-thread worker processes trains than alone on a quiet machine,
     beside ``others`` busy processes (:func:`busy_elsewhere`): the ``cores`` are shared by all of them (≥ 1)."""
-    cores = cores or os.cpu_count() or 1
+    if not cores:  # the cores this process may use (a container's share), else the machine's
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1.0, (workers + max(0.0, others)) / cores)
 
 
@@ -117,7 +119,7 @@ def run_time_estimate(jobs, history: list[dict], workers: int, *, ready_standbys
     total, how, rough = [], "", False
     for config, steps, batch in jobs:
         rate, how = seconds_per_sample(config, history)
-        rough |= not how.startswith("measured")
+        rough |= not how.startswith(MEASURED)
         total.append(steps * (batch or config.batch_size) * max(1, int(getattr(config, "seeds", 1) or 1)) * rate)
     if not total:
         return None

@@ -69,10 +69,10 @@ def test_mid_recovered_none_and_undecided():
     assert headline.gain_sentence(done).endswith("; IDP-SGD had no MID")
     early = gain_frame(STEPS[:1], [[0.30]], [[0.30]], total=1406)  # the initial evaluation only: undecided
     assert "MID" not in headline.gain_sentence(early)
-    assert headline.idp_mid([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=False) == ("ongoing", 1)
-    assert headline.idp_mid([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=True) == ("ongoing", 1)  # ended in it
-    assert headline.idp_mid([0, 1, 2], [2.3, 2.3, 2.2], finished=True) == ("none", None)  # level is not above
-    assert headline.idp_mid([0, 1, 2], [2.3, float("nan"), 2.2]) == (None, None)
+    assert headline.mid_state([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=False) == ("ongoing", 1)
+    assert headline.mid_state([0, 1, 2, 3], [2.3, 2.5, 2.4, 2.4], finished=True) == ("ongoing", 1)  # ended in it
+    assert headline.mid_state([0, 1, 2], [2.3, 2.3, 2.2], finished=True) == ("none", None)  # level is not above
+    assert headline.mid_state([0, 1, 2], [2.3, float("nan"), 2.2]) == (None, None)
 
 
 @pytest.mark.parametrize("count", [2, 3, 5, 8, 11])

@@ -5,9 +5,9 @@ running audit's partial one too). Nothing here reads the store or calls Streamli
 the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
 
 Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, each group's own null floor as a
-tick on its bar, "Δ not resolved" named below the plot; more than four algorithms: a panel each); the Δ table (pp, with CI, the null Δ spread and
-whether Δ is resolved) and accuracy per algorithm; per-tier empirical ε lower bound next to the
-claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
+tick on its bar, "Δ not resolved" named below the plot; more than four algorithms: a panel each; legends beside
+the plot); the Δ table (pp, with CI, the null Δ spread and whether Δ is resolved) and accuracy per algorithm;
+per-tier empirical ε lower bound next to the claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
 (PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
 """
 from __future__ import annotations

@@ -5,7 +5,8 @@ as it went; comparisons (``owner_recall``, ``pearson_by_run``, ``recall_gain_by_
 ``final_table``, ``fairness_table``, ``mid_summary``) read every run over the span all compared runs reached
 (:func:`engine.figures.common_span.common_span`: a cancelled run beside a finished one is compared over the
 steps both reached), and ``recall_gain_over_time`` only where both runs of a pair have got to. Frames hold raw
-text (run and tier names as the user wrote them); the figure builders in :mod:`engine.figures.training` escape it. Nothing here reads the store or plots.
+text (run and tier names as the user wrote them); the figure builders in :mod:`engine.figures.training` escape
+it. Nothing here reads the store or plots.
 
 A run record's ``evals`` are the store's dicts (or :class:`engine.train.records.EvalRecord`); they are read as
 records (:func:`run_evals`). ``memo`` (a dict kept by a live view between refreshes, or by one figure build):
@@ -397,7 +398,8 @@ def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, me
     """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress), one row per seed
     pair (:func:`pair_runs`: replicate j with replicate j) and INO evaluation; step, epoch, elapsed and ε spent
     are INO's, and so is IDP-SGD's tier loss (``idp_loss``, interpolated the same way) beside INO's own
-    (``ino_loss``): the headline reads both algorithms' MID from them by the one MID rule. ``hist``: the runs' :func:`tier_history` when the caller has it."""
+    (``ino_loss``): the headline reads both algorithms' MID from them by the one MID rule. ``hist``: the runs'
+    :func:`tier_history` when the caller has it."""
     hist = tier_history(runs, memo) if hist is None else hist
     labels = series_labels(runs)
     parts = []

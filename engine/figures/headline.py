@@ -55,11 +55,10 @@ def gain_curve(gain: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
-def idp_mid(steps, loss, *, finished: bool = False) -> tuple[str | None, int | None]:
+def mid_state(steps, loss, *, finished: bool = False) -> tuple[str | None, int | None]:
     """An algorithm's MID of a tier (IDP-SGD's or INO-SGD's) from its test loss (evaluations in step order, the
-    first the initial one) by the
-    lab's one MID rule, :func:`engine.models.metrics.mid_markers` (the MID chart's shading, the MID table and the
-    run summary read the same): (state, step).
+    first the initial one) by the lab's one MID rule, :func:`engine.models.metrics.mid_markers` (the MID chart's
+    shading, the MID table and the run summary read the same): (state, step).
 
     * ``"ongoing"`` (step: the onset) — the loss rose above its initial value and is still above it;
     * ``"recovered"`` (step: the end, the first evaluation back at or below it);
@@ -87,10 +86,10 @@ def _points(value: float) -> float:
 def gain_sentence(gain: pd.DataFrame) -> str | None:
     """One sentence on a one-tier gain frame (:func:`private_gain`): who leads at the latest evaluation every
     pair has reached (the latest one when the pairs have none in common), by how many recall points (mean over
-    the paired seeds, ± its s.e. when there are several), and each algorithm's MID (:func:`idp_mid`, IDP-SGD's
+    the paired seeds, ± its s.e. when there are several), and each algorithm's MID (:func:`mid_state`, IDP-SGD's
     then INO-SGD's) where it can be decided (from the tier's loss averaged over the pairs, up to that evaluation;
-    "finished" when INO-SGD's progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points (after rounding to one
-    decimal, so never "−0.0") is "level". None without a gain."""
+    "finished" when INO-SGD's progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points
+    (after rounding to one decimal, so never "−0.0") is "level". None without a gain."""
     curve = gain_curve(gain).dropna(subset=["gain"])
     if curve.empty:
         return None
@@ -110,7 +109,7 @@ def gain_sentence(gain: pd.DataFrame) -> str | None:
     upto = curve[curve["step"] <= step]
     finished = bool(upto["progress"].iloc[-1] >= 1.0 - 1e-9)
     for who, loss in (("IDP-SGD", "idp_loss"), ("INO-SGD", "ino_loss")):
-        text += _mid_words(who, *idp_mid(upto["step"], upto[loss], finished=finished))
+        text += _mid_words(who, *mid_state(upto["step"], upto[loss], finished=finished))
     return text
 
 

@@ -193,12 +193,11 @@ class SmoothEta:
         if step == readings[0][1] or now <= readings[0][0]:
             return shown  # no progress since the first sighting: nothing to measure yet
         readings.append((now, step))
-        while len(readings) > 2 and readings[1][0] <= now - self.window:
-            readings.pop(0)  # the rate over the last window (the oldest reading kept reaches back to it)
+        # the rate over the last window: the oldest reading kept reaches back to it, and is behind this step
+        while len(readings) > 2 and readings[1][0] <= now - self.window and readings[1][1] < step:
+            readings.pop(0)
         t0, s0 = readings[0]
-        raw = max(0.0, (total - step) * (now - t0) / max(step - s0, 1e-9)) if step > s0 else shown
-        if raw is None:
-            return None
+        raw = max(0.0, (total - step) * (now - t0) / (step - s0))
         if shown is None:
             shown = raw
         else:

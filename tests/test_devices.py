@@ -200,7 +200,7 @@ def test_training_makes_every_tensor_on_the_run_device(recorder, algo):
 
 @pytest.mark.slow
 def test_stacked_seeds_make_every_tensor_on_the_run_device(recorder):
-    """k = 2 seeds: the model axis (stacked CNN parameters, vmap) and DP-SGD-S's per-model state."""
+    """k = 2 seeds: the model axis (stacked CNN parameters, the layerwise stack) and DP-SGD-S's per-model state."""
     result = train(TINY_RUN.replace(**{"algorithm.name": "dpsgd_s", "seeds": 2, "data.max_train": 600}))
     assert len(result.per_seed) == 2
     _assert_explicit(recorder)
@@ -224,7 +224,8 @@ def test_audit_chunks_make_every_tensor_on_the_run_device(recorder):
 
 
 def test_cnn_audit_chunk_makes_every_tensor_on_the_run_device(recorder):
-    """A CNN chunk: vmap over the stacked models, and the chunk sizing's shape probe (engine.audit.chunks)."""
+    """A CNN chunk: the layerwise stack (its probe batch included), and the chunk sizing's shape probe
+    (engine.audit.chunks)."""
     config = AuditConfig(run=AUDIT_RUN.replace(**{"model.name": "cnn"}), group_by="class", R=2, epsilon=2.0,
                          n_boot=20, null_perms=2, looa_k=0, algorithms=(AlgorithmConfig(name="dpsgd"),))
     assert run_audit(config).n_models == 4

@@ -66,7 +66,7 @@ def test_poisson_sampler_rates_and_layout():
 def test_closed_form_per_sample_gradients_match_vmap(model, digits):
     ds = digits
     fast = StackedModels(model, ds.input_shape, 10, [3, 4, 5], "cpu")
-    slow = StackedModels(model, ds.input_shape, 10, [3, 4, 5], "cpu", closed_form=False)
+    slow = StackedModels(model, ds.input_shape, 10, [3, 4, 5], "cpu", method="vmap")
     assert fast.closed_form and not slow.closed_form
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, len(ds.y_train), (3, 25), generator=g)

@@ -4,8 +4,10 @@
     fast_rdp.py     Opacus' RDP formulas vectorised, a monotone root finder (the planner's search only)
     importance.py   INO-SGD's importance weights (``ino_weights``), ``bif``, the tail length γ
     mechanisms.py   the one mechanism family (C_i, ρ_i, noise, ``observe``), ``build_mechanism``
-    grad_sample.py  per-sample gradients of M models (layer hooks, the closed-form linear stack, vmap); strategies
-    ghost.py        ghost norms / book-keeping for Linear and Conv2d (strategy "ghost"; "exact" stays the default)
+    per_sample.py   what every per-sample path gives the step (``PerSampleGrads``); the strategies, "ghost" by default
+    grad_sample.py  per-sample gradients of M models: the closed-form linear stack, one live module, vmap
+    layerwise.py    the layerwise path: one rule per layer type, for one live module or M stacked models in one pass
+    ghost.py        ghost norms / book-keeping for Linear and Conv2d (strategy "ghost")
     step.py         the one DP step (``dp_step``) and the Poisson sampler
     canaries.py     white-box gradient canaries as extra members of the step (the one-run audit)
     stacked.py      M models with stacked parameters (an audit chunk, a k-seed job)

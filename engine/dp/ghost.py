@@ -16,7 +16,7 @@ whose g_i were materialised anyway. T = 1 is the factored case ‖g_i‖ = ‖a_
 
 :func:`ghost_rule` gives the rule of a layer type, or None where the trick does not apply (grouped or
 string-padded convolutions, non-zero padding modes, every other layer type): those layers keep the
-exact per-sample path of :mod:`engine.dp.grad_sample`. A rule is ``rule(m, a, b) → (sq, summer)``:
+exact per-sample path of :mod:`engine.dp.layerwise`. A rule is ``rule(m, a, b) → (sq, summer)``:
 ``sq`` (n,) the squared norms of the layer's per-sample parameter gradients, ``summer(c)`` →
 {parameter name in the layer: Σ_i c_i g_i}. :func:`conv2d_per_sample_weight_grad` (the exact path's
 per-sample conv gradients) lives here too, beside the patches, since both paths use it.

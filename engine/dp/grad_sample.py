@@ -1,143 +1,42 @@
-"""Per-sample gradients of M models behind one interface: :class:`PerSampleGrads` holds one
-step's per-sample losses (M, L), gradient norms (M, L) and ``weighted_sum(coef (M, L)) →
-{param: (M, *shape)}``. Three forms compute it:
+"""Per-sample gradients of M models behind one interface (:class:`engine.dp.per_sample.PerSampleGrads`):
+one step's per-sample losses (M, L), gradient norms (M, L) and ``weighted_sum(coef (M, L)) →
+{param: (M, *shape)}``. The forms that compute it, fastest first:
 
-* :class:`ModuleGrads` — one live ``nn.Module`` (M = 1, the dashboard run). Where every trainable
-  layer is supported, :class:`LayerwisePerSampleGrads`: one forward pass with hooks that keep each
-  trainable layer's input and output, then ``torch.autograd.grad`` of the summed loss with respect
-  to the layer *outputs* only — the batch-summed weight gradients that a normal backward computes
-  (and we would throw away) are never formed. Linear layers keep their per-sample weight gradients
-  factored (g_i = b_i a_iᵀ, so ‖g_i‖ = ‖b_i‖·‖a_i‖ and Σ c_i g_i = (c∘b)ᵀ a): they are never
-  materialized. Conv2d uses a grouped convolution or a strided-window einsum; any other trainable
-  layer goes through Opacus' per-layer grad samplers. Measured on the Papernot MNIST CNN, batch 256
-  (bench/step_overhead.py): this is what brings a private step close to a non-private one.
-  Otherwise the module goes through :class:`VmapGrads` with M = 1.
-  Its ``strategy`` (one of :data:`STRATEGIES`): "exact", the per-sample path above, or "ghost": every
-  layer type with a rule in :mod:`engine.dp.ghost` (Linear, Conv2d with groups = 1 and numeric zero
-  padding) gets its per-sample norms from a and b alone — the ghost norm or g_i, whichever is cheaper
-  for that layer — and its share of ``weighted_sum(coef)`` as the book-keeping products (coef∘b)ᵀa
-  (the weight gradient of the weighted loss Σ coef_i ℓ_i from the stored forward, no second pass);
-  every other layer keeps the exact path. The same sums to float round-off
-  (tests/test_ghost_clipping.py); :data:`DEFAULT_STRATEGY` is the one ``ModuleGrads`` takes.
 * :func:`linear_stack_grads` — the closed form for stacked Flatten → Linear (→ Tanh → Linear)*
-  parameters (logistic regression, tanh MLP; the audit's models): a Linear layer's per-sample
+  parameters (logistic regression, tanh MLP; the audit's tabular models): a Linear layer's per-sample
   gradient is δ_i a_iᵀ, so ‖g_i‖² = Σ_layers ‖δ_i‖²(‖a_i‖² + 1) and Σ_i c_i g_i = (c ⊙ δ)ᵀ a is one
   batched matmul; feature-major activations (M, features, L), input square norms cached.
-* :class:`VmapGrads` — the generic path for stacked parameters of any model: ``vmap`` over models of
-  ``vmap(grad(loss))`` over samples with ``functional_call``; if a model cannot be vmapped over
-  models, a loop over the models (still per-sample-vmapped) takes over: same results, slower.
+* the layerwise path (:mod:`engine.dp.layerwise`): one forward pass, gradients with respect to the
+  layer outputs only, one per-sample rule per layer type, strategy "exact" or "ghost" — for one live
+  module (:class:`ModuleGrads`, M = 1, the dashboard run) and for M stacked models run as one network
+  (:class:`engine.dp.layerwise.StackedLayers`, used by ``engine.dp.stacked.StackedModels``: the CNNs and
+  ResNet-18 GN of audit chunks and k-seed jobs).
+* :class:`VmapGrads` — the fallback for any model the layerwise path does not cover: ``vmap`` over models
+  of ``vmap(grad(loss))`` over samples with ``functional_call``; if a model cannot be vmapped over models,
+  a loop over the models (still per-sample-vmapped) takes over: same results, slower.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from opacus.grad_sample.grad_sample_module import GradSampleModule
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from engine.dp.ghost import conv2d_per_sample_weight_grad, ghost_rule
+from engine.dp.layerwise import (
+    LayerwisePerSampleGrads,
+    StackedLayers,
+    layer_supported,
+    trainable_layers,
+)
+from engine.dp.per_sample import DEFAULT_STRATEGY, STRATEGIES, PerSampleGrads
 from engine.models.nets import MLP, LogisticRegression
 
-STRATEGIES = ("exact", "ghost")
-DEFAULT_STRATEGY = "exact"
-
-
-class PerSampleGrads:
-    """One step's per-sample quantities of M models: ``losses`` and ``norms`` (M, L) (detached) and
-    ``weighted_sum(coef)`` = Σ_i coef[m, i] · g_{m,i} per model, {param name: (M, *shape)}."""
-
-    def __init__(self, losses: torch.Tensor, norms: torch.Tensor, weighted_sum):
-        self.losses, self.norms = losses, norms
-        self._weighted_sum = weighted_sum
-
-    def weighted_sum(self, coef: torch.Tensor) -> dict:
-        return self._weighted_sum(coef)
-
-
-def _trainable_layers(model):
-    return [(name, m) for name, m in model.named_modules()
-            if any(p.requires_grad for p in m.parameters(recurse=False))]
-
-
-def _supported(m) -> bool:
-    return isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) or type(m) in GradSampleModule.GRAD_SAMPLERS
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "LayerwisePerSampleGrads", "ModuleGrads", "PerSampleGrads",
+           "StackedLayers", "VmapGrads", "layerwise_supported", "linear_stack_grads", "linear_stack_layers"]
 
 
 def layerwise_supported(model) -> bool:
-    return all(_supported(m) for _, m in _trainable_layers(model))
-
-
-class LayerwisePerSampleGrads:
-    """Per-sample gradients of one live module's batch via layer hooks (see the module docstring)."""
-
-    def __init__(self, model: torch.nn.Module, strategy: str = DEFAULT_STRATEGY):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown per-sample strategy {strategy!r}; one of {STRATEGIES}")
-        self.model = model
-        self.strategy = strategy
-        self.layers = _trainable_layers(model)
-        self.param_names = {id(p): f"{name}.{pname}" if name else pname
-                            for name, m in self.layers for pname, p in m.named_parameters(recurse=False)}
-        self._inputs: list = [None] * len(self.layers)
-        self._outputs: list = [None] * len(self.layers)
-        for k, (_, m) in enumerate(self.layers):
-            m.register_forward_hook(self._hook(k))
-        self._active = False
-
-    def _hook(self, k):
-        def hook(module, inputs, output):
-            if self._active:
-                self._inputs[k] = inputs[0].detach()
-                self._outputs[k] = output
-        return hook
-
-    def __call__(self, x, y) -> PerSampleGrads:
-        """x (L, ...), y (L,) → one model's (M = 1) per-sample gradients."""
-        self._active = True
-        try:
-            logits = self.model(x)
-        finally:
-            self._active = False
-        losses = F.cross_entropy(logits, y, reduction="none")
-        backprops = torch.autograd.grad(losses.sum(), self._outputs)
-        dense, factored, ghosted, sq = {}, {}, [], 0
-        for k, (prefix, m) in enumerate(self.layers):
-            a, b = self._inputs[k], backprops[k]
-            name = (prefix + ".") if prefix else ""
-            rule = ghost_rule(m) if self.strategy == "ghost" else None
-            if rule is not None:
-                layer_sq, summer = rule(m, a, b)
-                sq = sq + layer_sq
-                ghosted.append((name, summer))
-            elif type(m) is torch.nn.Linear and a.dim() == 2:
-                factored[name + "weight"] = (a, b)
-                if m.bias is not None:
-                    dense[name + "bias"] = b
-            elif type(m) is torch.nn.Conv2d and m.groups == 1 and not isinstance(m.padding, str):
-                dense[name + "weight"] = conv2d_per_sample_weight_grad(m, a, b)
-                if m.bias is not None:
-                    dense[name + "bias"] = b.sum((2, 3))
-            else:
-                sampler = GradSampleModule.GRAD_SAMPLERS[type(m)]
-                for p, g in sampler(m, [a], b).items():
-                    dense[self.param_names[id(p)]] = g
-        self._inputs = [None] * len(self.layers)
-        self._outputs = [None] * len(self.layers)
-        order = list(self.param_names.values())
-        for g in dense.values():
-            sq = sq + g.reshape(len(g), -1).pow(2).sum(1)
-        for a, b in factored.values():
-            sq = sq + a.pow(2).sum(1) * b.pow(2).sum(1)
-
-        def weighted_sum(coef):
-            c = coef[0]
-            out = {name: torch.tensordot(c, g, dims=1) for name, g in dense.items()}
-            out.update({name: (b * c[:, None]).T @ a for name, (a, b) in factored.items()})
-            for name, summer in ghosted:
-                out.update({name + k: v for k, v in summer(c).items()})
-            return {k: out[k].unsqueeze(0) for k in order}
-
-        return PerSampleGrads(losses.detach()[None], torch.sqrt(sq).detach()[None], weighted_sum)
+    return all(layer_supported(m) for _, m in trainable_layers(model))
 
 
 class VmapGrads:

@@ -8,7 +8,8 @@ initialisation and randomness; a chunk of them trains in lock-step in one proces
   ``seed = init_seeds[m]`` (:func:`seeded_model`); a k-seed dashboard run (``engine.train.loop``, M = k)
   trains such a stack with its own optimizer, which updates the stacked tensors in place;
 * per-sample gradients come from ``engine.dp.grad_sample``: the closed form for Linear/Tanh stacks
-  (logistic regression, tanh MLP), vmap over models otherwise (e.g. the CNNs);
+  (logistic regression, tanh MLP), else the layerwise path with the M models run as one network
+  (``engine.dp.layerwise.StackedLayers``: the CNNs, ResNet-18 GN), else vmap over models;
 * :func:`sgd_train` runs ``engine.dp.step.dp_step`` — the same step a dashboard run takes — and plain
   SGD θ_m ← θ_m − lr · grad_m;
 * :meth:`StackedModels.score` gives every model's per-sample loss, logit-scaled confidence and
@@ -22,16 +23,28 @@ import math
 import torch
 from torch.func import stack_module_state
 
-from engine.dp.grad_sample import PerSampleGrads, VmapGrads, linear_stack_grads, linear_stack_layers
+from engine.dp.grad_sample import (
+    DEFAULT_STRATEGY,
+    PerSampleGrads,
+    StackedLayers,
+    VmapGrads,
+    linear_stack_grads,
+    linear_stack_layers,
+)
 from engine.dp.prepare import seeded_model
 from engine.dp.step import dp_step
 from engine.store.lifecycle import Cancelled
 
 
 class StackedModels:
-    """M models of one architecture, parameters stacked along a leading model axis."""
+    """M models of one architecture, parameters stacked along a leading model axis. ``method``: "auto" (the
+    closed form where it applies, else the layerwise stack where it applies, else vmap), "layerwise" (auto
+    without the closed form) or "vmap"; ``strategy``: the layerwise path's per-sample strategy."""
 
-    def __init__(self, model_cfg, input_shape, num_classes: int, init_seeds, device, *, closed_form: bool = True):
+    def __init__(self, model_cfg, input_shape, num_classes: int, init_seeds, device, *, method: str = "auto",
+                 strategy: str = DEFAULT_STRATEGY):
+        if method not in ("auto", "layerwise", "vmap"):
+            raise ValueError(f"unknown per-sample method {method!r}")
         self.device = torch.device(device)
         self.input_shape = tuple(input_shape)
         self.num_classes = int(num_classes)
@@ -40,12 +53,20 @@ class StackedModels:
         params, buffers = stack_module_state(models)
         self.params = {k: v.detach().to(self.device) for k, v in params.items()}
         self.buffers = {k: v.detach().to(self.device) for k, v in buffers.items()}
-        self.layers = linear_stack_layers(models[0]) if closed_form else None
-        self._vmap = VmapGrads(copy.deepcopy(models[0]).to("meta"))
+        self.layers = linear_stack_layers(models[0]) if method == "auto" else None
+        base = copy.deepcopy(models[0]).to("meta")
+        self._vmap = VmapGrads(base)
+        self._stacked = StackedLayers(base, self.n_models, strategy) if self.layers is None and method != "vmap" \
+            and StackedLayers.supports(base, self.params, self.input_shape, self.n_models) else None
 
     @property
     def closed_form(self) -> bool:
         return self.layers is not None
+
+    @property
+    def method(self) -> str:
+        """The per-sample path this stack takes: "closed_form", "layerwise" or "vmap"."""
+        return "closed_form" if self.closed_form else "layerwise" if self._stacked is not None else "vmap"
 
     @property
     def sequential(self) -> bool:
@@ -68,11 +89,14 @@ class StackedModels:
 
     # --- per-sample gradients (the interface engine.dp.step.dp_step uses) -----------------------
     def per_sample(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> PerSampleGrads:
+        if self._stacked is not None:
+            return self._stacked(self.params, x, y, idx, mask)
         flat = idx.reshape(-1)
         xb = x.index_select(0, flat).reshape(idx.shape + x.shape[1:])  # (M, L, ...)
         yb = y.index_select(0, flat).reshape(idx.shape)
         if self.closed_form:
             return linear_stack_grads(self.params, self.layers, xb, yb, self._input_sqnorms(x)[idx])
+
         return self._vmap(self.params, self.buffers, xb, yb)
 
     def loss_grads(self, x, y, idx, mask):
@@ -100,6 +124,8 @@ class StackedModels:
                 h = torch.tanh(h)
                 h = torch.baddbmm(self.params[bn].unsqueeze(1), h, self.params[wn].transpose(1, 2))
             return h
+        if self._stacked is not None:
+            return self._stacked.logits(self.params, x)
         return self._vmap.logits(self.params, self.buffers, x)
 
     @torch.no_grad()
@@ -145,6 +171,6 @@ def sgd_train(models: StackedModels, x: torch.Tensor, y: torch.Tensor, sampler, 
             raise Cancelled(f"stopped at step {step - 1} of {steps}")
         out = dp_step(models, x, y, sampler, mechanism, gen)
         for k, g in out.grads.items():
-            models.params[k].sub_(lr * g)
+            models.params[k].add_(g, alpha=-lr)
         if on_step is not None:
             on_step(step)

@@ -7,11 +7,12 @@ On a CUDA machine (``engine.dp.prepare.resolve_device("auto")`` says cuda) it ru
    training samples, 1 epoch, device cuda), and ``train_seeds``: a 2-seed DP-SGD-S job (the loop's stacked
    model axis, MNIST LR) on cuda;
 2. ``audit``: tiny audits (``run_audit``, R = 2: one chunk of 4 models each) on cuda: Adult LR with DP-SGD,
-   INO-SGD and DP-SGD-S (the closed form), MNIST CNN with DP-SGD (vmap over the stacked models);
+   INO-SGD and DP-SGD-S (the closed form), MNIST CNN with DP-SGD (the stack's layerwise path);
 3. ``equality``: per-sample losses and gradient norms, and the clipped weighted sum (``dp_step`` with a fixed
    batch, per-sample clip = the median norm, zero noise), of the same models and batch on CUDA and on the CPU,
-   in float64, for the four per-sample forms: the live CNN module (layer hooks), stacked LR and tanh MLP (the
-   closed form) and the stacked CNN (vmap). ``norms_equal``: every relative error ≤ ``--tol`` (1e-9);
+   in float64, for the five per-sample forms: the live CNN module (layer hooks), stacked LR and tanh MLP (the
+   closed form), the stacked CNN through the layerwise path (both strategies) and through vmap.
+   ``norms_equal``: every relative error ≤ ``--tol`` (1e-9);
 4. ``step_ms_cpu`` / ``step_ms_gpu``: median ms of one INO-SGD ``dp_step`` + optimizer step (Papernot CNN,
    MNIST, batch 256, the run's Poisson sampler), the two devices interleaved over ``--rounds``.
 
@@ -163,9 +164,12 @@ def _forms(ds, m: int):
         model = seeded_model(ModelConfig(name="cnn"), shape, k, 0).double().to(dev)
         return ModuleGrads(model), 1
 
-    def stacked(name, **kw):
+    def stacked(name, method="auto", strategy="ghost", **kw):
         def make(dev):
-            ens = StackedModels(ModelConfig(name=name, **kw), shape, k, list(range(m)), dev)
+            ens = StackedModels(ModelConfig(name=name, **kw), shape, k, list(range(m)), dev, method=method,
+                                strategy=strategy)
+            if name == "cnn" and ens.method != ("vmap" if method == "vmap" else "layerwise"):
+                raise RuntimeError(f"the stacked CNN took the {ens.method} path")
             for d in (ens.params, ens.buffers):
                 for key in d:
                     d[key] = d[key].double()
@@ -173,7 +177,8 @@ def _forms(ds, m: int):
         return make
 
     return {"live_cnn_layerwise": live, "stacked_lr_closed_form": stacked("lr"),
-            "stacked_mlp_closed_form": stacked("mlp", hidden=(64,)), "stacked_cnn_vmap": stacked("cnn")}
+            "stacked_mlp_closed_form": stacked("mlp", hidden=(64,)), "stacked_cnn_layerwise": stacked("cnn"),
+            "stacked_cnn_layerwise_exact": stacked("cnn", strategy="exact"), "stacked_cnn_vmap": stacked("cnn", "vmap")}
 
 
 def _evaluate(models, n_models, x, y, members, clip, dev):

@@ -15,7 +15,10 @@ Measured (Adult LR, DP-SGD at ε = 10, 2R models in chunks of ``--chunk`` models
                                 driver) + ceil(chunks / N) × (chunk train time + overhead)
   mnist_cnn_paper               the paper's MNIST CNN audit (mnist-paper with the CNN, 2R = 400, five algorithms):
                                 its model-steps, the per-model-step cost measured here (a few probe steps of
-                                one chunk) and its projected training time on 8 and 64 CPU workers
+                                one chunk) and its projected training time on 1, 8 and 64 CPU workers, through
+                                the stack's layerwise path (what the audit takes) and, as ``..._vmap``, through
+                                vmap over models (what it took before issue 39)
+``--paper-only`` measures the last alone.
 On 2 cores the two executors are expected near parity (the local one already runs a chunk at a time).
 """
 from __future__ import annotations
@@ -73,13 +76,12 @@ def same_arrays(a: dict, b: dict) -> bool:
 def main() -> int:
     import os
 
-    import ray
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--R", type=int, default=50)
     ap.add_argument("--chunk", type=int, default=20, help="models per chunk (the audit's chunk_models)")
     ap.add_argument("--cpus", type=int, default=os.cpu_count(), help="the local Ray instance's CPUs")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--paper-only", action="store_true", help="only the paper's MNIST CNN projection")
     args = ap.parse_args()
     use_shared_data()
     warnings.filterwarnings("ignore")
@@ -89,6 +91,33 @@ def main() -> int:
     config = AuditConfig(run=run, epsilon=10.0, group_by="attribute", group_attribute="sex", R=args.R,
                          chunk_models=args.chunk, algorithms=(AlgorithmConfig(name="dpsgd", group_by="attribute"),),
                          looa_k=0).validate()
+    out = {} if args.paper_only else executors(config, args)
+    paper = preset("mnist-paper")
+    paper = paper.replace(run=paper.run.replace(**{"model.name": "cnn", "threads": 1}))
+    ps = prepare_audit(paper)
+    for method, key in (("auto", "mnist_cnn_paper"), ("vmap", "mnist_cnn_paper_vmap")):
+        est = estimate_runtime(ps, method=method)
+        per_step = statistics.median(est["per_model_step_seconds"].values())
+        model_steps = est["model_steps"]
+        out[key] = {"model_steps": int(model_steps), "per_model_step_ms": round(1000 * per_step, 3),
+                    "n_models": ps.n_models * len(ps.algos), "steps_per_model": ps.steps,
+                    "projected_train_hours": {str(n): round(model_steps * per_step / n / 3600, 2) for n in (1, 8, 64)}}
+    out["mnist_cnn_paper_speedup"] = round(out["mnist_cnn_paper_vmap"]["per_model_step_ms"]
+                                           / out["mnist_cnn_paper"]["per_model_step_ms"], 2)
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    return 0 if out.get("identical", True) else 1
+
+
+def executors(config, args) -> dict:
+    """The same audit through the local executor and through Ray, side by side (see the module docstring)."""
+    import os
+
+    import ray
+
     setup = prepare_audit(config)
     tmp = Path(__import__("tempfile").mkdtemp(prefix="scaleout-"))
     out = {"R": args.R, "n_models": setup.n_models, "chunk_models": setup.chunk_models, "cpus": args.cpus}
@@ -135,23 +164,7 @@ def main() -> int:
     out["projection"] = {str(n): round(lr.stats_seconds + math.ceil(chunks / n) * (chunk_train + overhead), 1)
                          for n in (1, 2, 8, 64)}
     ray.shutdown()
-
-    paper = preset("mnist-paper")
-    paper = paper.replace(run=paper.run.replace(**{"model.name": "cnn", "threads": 1}))
-    ps = prepare_audit(paper)
-    est = estimate_runtime(ps)
-    per_step = statistics.median(est["per_model_step_seconds"].values())
-    model_steps = est["model_steps"]
-    out["mnist_cnn_paper"] = {"model_steps": int(model_steps), "per_model_step_ms": round(1000 * per_step, 3),
-                              "n_models": ps.n_models * len(ps.algos), "steps_per_model": ps.steps,
-                              "projected_train_hours": {str(n): round(model_steps * per_step / n / 3600, 2)
-                                                        for n in (1, 8, 64)}}
-    if args.json:
-        print(json.dumps(out, sort_keys=True))
-    else:
-        for k, v in out.items():
-            print(f"{k}: {v}")
-    return 0 if out["identical"] else 1
+    return out
 
 
 if __name__ == "__main__":

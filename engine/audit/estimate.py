@@ -40,9 +40,10 @@ def _torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
+def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS, method: str = "auto") -> dict:
     """``{"seconds", "train_seconds", "stats_seconds", "model_steps", "per_model_step_seconds": {algorithm key:
-    s}, "how"}`` for a prepared audit (:func:`engine.audit.runner.prepare_audit`)."""
+    s}, "how"}`` for a prepared audit (:func:`engine.audit.runner.prepare_audit`). ``method``: the stack's
+    per-sample path (``engine.dp.stacked.StackedModels``; "auto" is what the audit takes)."""
     cfg, dev = setup.config, setup.device
     ds = setup.dataset
     x, y = on_device(ds.x_train, dev), on_device(ds.y_train, dev)
@@ -53,7 +54,7 @@ def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
     for a in setup.algos:
         kind = (a.algo.name, a.formal_dp)
         if kind not in cache:
-            cache[kind] = _probe(setup, a, x, y, members, k, probe_steps)
+            cache[kind] = _probe(setup, a, x, y, members, k, probe_steps, method)
         per_step[a.key] = cache[kind]
         n_models = setup.n_models + looa
         model_steps += n_models * setup.steps
@@ -75,12 +76,12 @@ def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS) -> dict:
             "per_model_step_seconds": {key: float(v) for key, v in per_step.items()}, "how": how}
 
 
-def _probe(setup, a, x, y, members, k: int, probe_steps: int) -> float:
+def _probe(setup, a, x, y, members, k: int, probe_steps: int, method: str = "auto") -> float:
     """Seconds per model-step of algorithm ``a``: a ``k``-model chunk trained ``probe_steps`` steps after a
     warm-up, with the worker's torch threads."""
     cfg, ds, dev = setup.config, setup.dataset, setup.device
     with _torch_threads(cfg.run.threads or 1):
-        ens = StackedModels(cfg.run.model, ds.input_shape, ds.num_classes, list(range(k)), dev)
+        ens = StackedModels(cfg.run.model, ds.input_shape, ds.num_classes, list(range(k)), dev, method=method)
         sampler = PoissonSampler(members, a.sample_rates, dev)
         mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
         gen = torch.Generator(device=dev).manual_seed(0)

@@ -873,8 +873,13 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
     import torch  # the pieces' cumulative sums (as in _best_run_end)
 
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels).astype(bool, copy=False).ravel()
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool, copy=False)
+    if s.shape != y.shape:
+        raise ValueError("scores and labels must have the same size")
+    # the points do not depend on the order of the pairs: flatten both in their memory order (a column
+    # selection such as scores[:, sel] is Fortran-ordered; a C-order ravel would copy it)
+    order = "F" if s.flags.f_contiguous and y.flags.f_contiguous else "C"
+    s, y = s.ravel(order=order), y.ravel(order=order)
     if s.shape != y.shape:
         raise ValueError("scores and labels must have the same size")
     keep = ~np.isnan(s)

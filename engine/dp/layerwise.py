@@ -89,7 +89,7 @@ def layer_rule(m: nn.Module, strategy: str):
 
 def per_layer_sums(layers, inputs, backprops, sizes, strategy: str, order):
     """Every layer's rule on each model's rows of its (a, b) (model m's: the m-th run of sizes[m] rows):
-    (sq (n,), summer(c (n,)) → {param name: (M, *shape)} in ``order``). The rule runs once per model, on
+    (sq (n,), summer(c (n,)) → {param name: [each model's sum]} in ``order``). The rule runs once per model, on
     that model's rows alone — the very call a single model makes, and a working set no larger than its."""
     sq, summers = 0, []
     for (prefix, m), a, b in zip(layers, inputs, backprops):
@@ -103,7 +103,7 @@ def per_layer_sums(layers, inputs, backprops, sizes, strategy: str, order):
         out = {}
         for prefix, per_model, zero in summers:
             sums = [summer(c_j) if summer is not None else zero for summer, c_j in zip(per_model, c.split(sizes))]
-            out.update({prefix + k: torch.stack([s[k] for s in sums]) for k in zero})
+            out.update({prefix + k: [s[k] for s in sums] for k in zero})
         return {k: out[k] for k in order}
 
     return sq, summed
@@ -143,7 +143,8 @@ class LayerwisePerSampleGrads:
         sq, summed = per_layer_sums(self.layers, self._inputs, backprops, (len(y),), self.strategy, self.order)
         self._inputs = [None] * len(self.layers)
         self._outputs = [None] * len(self.layers)
-        return PerSampleGrads(losses.detach()[None], torch.sqrt(sq).detach()[None], lambda coef: summed(coef[0]))
+        return PerSampleGrads(losses.detach()[None], torch.sqrt(sq).detach()[None],
+                              lambda coef: {k: v[0].unsqueeze(0) for k, v in summed(coef[0]).items()})
 
 
 ELEMENTS_PER_PASS = 4_000_000  # measured (bench/stacked.py): the Papernot CNN ~1000 rows a pass, ResNet-18 ~30
@@ -271,13 +272,13 @@ class StackedLayers:
                     part = self._pass(some, xs[row:row + rows], ys[row:row + rows], sizes[start:stop])
                     losses.append(part[0]), sq.append(part[1]), summers.append((row, rows, part[2]))
                 else:  # models without a sample in this step: a zero sum each
-                    summers.append((row, 0, lambda c, some=some: {k: torch.zeros_like(v) for k, v in some.items()}))
+                    summers.append((row, 0, lambda c, some=some: {k: list(torch.zeros_like(v)) for k, v in some.items()}))
                 start, row = stop, row + rows
 
         def weighted_sum(coef):
             c = coef[mask]
-            parts = [summed(c[a:a + n]) for a, n, summed in summers]
-            return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if len(parts) > 1 else parts[0]
+            parts = [summed(c[a:a + n]) for a, n, summed in summers]  # each: {name: [its models' sums]}
+            return {k: torch.stack([s for p in parts for s in p[k]]) for k in parts[0]}
 
         return PerSampleGrads(zeros.masked_scatter(mask, torch.cat(losses)),
                               zeros.masked_scatter(mask, torch.sqrt(torch.cat(sq))), weighted_sum)

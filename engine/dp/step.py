@@ -135,10 +135,13 @@ def dp_step(models, x: torch.Tensor, y: torch.Tensor, sampler: PoissonSampler, m
         sums = work.weighted_sum(coef)
         del work  # per-sample gradients live for one batch only
         std = mechanism.noise_std()  # before observe(): this step's clip norms set the sensitivity
-        for s in sums.values():
+        for s in sums.values():  # in place: a stack's sums are M models' worth of parameters
             noise = torch.randn(s.shape, generator=gen, device=s.device, dtype=s.dtype)
-            s.add_(noise * std.to(s.dtype).reshape((-1,) + (1,) * (s.dim() - 1)))
+            s.add_(noise.mul_(std.to(s.dtype).reshape((-1,) + (1,) * (s.dim() - 1))))
         mechanism.observe(idx, norms, mask, gen)
     denom = sampler.expected_batch_tensor
-    grads = {k: s / denom.to(s.dtype).reshape((-1,) + (1,) * (s.dim() - 1)) for k, s in sums.items()}
+    # a private step's sums are its own (the noise went in in place): divided in place too; autograd's
+    # gradients of the non-private step may be views, so those are divided into new tensors
+    divide = torch.Tensor.div_ if mechanism.private else torch.div
+    grads = {k: divide(s, denom.to(s.dtype).reshape((-1,) + (1,) * (s.dim() - 1))) for k, s in sums.items()}
     return StepResult(grads=grads, losses=losses, idx=idx, mask=mask)

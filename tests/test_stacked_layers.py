@@ -118,7 +118,7 @@ def test_the_stack_equals_each_model_alone(name, strategy, batch):
 
 
 @pytest.mark.slow
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(batch=batches(max_len=3))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_stack_equals_each_model_alone_resnet18_groupnorm(strategy, batch):

@@ -183,7 +183,8 @@ def _forms(ds, m: int):
 
 def _evaluate(models, n_models, x, y, members, clip, dev):
     """Per-sample losses and norms of the fixed batch, and dp_step's clipped weighted sum (zero noise)."""
-    sampler = PoissonSampler(members[:n_models], np.ones(members.shape[1]), dev)  # q = 1: the members, in order
+    sampler = PoissonSampler(members[:n_models], np.ones(members.shape[1]), dev,  # q = 1: the members, in order
+                             expected_batch=members[:n_models].sum(1))
     idx, mask = sampler.sample(torch.Generator(device=dev).manual_seed(0))
     work = models.per_sample(x, y, idx, mask)
     losses, norms = work.losses.clone(), work.norms.clone()
@@ -230,7 +231,7 @@ def _step_fn(prep):
     models = model_axis(prep)
     dev = prep.device
     x, y = prep.dataset.x_train.to(dev), prep.dataset.y_train.to(dev)
-    sampler = PoissonSampler(np.ones((1, len(y)), bool), prep.sample_rates, dev)
+    sampler = PoissonSampler(np.ones((1, len(y)), bool), prep.sample_rates, dev, expected_batch=prep.expected_batch)
     gen = step_generator(prep.config, dev)
     opt = torch.optim.SGD(models.params, lr=prep.config.optimizer.lr)
 

@@ -55,7 +55,7 @@ def _stepper(models, params, m, shape, batch, apply):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(N, *shape, generator=gen)
     y = torch.randint(0, 10, (N,), generator=gen)
-    sampler = PoissonSampler(np.ones((m, N), bool), np.full(N, batch / N), torch.device("cpu"))
+    sampler = PoissonSampler(np.ones((m, N), bool), np.full(N, batch / N), torch.device("cpu"), expected_batch=batch)
     mech = Clipped(sample_clip_norms=np.ones(N), noise_std=1.0, n_models=m)
     opt = torch.optim.SGD(params, lr=0.01) if params is not None else None
 

@@ -89,7 +89,7 @@ def engine_step(prep, batch_idx, strategy=DEFAULT_STRATEGY):
     x, y = prep.dataset.x_train, prep.dataset.y_train
     members = np.zeros((1, len(y)), bool)
     members[0, batch_idx] = True
-    sampler = PoissonSampler(members, np.ones(len(y)), torch.device("cpu"))
+    sampler = PoissonSampler(members, np.ones(len(y)), torch.device("cpu"), expected_batch=len(batch_idx))
     grads_of = ModuleGrads(model, strategy=strategy)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(0)

@@ -29,7 +29,8 @@ def check_pairing(config_a, config_b, *, steps: int = 3) -> dict:
         x, y = ds.x_train.to(p.device), ds.y_train.to(p.device)
         n = len(y)
         live.append(dict(prep=p, x=x, y=y, gen=step_generator(p.config, p.device),
-                         sampler=PoissonSampler(np.ones((1, n), bool), p.sample_rates, p.device),
+                         sampler=PoissonSampler(np.ones((1, n), bool), p.sample_rates, p.device,
+                                                expected_batch=p.expected_batch),
                          grads=ModuleGrads(p.model), opt=make_optimizer(p.config, p.model)))
     same_batches = same_rng = True
     differ_grads = False

@@ -39,7 +39,8 @@ def _train_all_members(name, n_models, dataset, steps, lr, seeds=None):
     n = len(dataset.y_train)
     ens = StackedModels(ModelConfig(name=name), dataset.input_shape, dataset.num_classes,
                         list(seeds if seeds is not None else range(n_models)), CPU)
-    sampler = PoissonSampler(np.ones((n_models, n), bool), np.full(n, min(1.0, 64 / n)), CPU)
+    sampler = PoissonSampler(np.ones((n_models, n), bool), np.full(n, min(1.0, 64 / n)), CPU,
+                             expected_batch=min(1.0, 64 / n) * n)
     sgd_train(ens, dataset.x_train, dataset.y_train, sampler, NonPrivate(n_models, CPU), steps=steps, lr=lr,
               gen=torch.Generator().manual_seed(0))
     return ens

@@ -284,7 +284,8 @@ def test_group_absent_from_a_model_half_trains_without_nan(one_thread):
     members[0, labels == 3] = False  # class 3 absent from model 0's half
     mech = build_mechanism(privacy=privacy, members=members, device=CPU)
     ens = StackedModels(ModelConfig(name="lr"), data.dataset.input_shape, 10, [0, 1], "cpu")
-    sgd_train(ens, data.dataset.x_train, data.dataset.y_train, PoissonSampler(members, privacy.sample_rates, CPU),
+    sgd_train(ens, data.dataset.x_train, data.dataset.y_train, PoissonSampler(members, privacy.sample_rates, CPU,
+                                                                                expected_batch=privacy.expected_batch),
               mech, steps=30, lr=1.0, gen=torch.Generator().manual_seed(0))
     assert all(torch.isfinite(v).all() for v in ens.params.values())
     clips = mech.group_clips()

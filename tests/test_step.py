@@ -37,7 +37,7 @@ def test_poisson_sampler_rates_and_layout():
     n = 400
     members = rng.random((6, n)) < 0.5
     rates = np.where(np.arange(n) < 100, 0.05, 0.3)  # two tiers
-    s = PoissonSampler(members, rates, CPU)
+    s = PoissonSampler(members, rates, CPU, expected_batch=1.0)
     gen = torch.Generator().manual_seed(0)
     hits = np.zeros((6, n))
     steps = 400
@@ -55,7 +55,9 @@ def test_poisson_sampler_rates_and_layout():
         sel = members & (rates == q)[None, :]
         assert abs(freq[sel].mean() - q) < 4 * np.sqrt(q * (1 - q) / (steps * sel.sum())) + 1e-3
     assert np.all(freq[~members] == 0)
-    np.testing.assert_allclose(s.expected_batch, (members * rates).sum(1))
+    np.testing.assert_allclose(s.expected_batch, 1.0)  # the divisor it was given, whoever the members are
+    with pytest.raises(ValueError):
+        PoissonSampler(members, rates, CPU, expected_batch=0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def test_step_is_the_clipped_weighted_sum_over_the_expected_batch(m, algo, digit
     tif = make_tif("beta", alpha=2.0, beta=1.0)
     mech = Clipped(sample_clip_norms=clips, noise_std=0.0, n_models=m) if algo == "dpsgd" else \
         Importance(sample_clip_norms=clips, noise_std=0.0, tail_length=np.linspace(2.0, 6.0, m), tif=tif, n_models=m)
-    sampler = PoissonSampler(members, rates, CPU)
+    sampler = PoissonSampler(members, rates, CPU, expected_batch=(members * rates).sum(1))
     # M = 1 goes through the live module's layerwise path (the dashboard's), M = 3 through the stacked models
     models = ModuleGrads(seeded_model(model_cfg, ds.input_shape, 10, seeds[0])) if m == 1 else \
         StackedModels(model_cfg, ds.input_shape, 10, seeds, "cpu")
@@ -195,7 +197,7 @@ def test_noise_is_per_model_with_the_plan_std(digits):
     members = np.zeros((3, n), bool)
     members[:, :50] = True
     mech = Clipped(sample_clip_norms=np.full(n, 1e-9), noise_std=2.0, n_models=3)  # clipped sums ≈ 0
-    sampler = PoissonSampler(members, np.full(n, 0.5), CPU)
+    sampler = PoissonSampler(members, np.full(n, 0.5), CPU, expected_batch=(members * 0.5).sum(1))
     models = StackedModels(ModelConfig(name="lr"), ds.input_shape, 10, [1, 1, 1], "cpu")
     out = dp_step(models, ds.x_train, ds.y_train, sampler, mech, torch.Generator().manual_seed(0))
     w = out.grads["fc.weight"] * torch.as_tensor(sampler.expected_batch, dtype=torch.float32)[:, None, None]
@@ -219,7 +221,7 @@ def test_dpsgd_s_releases_its_quantile_on_an_empty_batch(m, private, digits):
     mech = GroupAdaptive(groups=groups, n_groups=2, noise_multiplier=0.0,
                          expected_group_batch=[5.0, 5.0], initial=1.0, tau=1.0, quantile=0.75, ema=0.5, c_min=0.5,
                          c_max=4.0, base_clip=1.0, private=private, quantile_lr=0.2, count_noise_std=0.0, n_models=m)
-    sampler = PoissonSampler(members, rates, CPU)
+    sampler = PoissonSampler(members, rates, CPU, expected_batch=(members * rates).sum(1))
     models = ModuleGrads(seeded_model(ModelConfig(name="lr"), ds.input_shape, 10, 0)) if m == 1 else \
         StackedModels(ModelConfig(name="lr"), ds.input_shape, 10, list(range(m)), "cpu")
     gen = torch.Generator().manual_seed(0)
@@ -252,7 +254,8 @@ def test_dpsgd_s_count_noise_keeps_the_step_stream_paired(digits):
     model = ModuleGrads(seeded_model(ModelConfig(name="lr"), ds.input_shape, 10, 0))
 
     def steps(mech, seed=3):
-        gen, sampler = torch.Generator().manual_seed(seed), PoissonSampler(np.ones((1, n), bool), rates, CPU)
+        gen, sampler = torch.Generator().manual_seed(seed), PoissonSampler(np.ones((1, n), bool), rates, CPU,
+                                                                       expected_batch=rates.sum())
         return [dp_step(model, ds.x_train, ds.y_train, sampler, mech, gen).grads for _ in range(15)]
 
     def adaptive():
@@ -309,7 +312,8 @@ def test_dashboard_run_equals_the_audit_chunk_path(algo):
     ds = prep.dataset
     ens = StackedModels(cfg.model, ds.input_shape, ds.num_classes, [cfg.seed], "cpu")
     mech = build_mechanism(privacy=quiet, members=everyone, device=CPU)
-    sgd_train(ens, ds.x_train, ds.y_train, PoissonSampler(everyone, prep.sample_rates, CPU), mech, steps=prep.steps,
+    sgd_train(ens, ds.x_train, ds.y_train, PoissonSampler(everyone, prep.sample_rates, CPU, expected_batch=prep.expected_batch), mech,
+              steps=prep.steps,
               lr=cfg.optimizer.lr, gen=torch.Generator().manual_seed(0))
     ours = torch.cat([v[0].flatten() for v in ens.params.values()])
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
@@ -328,7 +332,7 @@ def test_stacked_models_learn_and_dp_members_differ(digits):
     out = {}
     for name in ("nonprivate", "dpsgd"):
         ens = StackedModels(ModelConfig(name="lr"), ds.input_shape, 10, [7, 7, 7], "cpu")  # identical inits
-        sampler = PoissonSampler(members, q, CPU)
+        sampler = PoissonSampler(members, q, CPU, expected_batch=(members * q).sum(1))
         mech = NonPrivate(3, "cpu") if name == "nonprivate" else \
             Clipped(sample_clip_norms=np.ones(n), noise_std=1.0, n_models=3)
         sgd_train(ens, ds.x_train, ds.y_train, sampler, mech, steps=150, lr=1.0, gen=torch.Generator().manual_seed(1))
@@ -339,3 +343,42 @@ def test_stacked_models_learn_and_dp_members_differ(digits):
     w = out["dpsgd"]
     assert not torch.allclose(w[0], w[1]) and not torch.allclose(w[1], w[2])  # own batches and noise
     assert not torch.allclose(out["nonprivate"][0], out["nonprivate"][1])  # own Poisson batches
+
+
+# --------------------------------------------------------------------------------------------
+# the normaliser: fixed before training, the same for neighbouring datasets
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "idp_sample"])
+def test_one_more_sample_moves_the_step_by_exactly_its_clipped_contribution_over_the_plans_batch(algorithm):
+    """Datasets D and D' = D + z (add/remove adjacency): the noiseless step of each, every member in its batch
+    (rate 1, the same batch order), differ by exactly z's clipped contribution over the plan's expected batch. A
+    divisor summed over the members (|D| against |D| + 1 here) would move every other sample's share too."""
+    cfg = RunConfig().replace(**{"data.name": "digits", "model.name": "lr", "epochs": 1.0, "batch_size": 64,
+                                 "algorithm.name": algorithm})
+    if algorithm == "idp_sample":
+        cfg = cfg.replace(tiers=TiersConfig(tiers=(TierConfig(epsilon=1.0, classes=tuple(range(5))),
+                                                   TierConfig(epsilon=3.0, classes=tuple(range(5, 10))))))
+    prep = prepare(cfg)
+    model = prep.model.double()
+    x, y = prep.dataset.x_train[:40].double(), prep.dataset.y_train[:40]
+    clips = np.asarray(prep.privacy.sample_clips if prep.privacy.sample_clips is not None
+                       else np.full(len(prep.dataset.y_train), cfg.clip_norm))[:40]
+    with pytest.raises(TypeError):
+        PoissonSampler(np.ones((1, 40), bool), np.ones(40), CPU)  # no divisor stated: refused
+    z = 17
+    d, d_plus = np.ones((1, 40), bool), np.ones((1, 40), bool)
+    d[0, z] = False
+
+    def step(members):
+        sampler = PoissonSampler(members, np.ones(40), CPU, expected_batch=prep.expected_batch)
+        out = dp_step(ModuleGrads(model), x, y, sampler, Clipped(sample_clip_norms=clips, noise_std=0.0),
+                      torch.Generator().manual_seed(0))
+        return torch.cat([g[0].reshape(-1) for g in out.grads.values()])
+
+    work = ModuleGrads(model).per_sample(x, y, torch.tensor([[z]]), torch.tensor([[True]]))
+    coef = torch.clamp(torch.as_tensor(clips[z:z + 1]) / work.norms[0], max=1.0)[None]
+    own = torch.cat([g[0].reshape(-1) for g in work.weighted_sum(coef).values()]) / prep.expected_batch
+    assert float(own.norm()) > 1e-3 and float(own.norm()) <= clips[z] / prep.expected_batch * (1 + 1e-12)
+    torch.testing.assert_close(step(d_plus) - step(d), own, rtol=1e-9, atol=1e-12)
+    assert prep.expected_batch == pytest.approx(cfg.batch_size, rel=1e-4)  # the plan's, not the 40 members'

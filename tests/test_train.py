@@ -70,7 +70,8 @@ def test_real_gradients_are_clipped_and_weighted():
     grads_of = ModuleGrads(prep.model)
     work = grads_of.per_sample(x, y, torch.arange(40)[None], torch.ones(1, 40, dtype=torch.bool))
     rho = mech.weights(work.losses, torch.as_tensor(clips[:40])[None], torch.ones(1, 40, dtype=torch.bool))[0].numpy()
-    out = dp_step(grads_of, x, y, PoissonSampler(members, np.ones(n), torch.device("cpu")), mech,
+    out = dp_step(grads_of, x, y, PoissonSampler(members, np.ones(n), torch.device("cpu"), expected_batch=members.sum(1)),
+                  mech,
                   torch.Generator().manual_seed(0))
     assert out.idx[0].tolist() == list(range(40))
     expected = {k: 0 for k in out.grads}

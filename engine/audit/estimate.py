@@ -82,7 +82,7 @@ def _probe(setup, a, x, y, members, k: int, probe_steps: int, method: str = "aut
     cfg, ds, dev = setup.config, setup.dataset, setup.device
     with _torch_threads(cfg.run.threads or 1):
         ens = StackedModels(cfg.run.model, ds.input_shape, ds.num_classes, list(range(k)), dev, method=method)
-        sampler = PoissonSampler(members, a.sample_rates, dev)
+        sampler = PoissonSampler(members, a.sample_rates, dev, expected_batch=a.privacy.expected_batch)
         mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
         gen = torch.Generator(device=dev).manual_seed(0)
         sgd_train(ens, x, y, sampler, mech, steps=_WARMUP_STEPS, lr=cfg.run.optimizer.lr, gen=gen)

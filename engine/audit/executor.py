@@ -48,7 +48,7 @@ def train_chunk(setup, a, members: np.ndarray, init_seeds, gen_seed: int, prog, 
     x, y = on_device(ds.x_train, dev), on_device(ds.y_train, dev)
     model_cfg = setup.config.run.model
     ens = StackedModels(model_cfg, ds.input_shape, ds.num_classes, init_seeds, dev)
-    sampler = PoissonSampler(members, a.sample_rates, dev)
+    sampler = PoissonSampler(members, a.sample_rates, dev, expected_batch=a.privacy.expected_batch)
     mech = build_mechanism(privacy=a.privacy, members=members, device=dev)
     gen = torch.Generator(device=dev).manual_seed(gen_seed)
     sgd_train(ens, x, y, sampler, mech, steps=setup.steps, lr=setup.config.run.optimizer.lr, gen=gen,

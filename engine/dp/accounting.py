@@ -4,6 +4,10 @@ Ground truth is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanis
 (``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over
 Opacus' default RDP orders (``RDPAccountant.DEFAULT_ALPHAS``).  No other bound is used.
 
+Adjacency: add/remove one sample, each sample drawn into a batch independently (Poisson) with its tier's
+rate, the noisy sum of clipped contributions divided by a number fixed before training (the plan's expected
+batch, ``engine.dp.step.PoissonSampler``): one sample moves the released sum by at most its clip norm.
+
 Speed comes from :mod:`engine.dp.fast_rdp`, a vectorized re-implementation of the very same
 formulas with a safety-inflated ε that is never below Opacus' value; it is used only to
 *search* for noise multipliers and sampling rates.  Every ε that is reported (``epsilon()``,

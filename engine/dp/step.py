@@ -7,7 +7,8 @@
                      C, ρ ← mechanism (see_batch, clip_norms, weights);  sum_m = Σ_i ρ_i · g_i · min(1, C_i/‖g_i‖)
                      sum_m += N(0, std_m² I), std_m = mechanism.noise_std() with THIS step's C
                      mechanism.observe(...)      — always, an empty batch included
-        grad_m = sum_m / (model m's expected batch Σ_{i∈members} q_i)
+        grad_m = sum_m / B_m, B_m the expected batch fixed before step 1 (the plan's Σ_k q_k N_k): never a sum
+                 over this dataset's members, which would differ between neighbouring datasets
 
 ``models`` is anything with ``per_sample(x, y, idx, mask) → engine.dp.grad_sample.PerSampleGrads`` and
 ``loss_grads(x, y, idx, mask) → ({param: (M, *shape)}, losses (M, L))``: one live module
@@ -36,12 +37,15 @@ class PoissonSampler:
     ascending (the engine's batch order) — and ``mask`` (M, L); padded entries hold index 0
     and mask False. L is the largest batch of this step (at least 1).
 
-    ``expected_batch`` ((M,) or one number) replaces the default divisor Σ_{i∈members} q_i when that sum would
-    reveal who is a member: the one-run audit's canaries are members with probability ½, so its divisor is the
-    public Σ q_i over the training set plus ½ Σ q_j over the canaries.
+    ``expected_batch`` ((M,) or one number) is each model's divisor, and must be fixed before training: the
+    plan's expected batch (``engine.dp.prepare.PrivacyPlan.expected_batch``), not Σ_{i∈members} q_i. That sum
+    changes when one sample is added or removed, which the accounted mechanism (the Poisson-subsampled Gaussian
+    under add/remove adjacency, ``engine.dp.accounting``) does not allow for: the step's output would move by
+    more than the sample's own clipped contribution. The one-run audit's divisor is the public Σ q_i over the
+    training set plus ½ Σ q_j over its canaries, members with probability ½.
     """
 
-    def __init__(self, members: np.ndarray, sample_rates: np.ndarray, device, *, expected_batch=None):
+    def __init__(self, members: np.ndarray, sample_rates: np.ndarray, device, *, expected_batch):
         members = np.atleast_2d(np.asarray(members, dtype=bool))
         rates = np.asarray(sample_rates, dtype=np.float64)
         self.m, self.n = members.shape
@@ -57,8 +61,9 @@ class PoissonSampler:
                 lists[r, : len(ix)] = ix
             self.parts.append((float(q), torch.as_tensor(lists, device=device),
                                torch.as_tensor(counts, device=device)))
-        self.expected_batch = (members * rates[None, :]).sum(1) if expected_batch is None else \
-            np.broadcast_to(np.asarray(expected_batch, dtype=np.float64), (self.m,)).copy()  # Σ_i∈members q_i, per model
+        self.expected_batch = np.broadcast_to(np.asarray(expected_batch, dtype=np.float64), (self.m,)).copy()
+        if not np.all(self.expected_batch > 0):
+            raise ValueError(f"expected_batch must be > 0, got {expected_batch!r}")
         self.expected_batch_tensor = torch.as_tensor(self.expected_batch, device=device)
 
     def sample(self, gen: torch.Generator):

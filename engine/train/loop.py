@@ -202,7 +202,7 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
     x_train, y_train = ds.x_train.to(device), ds.y_train.to(device)
     n = len(y_train)
     gen = step_generator(config, device)  # Poisson sampling, the noise, the quantile tracker's noise
-    sampler = PoissonSampler(np.ones((k, n), bool), prep.sample_rates, device)
+    sampler = PoissonSampler(np.ones((k, n), bool), prep.sample_rates, device, expected_batch=prep.expected_batch)
     optimizer = make_optimizer(config, models.params)
     accountant = prep.privacy.accountant(config.delta)  # None without a formal guarantee: ε spent is null
     last = prep.train_steps or prep.steps

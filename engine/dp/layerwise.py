@@ -18,11 +18,12 @@ per-layer call, with a working set no larger than one model's.
   model (the per-sample order above, so every layer's a and b are already in it: no copies; a padded entry
   of the step's (M, L) batch is not computed at all). Everything that acts on each sample alone —
   activations, pooling, flattening, residual sums, GroupNorm's normalisation — runs on the packed batch as
-  is; only the parameters differ by model: a Linear or Conv2d layer runs each model's weights on its own
-  contiguous rows (one autograd node joins them), a GroupNorm's affine map takes each row's model's weights. :meth:`StackedLayers.supports` says whether a model can run so: no buffers, every parameter in a
-  Linear, a zero-padded Conv2d or an affine GroupNorm, and — since ``forward`` is plain code that could mix
-  the samples of a batch — a probe batch's stacked logits equal each model's own. Otherwise the caller falls
-  back to vmap over models (``engine.dp.grad_sample.VmapGrads``).
+  is; only the parameters differ by model: each Linear, Conv2d or GroupNorm layer runs each model's weights
+  on that model's contiguous rows (one autograd node joins them). :meth:`StackedLayers.supports` says whether
+  a model can run so: no buffers, every parameter in a Linear, a zero-padded Conv2d or an affine GroupNorm,
+  and — since ``forward`` is plain code that could mix the samples of a batch — a probe batch's stacked
+  logits equal each model's own. Otherwise the caller falls back to vmap over models
+  (``engine.dp.grad_sample.VmapGrads``).
 
 Layer rules (``rule(layer, a, b) → (sq (n,), summer(c (n,)) → {parameter name: Σ_i c_i g_i})``, one model's rows):
 strategy ``"ghost"`` takes :func:`engine.dp.ghost.ghost_rule` where there is one (Linear, Conv2d with groups 1
@@ -199,7 +200,7 @@ class StackedLayers:
             parent = self.net.get_submodule(parent_name) if parent_name else self.net
             setattr(parent, child, _Stacked(layer, name + ".", index, self))
             self.layers.append((name, layer))
-        self._row_elements = 1  # numbers in the layer inputs of one row, measured by the first pass
+        self._row_elements = None  # numbers in the layer inputs of one row: measured by the first pass
         self.params: dict = {}
         self.sizes: list = []
         self.recording = False
@@ -255,8 +256,9 @@ class StackedLayers:
         """params {name: (M, *shape)}; the step's batch idx, mask (M, L) of x, y → per-sample gradients. Only
         the valid entries are computed: they are packed model after model (a padded entry costs nothing), in
         passes of consecutive models whose layer inputs hold at most :data:`ELEMENTS_PER_PASS` numbers
-        together (one model at least): a pass of a few small models amortises the per-step overhead, a much
-        larger one loses more to the caches than it saves. Passes do not change a single number."""
+        together (one model at least; the very first pass, which measures that, one model): a pass of a few
+        small models amortises the per-step overhead, a much larger one loses more to the caches than it
+        saves. Passes do not change a single number."""
         sizes = [int(k) for k in mask.sum(1).tolist()]
         m, length = mask.shape
         zeros = torch.zeros(m, length, dtype=x.dtype, device=x.device)
@@ -266,11 +268,15 @@ class StackedLayers:
         xs, ys = x.index_select(0, packed), y.index_select(0, packed)
         losses, sq, summers, start, row = [], [], [], 0, 0
         for stop in range(1, m + 1):
-            if stop == m or sum(sizes[start:stop + 1]) * self._row_elements > ELEMENTS_PER_PASS:
+            if (stop == m or self._row_elements is None
+                    or sum(sizes[start:stop + 1]) * self._row_elements > ELEMENTS_PER_PASS):
                 rows, some = sum(sizes[start:stop]), {k: v[start:stop] for k, v in params.items()}
                 if rows:
-                    part = self._pass(some, xs[row:row + rows], ys[row:row + rows], sizes[start:stop])
-                    losses.append(part[0]), sq.append(part[1]), summers.append((row, rows, part[2]))
+                    pass_losses, pass_sq, summed = self._pass(some, xs[row:row + rows], ys[row:row + rows],
+                                                              sizes[start:stop])
+                    losses.append(pass_losses)
+                    sq.append(pass_sq)
+                    summers.append((row, rows, summed))
                 else:  # models without a sample in this step: a zero sum each
                     summers.append((row, 0, lambda c, some=some: {k: list(torch.zeros_like(v)) for k, v in some.items()}))
                 start, row = stop, row + rows
@@ -294,7 +300,7 @@ class StackedLayers:
         losses = F.cross_entropy(logits, y, reduction="none")
         backprops = torch.autograd.grad(losses.sum(), self._outputs)
         sq, summed = per_layer_sums(self.layers, self._inputs, backprops, sizes, self.strategy, self.order)
-        self._row_elements = max(self._row_elements, sum(a[0].numel() for a in self._inputs))
+        self._row_elements = max(self._row_elements or 1, sum(a[0].numel() for a in self._inputs))
         self._inputs, self._outputs = [], []
         return losses.detach(), sq.detach(), summed
 

@@ -96,7 +96,6 @@ class StackedModels:
         yb = y.index_select(0, flat).reshape(idx.shape)
         if self.closed_form:
             return linear_stack_grads(self.params, self.layers, xb, yb, self._input_sqnorms(x)[idx])
-
         return self._vmap(self.params, self.buffers, xb, yb)
 
     def loss_grads(self, x, y, idx, mask):

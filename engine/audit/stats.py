@@ -880,8 +880,6 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     # selection such as scores[:, sel] is Fortran-ordered; a C-order ravel would copy it)
     order = "F" if s.flags.f_contiguous and y.flags.f_contiguous else "C"
     s, y = s.ravel(order=order), y.ravel(order=order)
-    if s.shape != y.shape:
-        raise ValueError("scores and labels must have the same size")
     keep = ~np.isnan(s)
     pos_sel = keep & y
     P = int(np.count_nonzero(pos_sel))

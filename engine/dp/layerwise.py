@@ -188,7 +188,7 @@ class _Stacked(nn.Module):
 
 class StackedLayers:
     """M models of one architecture as one network on their packed batches (see the module docstring).
-    Call with the stacked parameters {name: (M, *shape)} and the step's batch; ``supports(...)`` first."""
+    Call with the stacked parameters {name: (M, *shape)} and the step's batch; build it with ``supports(...)``."""
 
     def __init__(self, base: nn.Module, n_models: int, strategy: str = DEFAULT_STRATEGY):
         layer_rule(base, strategy)
@@ -219,24 +219,28 @@ class StackedLayers:
         return True
 
     @classmethod
-    def supports(cls, base: nn.Module, params: dict, input_shape, n_models: int) -> bool:
-        """The structure check, then a probe batch: the stacked logits of ``params`` equal each model's own
-        (``functional_call`` of ``base``), which a ``forward`` mixing the samples of a batch would fail."""
+    def supports(cls, base: nn.Module, params: dict, input_shape, n_models: int,
+                 strategy: str = DEFAULT_STRATEGY) -> StackedLayers | None:
+        """The stack of ``base`` if it can run so, else None: the structure check, then a probe batch whose
+        stacked logits of ``params`` must equal each model's own (``functional_call`` of ``base``), which a
+        ``forward`` mixing the samples of a batch would fail."""
         if not cls.structure_supported(base):
-            return False
+            return None
+        stack = cls(base, n_models, strategy)
         first = next(iter(params.values()))
         rows = 3  # a different probe batch for each model: a forward mixing rows would mix models
         probe = torch.randn(n_models * rows, *input_shape, generator=torch.Generator(first.device).manual_seed(0),
                             dtype=first.dtype, device=first.device)
         try:
             with torch.no_grad():
-                stacked = cls(base, n_models)._forward(params, probe, [rows] * n_models)
+                stacked = stack._forward(params, probe, [rows] * n_models)
                 own = torch.cat([functional_call(base, {k: v[j] for k, v in params.items()},
                                                  (probe[j * rows:(j + 1) * rows],)) for j in range(n_models)])
         except (RuntimeError, ValueError, IndexError):
-            return False
+            return None
         scale = float(own.abs().max()) + 1.0
-        return stacked.shape == own.shape and bool(torch.allclose(stacked, own, rtol=1e-4, atol=1e-5 * scale))
+        same = stacked.shape == own.shape and bool(torch.allclose(stacked, own, rtol=1e-4, atol=1e-5 * scale))
+        return stack if same else None
 
     def record(self, index: int, a: torch.Tensor, z: torch.Tensor) -> None:
         if self._outputs[index] is not None:

@@ -56,8 +56,8 @@ class StackedModels:
         self.layers = linear_stack_layers(models[0]) if method == "auto" else None
         base = copy.deepcopy(models[0]).to("meta")
         self._vmap = VmapGrads(base)
-        self._stacked = StackedLayers(base, self.n_models, strategy) if self.layers is None and method != "vmap" \
-            and StackedLayers.supports(base, self.params, self.input_shape, self.n_models) else None
+        self._stacked = StackedLayers.supports(base, self.params, self.input_shape, self.n_models, strategy) \
+            if self.layers is None and method != "vmap" else None
 
     @property
     def closed_form(self) -> bool:

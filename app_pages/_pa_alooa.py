@@ -247,7 +247,8 @@ def page(mgr, store, url) -> None:
             run = DEFAULT_RUN.replace(**{"data.name": dataset_name, "data.max_train": int(max_train) or None,
                                          "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(train["lr"]),
                                          "epochs": float(train["epochs"]), "batch_size": int(train["batch"]),
-                                         "delta": float(train["delta"]), "clip_norm": float(train["clip"]),
+                                         "delta": float(train["delta"]), "accountant": str(train["accountant"]),
+                                         "clip_norm": float(train["clip"]),
                                          "seed": int(train["seed"])})
             config = AuditConfig(run=run, epsilon=float(epsilon), group_by=group_by, group_attribute=attribute,
                                  algorithms=tuple(algo_cfgs), R=int(R), threshold=threshold, score=score,

@@ -16,6 +16,7 @@ from engine.audit.runner import preview_audit
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import DataError
+from engine.dp.accounting import noise_saved_sentence
 from engine.jobs.estimates import format_seconds
 from engine.jobs.runs import algorithm_label
 from engine.train.loop import preview
@@ -45,11 +46,13 @@ def _planned(preview, config, errors: list[str], slots=None):
         return None
 
 
-def plan_frame(p: PlanRecord) -> pd.DataFrame:
+def plan_frame(p: PlanRecord, rdp: PlanRecord | None = None) -> pd.DataFrame:
     """One row per tier (the record's ``PlanRecord.tiers``): owners, target ε and, for private runs, planned ε
     (None without a formal guarantee), q, C and σ — the record's per-tier σ_k (SCALE: σ*·C/C_k; DP-SGD-S: z_Δ,
-    its per-group clips change every step)."""
+    its per-group clips change every step). ``rdp``: the same settings' plan under RDP, whose q, C and σ are set
+    beside (a plan under PRV or PLD)."""
     rows = []
+    beside = {} if rdp is None or not rdp.private else {t.name: t for t in rdp.tiers}
     for t in p.tiers:
         row = {"tier": t.name, "owners": t.size, "ε target": t.target_epsilon}
         if p.private:
@@ -61,6 +64,11 @@ def plan_frame(p: PlanRecord) -> pd.DataFrame:
             else:
                 row["C (clip)"] = round(t.clip_norm, 4)
             row["σ (noise mult.)"] = round(t.noise_multiplier, 4)
+            r = beside.get(t.name)
+            if r is not None:
+                row.update({"q under rdp": round(r.sample_rate, 5),
+                            "C under rdp": None if r.clip_norm is None else round(r.clip_norm, 4),
+                            "σ under rdp": round(r.noise_multiplier, 4)})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -99,8 +107,23 @@ def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[s
                 if not p.formal_dp and cfg.algorithm.name != "nonprivate":
                     st.warning(md(f"No formal DP guarantee: {p.formal_dp_reason or 'see the plan'} "
                                   f"(ε spent is not reported)."))
-                st.dataframe(plan_frame(p), hide_index=True, width="stretch")
+                rdp = _beside_rdp(p, cfg)
+                st.dataframe(plan_frame(p, rdp), hide_index=True, width="stretch")
     return previews
+
+
+def _beside_rdp(p: PlanRecord, cfg: RunConfig) -> PlanRecord | None:
+    """A private plan under PRV or PLD: the same settings planned under RDP (cached), its noise said against
+    this one's in a caption; None (and a caption saying why) when RDP cannot plan them."""
+    if not p.private or (p.accountant or "rdp") == "rdp":
+        return None
+    try:
+        rdp = _run_preview(cfg.replace(accountant="rdp").to_json())
+    except (ConfigError, DataError) as e:
+        st.caption(md(f"RDP could not plan these settings ({user_message(str(e))}): {p.accountant} can."))
+        return None
+    st.caption(md(noise_saved_sentence(p.accountant, p.noise_multiplier, rdp.noise_multiplier)))
+    return rdp
 
 
 def audit_plan(config: AuditConfig | None, errors: list[str]) -> dict | None:

@@ -12,7 +12,9 @@ from typing import Callable
 import streamlit as st
 
 from app_pages._look import field_label, md, user_error
+from engine.config.run import ACCOUNTANTS
 from engine.config.schema import ConfigError
+from engine.dp.accountants import DESCRIPTIONS
 from engine.jobs.runs import run_config
 
 # the algorithms in the order the pickers (Train, Audit) list them
@@ -211,8 +213,9 @@ class FieldSlots:
 
 def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: int, lr: float, lr_step: float,
                     slots: FieldSlots | None = None) -> dict:
-    """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three), bound to the URL as
-    ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``, ``{prefix}seed``.
+    """Epochs, batch size, learning rate, δ, clip norm and seed (two rows of three) and the accountant, bound to
+    the URL as ``{prefix}epochs``, ``{prefix}batch``, ``{prefix}lr``, ``{prefix}delta``, ``{prefix}clip``,
+    ``{prefix}seed``, ``{prefix}accountant``.
 
     With ``slots``, each field gets a slot for its error message (:class:`FieldSlots`, long ones under its row)
     and the fields take any number, so that the engine's checks refuse a bad one with a message: a bounded
@@ -242,4 +245,9 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
     out.update(delta=number(c1, row, "δ", "delta", dict(min_value=1e-12, max_value=0.5), value=1e-5, format="%.1e"),
                clip=number(c2, row, "Clip norm C", "clip", dict(min_value=0.001), value=1.0, step=0.1),
                seed=number(c3, row, "Seed", "seed", dict(min_value=0), value=0, step=1))
+    c1, _, _ = st.columns(3)
+    out["accountant"] = c1.selectbox(
+        "Accountant", ACCOUNTANTS, key=f"{prefix}accountant", bind="query-params",
+        help="Whose ε the plan meets and the run reports: " + "; ".join(
+            f"**{k}**: {v}" for k, v in DESCRIPTIONS.items()) + ". The papers' scripts keep rdp.")
     return out

@@ -86,7 +86,8 @@ intro()
 # written into this earlier container appears here, above them)
 launch_row = st.container(key="launch-row")
 url = widgets.UrlParams(labels={"algos": algorithm_label}, known=(
-    "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "clip", "seed", "eval_every", "seeds", "momentum",
+    "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "accountant", "clip", "seed", "eval_every",
+    "seeds", "momentum",
     "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
     "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout"))
 D = dict(asdict(DEFAULT_TRAIN), seeds=1)  # the default comparison's widget values (engine.tools.demo)
@@ -219,8 +220,8 @@ with st.container():
                                           tau=float(tau), quantile=float(quantile), private_quantile=bool(private_q),
                                           c_min=float(c_min), c_max=float(c_max), clip_rule=str(clip_rule)),
                 optimizer=OptimizerConfig(lr=float(train["lr"]), momentum=float(momentum)), epochs=float(train["epochs"]),
-                batch_size=int(train["batch"]), delta=float(train["delta"]), clip_norm=float(train["clip"]),
-                seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
+                batch_size=int(train["batch"]), delta=float(train["delta"]), accountant=str(train["accountant"]),
+                clip_norm=float(train["clip"]), seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
             base_cfg.validate()
             for advice in base_cfg.advisories():  # valid but far from what trains: a warning by the field
                 if not slots.warn(advice):

@@ -30,7 +30,7 @@ from engine.audit.one_run_report import one_run_table
 from engine.audit.presets import preset
 from engine.audit.summary import compact_summary, summary_table
 from engine.config.backend import BACKEND_ENV, BackendConfig
-from engine.config.run import RunConfig, load_config
+from engine.config.run import ACCOUNTANTS, RunConfig, load_config
 from engine.config.schema import ConfigError, replace_dotted
 from engine.data import load_dataset
 from engine.dp import accounting
@@ -123,32 +123,45 @@ def cmd_worker(args) -> int:
 def cmd_plan(args) -> int:
     if args.config:
         config = load_config(args.config)
+        if args.accountant is not None:
+            config = config.replace(accountant=args.accountant)
         data = prepare_data(config)
         if data.dataset.report.skipped:
             print(f"note: {data.dataset.report}", file=sys.stderr)
-        plan = make_plan(config, data.tiers.sizes, total_steps(config, len(data.dataset.y_train)))
+        steps = total_steps(config, len(data.dataset.y_train))
+        plan = make_plan(config, data.tiers.sizes, steps)
         names = data.tiers.names
         if plan is None:
             print("non-private run: no plan")
             return 0
+        rdp = plan if plan.accountant == "rdp" else make_plan(config.replace(accountant="rdp"), data.tiers.sizes, steps)
     else:
         missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
         if missing:
             raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
-
+        kw = dict(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
+                  batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
         with plan_errors("plan"):
-            plan = accounting.plan(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
-                                   batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
+            plan = accounting.plan(**kw, accountant=args.accountant or "rdp")
+        rdp = plan
+        if plan.accountant != "rdp":
+            with plan_errors("plan", "no RDP plan beside it: "):
+                rdp = accounting.plan(**kw)
         names = [f"tier {k}" for k in range(len(plan.sample_rates))]
     if args.json:
         print(json.dumps(plan.to_dict(), sort_keys=True))
         return 0
-    print(f"mode {plan.mode}: noise multiplier σ = {plan.noise_multiplier:.5f}, noise std = {plan.noise_std:.5f}, "
-          f"expected batch = {plan.expected_batch_size:.1f}, T = {plan.steps}, δ = {plan.delta:g}")
-    print(f"{'tier':<28} {'size':>7} {'q':>10} {'C':>8} {'ε target':>9} {'ε':>9}")
+    print(f"mode {plan.mode} under {plan.accountant}: noise multiplier σ = {plan.noise_multiplier:.5f}, noise std = "
+          f"{plan.noise_std:.5f}, expected batch = {plan.expected_batch_size:.1f}, T = {plan.steps}, δ = {plan.delta:g}")
+    beside = rdp is not plan
+    if beside:
+        print(accounting.noise_saved_sentence(plan.accountant, plan.noise_multiplier, rdp.noise_multiplier))
+    print(f"{'tier':<28} {'size':>7} {'q':>10} {'C':>8} {'ε target':>9} {'ε':>9}"
+          + (f" {'q (rdp)':>10} {'C (rdp)':>8}" if beside else ""))
     for k, name in enumerate(names):
         print(f"{name[:28]:<28} {plan.tier_sizes[k]:>7} {plan.sample_rates[k]:>10.6f} {plan.clip_norms[k]:>8.4f} "
-              f"{plan.target_epsilons[k]:>9.4f} {plan.epsilons[k]:>9.4f}")
+              f"{plan.target_epsilons[k]:>9.4f} {plan.epsilons[k]:>9.4f}"
+              + (f" {rdp.sample_rates[k]:>10.6f} {rdp.clip_norms[k]:>8.4f}" if beside else ""))
     return 0
 
 
@@ -410,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--batch-size", dest="batch_size", type=int)
     pl.add_argument("--clip-norm", dest="clip_norm", type=float, default=1.0)
     pl.add_argument("--steps", type=int)
+    pl.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
+                    help="whose ε the plan meets (default: the CONFIG's, else rdp); not rdp: RDP's q and C beside")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(func=cmd_plan)
 

@@ -32,29 +32,71 @@ def test_each_accountant_reproduces_its_librarys_number(setting, rdp, pld):
     prv = PRVAccountant()
     prv.history = [(sigma, q, steps)]
     assert get_accountant("prv").epsilon(q, sigma, steps, DELTA) == pytest.approx(prv.get_epsilon(DELTA), rel=1e-12)
-    lib = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    lib = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
     lib.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
     assert get_accountant("pld").epsilon(q, sigma, steps, DELTA) == pytest.approx(lib.get_epsilon(DELTA), rel=1e-12)
-    # and the published figures, to two digits
+    # and the published figures (PLD's at the library's finer default grid, 1e-4: ours, on a grid of 1e-3, is at
+    # most 0.6 % above it, never below), to two digits
     assert get_accountant("rdp").epsilon(q, sigma, steps, DELTA) == pytest.approx(rdp, abs=0.02)
-    assert get_accountant("pld").epsilon(q, sigma, steps, DELTA) == pytest.approx(pld, abs=0.006)
+    assert pld - 0.005 <= get_accountant("pld").epsilon(q, sigma, steps, DELTA) <= (pld + 0.005) * 1.006
+
+
+@pytest.mark.parametrize("name", ACCOUNTANTS)
+def test_one_off_releases_compose_with_the_steps_as_in_each_library(name):
+    """DP-SGD-S's noisy group sizes: a Gaussian release (sensitivity 1, no sampling) composed with T steps."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+    from opacus.accountants.rdp import RDPAccountant
+
+    q, sigma, steps, releases = 0.01, 1.1, 300, (4.0, 9.0)
+    got = get_accountant(name).epsilon(q, sigma, steps, DELTA, releases)
+    if name == "rdp":
+        orders = RDPAccountant.DEFAULT_ALPHAS
+        rdp = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders) + sum(
+            compute_rdp(q=1.0, noise_multiplier=r, steps=1, orders=orders) for r in releases)
+        want = get_privacy_spent(orders=orders, rdp=rdp, delta=DELTA)[0]
+    elif name == "prv":
+        lib = PRVAccountant()
+        lib.history = [(sigma, q, steps)] + [(r, 1.0, 1) for r in releases]
+        want = lib.get_epsilon(DELTA)
+    else:
+        lib = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+        lib.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+        for r in releases:
+            lib.compose(dp_event.GaussianDpEvent(r))
+        want = lib.get_epsilon(DELTA)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got > get_accountant(name).epsilon(q, sigma, steps, DELTA)  # the releases cost something
+
+
+@settings(max_examples=12, deadline=None)
+@given(q=st.floats(1e-3, 0.2), sigma=st.floats(0.6, 4.0), steps=st.integers(1, 1500))
+def test_pld_is_never_looser_than_rdp(q, sigma, steps):
+    assert get_accountant("pld").epsilon(q, sigma, steps, DELTA) <= get_accountant("rdp").epsilon(
+        q, sigma, steps, DELTA) * (1 + 1e-9)
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(q=st.floats(1e-3, 0.2), sigma=st.floats(0.6, 4.0), steps=st.integers(1, 1500))
-def test_pld_and_prv_are_never_looser_than_rdp(q, sigma, steps):
+def test_prv_is_never_looser_than_rdp_beyond_its_error_bound(q, sigma, steps):
     rdp = get_accountant("rdp").epsilon(q, sigma, steps, DELTA)
-    assert get_accountant("pld").epsilon(q, sigma, steps, DELTA) <= rdp * (1 + 1e-9)
     assert get_accountant("prv").epsilon(q, sigma, steps, DELTA) <= rdp * (1 + 1e-9) + 0.02  # PRV's ε error bound
 
 
-SEARCHES = [("rdp", 0.5), ("rdp", 2.0), ("rdp", 8.0),  # PLD and PRV: 20-60 ε evaluations of 0.3-2 s a search
-            pytest.param("pld", 2.0, marks=pytest.mark.slow), pytest.param("prv", 2.0, marks=pytest.mark.slow)]
-
-
-@pytest.mark.parametrize("name,target", SEARCHES)
+@pytest.mark.parametrize("name,target", [("rdp", 0.5), ("rdp", 2.0), ("rdp", 8.0), ("pld", 0.3), ("pld", 2.0)])
 def test_the_searches_end_on_the_safe_side_and_close_to_tight(name, target):
+    assert_searches_safe_and_tight(name, target)
+
+
+@pytest.mark.slow
+def test_prvs_searches_end_on_the_safe_side_and_close_to_tight():
+    assert_searches_safe_and_tight("prv", 2.0)
+
+
+def assert_searches_safe_and_tight(name, target):
     acc = get_accountant(name)
     q, steps = 0.004, 1000
     sigma = acc.noise_multiplier(target, q, steps, DELTA)
@@ -87,3 +129,116 @@ def test_edges_and_refusals():
             acc.epsilon(1.5, 1.0, 10, DELTA)
     with pytest.raises(ValueError, match="rdp, prv, pld"):
         get_accountant("moments")
+
+
+# --- plans under each accountant ---------------------------------------------------------------------------------
+
+def _independent_pld(q, sigma, steps, delta, releases=()):
+    """The tier's ε straight from dp-accounting at its default (finer) grid: code the accountants do not share."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    lib = pld_privacy_accountant.PLDAccountant()  # value_discretization_interval 1e-4, pessimistic
+    lib.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+    for r in releases:
+        lib.compose(dp_event.GaussianDpEvent(r))
+    return lib.get_epsilon(delta)
+
+
+PLANS = dict(mode=st.sampled_from(accounting.MODES),
+             eps=st.lists(st.sampled_from([0.7, 1.0, 2.0, 3.0, 8.0]), min_size=1, max_size=3),
+             sizes=st.lists(st.integers(200, 3000), min_size=3, max_size=3), steps=st.integers(20, 400),
+             batch_share=st.floats(0.005, 0.05))
+
+
+def assert_every_tier_meets_its_target(name, mode, eps, sizes, steps, batch_share):
+    sizes = sizes[:len(eps)]
+    batch = max(1, int(batch_share * sum(sizes)))
+    p = accounting.plan(mode=mode, epsilons=eps, delta=DELTA, tier_sizes=sizes, batch_size=batch, clip_norm=1.0,
+                        steps=steps, accountant=name)
+    assert p.accountant == name
+    for q, z, e, target in zip(p.sample_rates, p.noise_multipliers, p.epsilons, p.target_epsilons):
+        assert e <= target
+        assert _independent_pld(q, z, steps, DELTA) <= target * (1 + 1e-9)
+    if mode == "sample" and len(set(eps)) > 1:
+        assert p.expected_batch_size == pytest.approx(batch, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["rdp", "pld"])
+@settings(max_examples=4, deadline=None)
+@given(**PLANS)
+def test_every_tier_of_a_plan_meets_its_target_under_an_independent_pld(name, mode, eps, sizes, steps, batch_share):
+    """Soundness of every plan, whatever its accountant: each tier's (q, σ_k, T) spends at most its target ε,
+    recomputed with dp-accounting's PLD at its own default grid (RDP plans: PLD ≤ RDP ≤ target); SAMPLE's
+    expected batch is the configured one."""
+    assert_every_tier_meets_its_target(name, mode, eps, sizes, steps, batch_share)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)
+@given(**PLANS)
+def test_every_tier_of_a_prv_plan_meets_its_target_under_an_independent_pld(mode, eps, sizes, steps, batch_share):
+    assert_every_tier_meets_its_target("prv", mode, eps, sizes, steps, batch_share)
+
+
+@pytest.mark.parametrize("mode", accounting.MODES)
+def test_a_pld_plan_is_tight_and_needs_less_noise_than_rdps(mode):
+    """The MNIST-like three tiers at T = 600: under PLD the strictest tier spends its target to 1e-3 and σ* falls
+    below RDP's at the same settings (the noise the tighter accountant saves)."""
+    kw = dict(mode=mode, epsilons=(1.0, 2.0, 3.0), delta=DELTA, tier_sizes=(4000, 4000, 4000), batch_size=120,
+              clip_norm=1.0, steps=600)
+    rdp, pld = accounting.plan(**kw), accounting.plan(**kw, accountant="pld")
+    assert pld.noise_multiplier < rdp.noise_multiplier * 0.99
+    assert pld.epsilons[0] == pytest.approx(1.0, rel=1e-3)
+    if mode == "scale":
+        assert pld.clip_norms[0] < pld.clip_norms[1] < pld.clip_norms[2]
+        assert all(e == pytest.approx(t, rel=1e-3) for e, t in zip(pld.epsilons, pld.target_epsilons))
+    if mode == "sample":
+        assert pld.sample_rates[0] < pld.sample_rates[1] < pld.sample_rates[2]
+        assert pld.expected_batch_size == pytest.approx(120, rel=1e-3)
+
+
+def test_the_live_accountant_and_a_release_follow_the_plans_accountant():
+    p = accounting.plan(mode="sample", epsilons=(1.0, 3.0), delta=DELTA, tier_sizes=(3000, 3000), batch_size=60,
+                        clip_norm=1.0, steps=400, accountant="pld")
+    live = accounting.TierAccountant(sample_rates=p.sample_rates, noise_multiplier=p.noise_multiplier, delta=DELTA,
+                                     noise_multipliers=p.noise_multipliers, accountant="pld")
+    assert live.epsilons() == [0.0, 0.0]
+    live.step(200)
+    half = live.epsilons()
+    live.step(200)
+    assert live.epsilons() == list(p.epsilons) and all(h < e for h, e in zip(half, p.epsilons))
+    # DP-SGD-S's one-off release: the σ rises so that steps and release together still meet ε under PLD
+    d = accounting.plan(mode="dpsgd", epsilons=(1.0,), delta=DELTA, tier_sizes=(6000,), batch_size=60, clip_norm=1.0,
+                        steps=400, accountant="pld")
+    r = accounting.plan_with_release(d, 30.0)
+    assert r.accountant == "pld" and r.noise_multiplier > d.noise_multiplier
+    assert r.epsilons[0] <= 1.0 and r.epsilons[0] == pytest.approx(1.0, rel=1e-3)
+    assert _independent_pld(r.sample_rates[0], r.noise_multiplier, 400, DELTA, (30.0,)) <= 1.0
+    with pytest.raises(accounting.PlanError, match="rdp, prv, pld"):
+        accounting.plan(mode="dpsgd", epsilons=(1.0,), delta=DELTA, tier_sizes=(100,), batch_size=10, clip_norm=1.0,
+                        steps=10, accountant="moments")
+
+
+@pytest.mark.slow
+def test_a_run_configured_with_pld_plans_and_reports_under_pld():
+    """The config's ``accountant`` reaches the plan (σ below RDP's, the record says whose ε it is) and the live
+    ε spent, which ends at the plan's ε (the digits run, a few steps; the default config keeps RDP)."""
+    from engine.config.run import RunConfig
+    from engine.config.schema import ConfigError
+    from engine.train.loop import preview, train
+
+    base = RunConfig().replace(**{"model.name": "lr", "epochs": 1.0, "algorithm.name": "idp_sample"})
+    assert base.accountant == "rdp" and "accountant" not in base.to_dict()  # older configs' JSON unchanged
+    pld = base.replace(accountant="pld")
+    assert RunConfig.from_json(pld.to_json()) == pld
+    with pytest.raises(ConfigError, match="accountant: unknown value 'moments'; allowed: rdp, prv, pld"):
+        base.replace(accountant="moments").validate()
+    p_rdp, p_pld = preview(base), preview(pld)
+    assert p_rdp.accountant == "rdp" and p_pld.accountant == "pld"
+    assert p_pld.noise_multiplier < p_rdp.noise_multiplier
+    result = train(pld)
+    last = result.eval_records[-1]
+    spent = [t.epsilon_spent for t in last.tiers]
+    assert spent == pytest.approx(list(p_pld.epsilons), rel=1e-12)
+    assert all(s <= t for s, t in zip(spent, p_pld.target_epsilons))

@@ -89,20 +89,45 @@ def test_plan_flags(store):
 
 
 @pytest.mark.slow
+def test_plan_under_a_tighter_accountant_shows_rdps_beside_it(tmp_path, store):
+    """The issue's MNIST tiers (SAMPLE, batch 512, 12 epochs): under PLD the ε = 1 tier's rate rises above RDP's
+    at the same batch, and the noise saved is said once; a config plans under the accountant it names, and an
+    unknown one is refused in one line."""
+    flags = ("plan", "--epsilons", "1", "2", "3", "--tier-sizes", "20000", "20000", "20000", "--batch-size", "512",
+             "--steps", "1406")
+    rdp = json.loads(cli_here(*flags, "--json", store=store).stdout)
+    pld = json.loads(cli_here(*flags, "--accountant", "pld", "--json", store=store).stdout)
+    assert (rdp["accountant"], pld["accountant"]) == ("rdp", "pld")
+    assert pld["noise_multiplier"] < 0.95 * rdp["noise_multiplier"]
+    assert pld["sample_rates"][0] > 1.15 * rdp["sample_rates"][0] and max(pld["epsilons"]) <= 3.0
+    table = cli_here(*flags, "--accountant", "pld", store=store).stdout
+    assert re.search(r"under pld against [\d.]+ under rdp: [\d.]+ % less noise", table) and "q (rdp)" in table
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "accountant": "prv",
+                               "algorithm": {"name": "idp_sample"}}))
+    assert "under prv" in cli_here("plan", str(cfg), store=store).stdout
+    cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "accountant": "moments"}))
+    bad = cli_here("plan", str(cfg), store=store)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "allowed: rdp, prv, pld" in bad.stderr
+
+
+@pytest.mark.slow
 def test_rerun_overrides_and_bad_values(tmp_path, store):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"model": {"name": "lr"}, "epochs": 1, "data": {"max_train": 200},
                                "algorithm": {"name": "idp_sample"}}))
     assert cli_here("run", str(cfg), "--json", store=store).returncode == 0
-    out = cli_here("rerun", "1", "--set", "seed=7", "--set", "optimizer.lr=0.2", "--json", store=store)
+    out = cli_here("rerun", "1", "--set", "seed=7", "--set", "optimizer.lr=0.2", "--set", "accountant=pld", "--json",
+                   store=store)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == 2 and summary["rerun_of"] == 1
     shown = json.loads(cli_here("show", "2", "--json", store=store).stdout)
     assert shown["status"] == "finished" and shown["config"]["seed"] == 7
+    assert shown["config"]["accountant"] == "pld" and shown["plan"]["accountant"] == "pld"
     assert shown["config"]["optimizer"]["lr"] == 0.2 and shown["config"]["data"]["max_train"] == 200
     for bad, field in (("seed=-1", "seed"), ("seed=1.5", "seed"), ("data.nope=1", "data.nope"),
-                       ("=3", "--set"), ("tiers=[]", "tiers")):
+                       ("=3", "--set"), ("tiers=[]", "tiers"), ("accountant=moments", "accountant")):
         out = cli_here("rerun", "1", "--set", bad, store=store)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}"), (bad, out.stderr)

@@ -106,6 +106,32 @@ def test_the_training_fields_take_any_number_for_the_engine_to_check(lab):
         assert not at.error and not at.button(key="launch").disabled, (key, texts(at.error))
 
 
+def test_the_accountant_from_a_link_plans_under_it_with_rdps_plan_beside(lab):
+    """``?accountant=pld`` (issue 40): the form's Accountant is PLD, the plan preview sets RDP's q, C and σ
+    beside each tier's and says the noise saved; the default is RDP with nothing beside; a name the lab does not
+    know is warned about and RDP is used."""
+    at, _ = lab
+    at.query_params.update({"dataset": "digits", "accountant": "pld"})
+    at.run()
+    no_exception(at)
+    assert at.selectbox(key="accountant").value == "pld"
+    page = shown(at)
+    assert "q under rdp" in page and "σ under rdp" in page
+    assert "under pld against" in page and "less noise at the same ε" in page
+    assert not at.button(key="launch").disabled
+    at.selectbox(key="accountant").set_value("rdp").run()
+    assert "q under rdp" not in shown(at) and "under pld against" not in shown(at)
+
+
+def test_an_unknown_accountant_in_a_link_is_warned_about(lab):
+    at, _ = lab
+    at.query_params.update({"dataset": "digits", "accountant": "moments"})
+    at.run()
+    no_exception(at)
+    assert at.selectbox(key="accountant").value == "rdp"
+    assert any("accountant" in w and "not a valid value" in w for w in texts(at.warning)), texts(at.warning)
+
+
 def test_too_many_steps_is_said_once_under_the_whole_row(lab):
     at, _ = lab
     at.query_params.update({"dataset": "digits", "epochs": "10000000"})

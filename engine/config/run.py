@@ -67,6 +67,8 @@ MAX_SEED = 2**63 - 1
 MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
 MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
 STEPS_RULES = ("round", "floor_per_epoch")
+#: the accountants a run may plan and report under (engine.dp.accountants implements one per name)
+ACCOUNTANTS = ("rdp", "prv", "pld")
 MAX_CNN_PADDING = 8
 
 
@@ -397,6 +399,7 @@ class RunConfig:
     epochs: float = 10.0  # digits: ~110 steps, a few seconds on a laptop CPU
     batch_size: int = 128
     delta: float = 1e-5
+    accountant: str = "rdp"  # whose ε the plan meets and the run reports: rdp | prv | pld (engine.dp.accountants)
     clip_norm: float = 1.0
     seed: int = 0
     device: str = "auto"
@@ -425,6 +428,7 @@ class RunConfig:
         # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
         check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large, at_least=True)
         check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
+        check_choice(self.accountant, "accountant", ACCOUNTANTS)
         check_positive(self.clip_norm, "clip_norm")
         check_int(self.seed, "seed", 0, MAX_SEED)
         check_int(self.seeds, "seeds", 1, MAX_SEEDS)
@@ -513,7 +517,7 @@ class RunConfig:
         return self.name or ALGORITHM_LABELS.get(self.algorithm.name, self.algorithm.name)
 
 
-_OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0}
+_OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0, "accountant": "rdp"}
 
 
 def _to_jsonable(x):

@@ -1,8 +1,10 @@
 """Privacy accounting and the individualized-DP planner.
 
-Ground truth is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanism
-(``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over
-Opacus' default RDP orders (``RDPAccountant.DEFAULT_ALPHAS``).  No other bound is used.
+Each plan is made under one accountant (``Plan.accountant``, one of ``engine.dp.accountants.ACCOUNTANTS``).
+The default, ``"rdp"``, is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanism
+(``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over Opacus' default RDP orders
+(``RDPAccountant.DEFAULT_ALPHAS``), with the fast searches below; ``"prv"`` and ``"pld"`` plan the same three
+modes through the accountants' own searches (:func:`_plan_with`), started from the RDP plan.
 
 Adjacency: add/remove one sample, each sample drawn into a batch independently (Poisson) with its tier's
 rate, the noisy sum of clipped contributions divided by a number fixed before training (the plan's expected
@@ -33,15 +35,11 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dataclasses_replace
 
 import numpy as np
-from opacus.accountants.analysis import rdp as _opacus_rdp
-from opacus.accountants.rdp import RDPAccountant
-
-from engine.dp import fast_rdp
+from engine.dp import accountants, fast_rdp
 
 __all__ = [
     "Plan",
@@ -63,7 +61,7 @@ __all__ = [
 MODES = ("dpsgd", "scale", "sample")
 
 #: Opacus' default RDP orders; all accounting here uses exactly these.
-ORDERS: tuple[float, ...] = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
+ORDERS = accountants.ORDERS
 
 #: searches stop once ε is within this relative distance below the target.
 _TIGHT_RTOL = 1e-6
@@ -89,7 +87,7 @@ class Plan:
     sample_rates: tuple[float, ...]  # per tier
     clip_norms: tuple[float, ...]  # per tier
     noise_std: float  # absolute std of the Gaussian noise added to the weighted clipped gradient SUM
-    epsilons: tuple[float, ...]  # achieved ε per tier after `steps` (Opacus)
+    epsilons: tuple[float, ...]  # achieved ε per tier after `steps` (under `accountant`)
     target_epsilons: tuple[float, ...]
     delta: float
     steps: int
@@ -99,6 +97,7 @@ class Plan:
     # one-off (not subsampled) Gaussian releases of L2 sensitivity 1 composed with the T steps, as noise
     # multipliers (DP-SGD-S's noisy group sizes); ``epsilons`` include them
     release_noise_multipliers: tuple[float, ...] = field(default=())
+    accountant: str = "rdp"  # the accountant the plan was searched and its ε computed with (accountants.ACCOUNTANTS)
 
     @property
     def noise_multipliers(self) -> tuple[float, ...]:
@@ -123,26 +122,8 @@ def _effective_multipliers(sigma: float, noise_std: float, clips) -> tuple[float
 # --------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=4096)
-def _opacus_rdp_one_step(q: float, sigma: float) -> np.ndarray:
-    """Per-order RDP of ONE step, computed by Opacus itself (read-only array)."""
-    r = np.asarray(
-        _opacus_rdp.compute_rdp(
-            q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
-        ),
-        dtype=float,
-    )
-    r.setflags(write=False)
-    return r
-
-
-def _opacus_eps_from_rdp(rdp: np.ndarray, delta: float) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "optimal order is the largest alpha" etc.
-        eps, _ = _opacus_rdp.get_privacy_spent(
-            orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta
-        )
-    return float(eps)
+_opacus_rdp_one_step = accountants.rdp_one_step
+_opacus_eps_from_rdp = accountants.epsilon_from_rdp
 
 
 def _opacus_eps(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -301,7 +282,7 @@ def _check_steps(s, allow_zero: bool = False):
         raise PlanError(f"steps must be an integer >= {lo}, got {s!r}")
 
 
-def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps):
+def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps, rdp_floor: bool = True):
     if mode not in MODES:
         raise PlanError(f"mode must be one of {MODES}, got {mode!r}")
     try:
@@ -336,7 +317,7 @@ def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps):
     if not ok:
         raise PlanError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
     _check_steps(steps)
-    floor = epsilon_floor(float(delta))
+    floor = epsilon_floor(float(delta)) if rdp_floor else 0.0
     for k, e in enumerate(eps):
         if e <= floor * (1 + 1e-6):
             raise PlanError(
@@ -346,11 +327,15 @@ def _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps):
     return eps, sizes, float(delta), float(batch_size), float(clip_norm), int(steps)
 
 
-def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps) -> Plan:
+def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps, accountant: str = "rdp") -> Plan:
     """Plan noise, per-tier sample rates and clip norms for individualized DP-SGD.
 
-    Arguments are per tier, results are in the same tier order.  Raises PlanError.
+    Arguments are per tier, results are in the same tier order.  ``accountant``: whose ε the plan meets
+    (``engine.dp.accountants``; "rdp" is the fast path below, the others :func:`_plan_with`). Raises PlanError.
     """
+    if accountant != "rdp":
+        return _plan_with(_get_accountant(accountant), mode, epsilons, delta, tier_sizes, batch_size, clip_norm,
+                          steps)
     eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps)
     N = sum(sizes)
     e_min = min(eps)
@@ -464,12 +449,142 @@ def _plan_sample(eps, sizes, B, T, delta):
 
 
 # --------------------------------------------------------------------------------------
+# The same plans under another accountant (PRV, PLD)
+# --------------------------------------------------------------------------------------
+
+_GENERIC_BATCH_RTOL = 3e-4  # SAMPLE under PRV / PLD: the expected batch within about 0.1 % of B
+
+
+def _get_accountant(name):
+    try:
+        return accountants.get_accountant(name)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+def _plan_with(acc, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps) -> Plan:
+    """:func:`plan` under the accountant ``acc``: the same three modes, each searched with the accountant's
+    search ε and verified with its reported ε (the searches of ``engine.dp.accountants``). The RDP plan's σ is
+    where the searches start (a tighter accountant needs less noise for the same ε: it is close above)."""
+    eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps,
+                                           rdp_floor=False)
+    N = sum(sizes)
+    e_min = min(eps)
+    q_base = B / N
+    notes: list[str] = []
+    try:
+        if mode == "dpsgd" or len(set(eps)) == 1:
+            sigma = acc.noise_multiplier(e_min, q_base, T, delta, guess=_rdp_sigma_guess(e_min, q_base, T, delta))
+            rates, clips = (q_base,) * len(eps), (C,) * len(eps)
+        elif mode == "scale":
+            sig_of, prev = {}, math.inf
+            for e in sorted(set(eps)):  # ascending ε: σ non-increasing, so C_n non-decreasing
+                prev = min(prev, acc.noise_multiplier(e, q_base, T, delta,
+                                                      guess=_rdp_sigma_guess(e, q_base, T, delta)))
+                sig_of[e] = prev
+            sigma = sig_of[e_min]
+            rates = (q_base,) * len(eps)
+            clips = tuple(C if sig_of[e] == sigma else C * sigma / sig_of[e] for e in eps)
+        else:
+            sigma, rate_of = _plan_sample_with(acc, eps, sizes, B, T, delta)
+            rates, clips = tuple(rate_of[e] for e in eps), (C,) * len(eps)
+            notes = [f"tier {k}: sample rate capped at 1 (epsilon={e:g} would allow more); achieved ε is below "
+                     f"its target" for k, e in enumerate(eps) if rate_of[e] == 1.0]
+    except ValueError as e:
+        raise PlanError(f"{e}; raise epsilon") from None
+    noise_std = sigma * C
+    mults = _effective_multipliers(sigma, noise_std, clips)
+    achieved = [acc.epsilon(q, z, T, delta) for q, z in zip(rates, mults)]
+    for k, (a, e) in enumerate(zip(achieved, eps)):
+        if a > e:  # cannot happen: the search ε is never below the reported one; keep the guarantee explicit
+            raise RuntimeError(f"internal error: tier {k} ε={a} exceeds target {e} under {acc.name}")
+    return Plan(mode=mode, noise_multiplier=float(sigma), sample_rates=tuple(float(q) for q in rates),
+                clip_norms=tuple(float(c) for c in clips), noise_std=float(noise_std), epsilons=tuple(achieved),
+                target_epsilons=eps, delta=delta, steps=T, tier_sizes=sizes,
+                expected_batch_size=float(sum(q * n for q, n in zip(rates, sizes))), notes=tuple(notes),
+                accountant=acc.name)
+
+
+def noise_saved_sentence(accountant: str, sigma: float, rdp_sigma: float) -> str:
+    """What a tighter accountant buys, in one sentence (the plan preview and ``privacy-lab plan``): the noise
+    multiplier σ* of a plan under ``accountant`` against the same settings' under RDP."""
+    saved = 1.0 - float(sigma) / float(rdp_sigma)
+    return (f"σ* = {sigma:.4g} under {accountant} against {rdp_sigma:.4g} under rdp: "
+            f"{abs(saved) * 100:.1f} % {'less' if saved >= 0 else 'more'} noise at the same ε")
+
+
+def _rdp_sigma_guess(eps, q, steps, delta):
+    """RDP's σ for (ε, q, T, δ) when RDP can certify ε at all (a starting point, never a result)."""
+    if eps <= epsilon_floor(delta) * (1 + 1e-3):
+        return None
+    try:
+        return _sigma_cached(float(eps), float(q), int(steps), float(delta))
+    except PlanError:
+        return None
+
+
+def _plan_sample_with(acc, eps, sizes, B, T, delta):
+    """SAMPLE under ``acc``: the shared σ at which every tier's largest rate q_n(σ) (its own search) gives
+    Σ q_n N_n = B. The batch grows with σ (more noise allows every tier a larger rate), so σ is found by the
+    same safeguarded search on log σ, from RDP's SAMPLE σ; each tier's rate search starts where the last two
+    σ's rates point (log q is nearly straight in log σ), so it needs two or three ε evaluations."""
+    distinct = sorted(set(eps))
+    n_of = {e: sum(n for n, x in zip(sizes, eps) if x == e) for e in distinct}
+    seen: list = []  # (log σ, {ε: log q}) of the σ's tried whose rates are all > 0, in order
+    memo: dict = {}
+
+    def rates_at(y):
+        if y in memo:
+            return memo[y]
+        out = {}
+        for e in distinct:
+            guess, step = None, 0.05
+            if len(seen) >= 2:
+                (y1, r1), (y2, r2) = seen[-2], seen[-1]
+                slope = (r2[e] - r1[e]) / (y2 - y1) if y2 != y1 else 1.0
+                guess, step = math.exp(r2[e] + slope * (y - y2)), 0.01
+            elif seen:
+                guess = math.exp(seen[-1][1][e] + (y - seen[-1][0]))  # rates grow about linearly with σ
+            out[e] = acc.sample_rate(e, math.exp(y), T, delta, guess=guess, step=step)
+        if all(q > 0 for q in out.values()):
+            seen.append((y, {e: math.log(q) for e, q in out.items()}))
+        memo[y] = out
+        return out
+
+    def gap(y):  # log(batch / B), increasing in y = log σ
+        r = rates_at(y)
+        batch = sum(r[e] * n_of[e] for e in distinct)
+        return math.log(batch / B) if batch > 0 else -math.inf
+
+    try:  # RDP's SAMPLE σ: a tighter accountant's is a few per cent below it
+        start = _plan_sample(eps, sizes, B, T, delta)[0] * 0.97
+    except PlanError:
+        start = 1.0
+    y = accountants.largest_feasible(gap, math.log(_SIGMA_MIN), 0.0, _GENERIC_BATCH_RTOL, start=math.log(start),
+                                     step=0.03)
+    if y is None:
+        raise PlanError(f"SAMPLE mode cannot reach batch_size={B:g} under {acc.name}: even the smallest noise "
+                        f"multiplier gives a larger expected batch")
+    rate_of = rates_at(y)
+    e_min = distinct[0]
+    if rate_of[e_min] <= 0.0:
+        raise PlanError(f"epsilon={e_min:g} cannot be met at noise_multiplier={math.exp(y):g}, steps={T} under "
+                        f"{acc.name} for any sample rate; raise epsilon")
+    prev = 0.0
+    for e in distinct:  # ascending ε: rates non-decreasing (a stricter tier's rate meets a looser target too)
+        rate_of[e] = prev = max(rate_of[e], prev)
+    return math.exp(y), rate_of
+
+
+# --------------------------------------------------------------------------------------
 # Live accountant
 # --------------------------------------------------------------------------------------
 
 
 class TierAccountant:
-    """Per-tier RDP accountant (Opacus formulas). ε per tier after `steps` steps.
+    """Per-tier accountant: ε per tier after `steps` steps, under ``accountant`` (``engine.dp.accountants``; RDP:
+    Opacus' formulas, composed per order here so a step costs nothing; PRV and PLD: their ε of the T steps and the
+    releases, cached per (tier, T)).
 
     noise_multipliers (optional, per tier) overrides the shared noise_multiplier, e.g. the
     SCALE effective multipliers σ*·C/C_n (``Plan.noise_multipliers``).
@@ -478,7 +593,8 @@ class TierAccountant:
     Before any step, epsilons() returns 0.0 for every tier (the releases' ε if there are any).
     """
 
-    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None, releases=()):
+    def __init__(self, *, sample_rates, noise_multiplier, delta, noise_multipliers=None, releases=(),
+                 accountant: str = "rdp"):
         rates = tuple(float(q) for q in sample_rates)
         if not rates:
             raise PlanError("sample_rates must contain at least one tier")
@@ -503,8 +619,10 @@ class TierAccountant:
         self.noise_multipliers = sig
         self.delta = float(delta)
         self.steps = 0
+        self.accountant = _get_accountant(accountant).name
+        self.releases = tuple(float(r) for r in releases)
         self._rdp1 = [_opacus_rdp_one_step(q, s) for q, s in zip(rates, sig)]
-        self._release = _release_rdp(tuple(float(r) for r in releases))
+        self._release = _release_rdp(self.releases)
 
     def step(self, n: int = 1) -> None:
         if not _is_int(n) or n < 0:
@@ -514,6 +632,10 @@ class TierAccountant:
     def epsilons(self) -> list[float]:
         if self.steps == 0 and self._release is None:
             return [0.0] * len(self._rdp1)
+        if self.accountant != "rdp":
+            acc = accountants.get_accountant(self.accountant)
+            return [acc.epsilon(q, z, self.steps, self.delta, self.releases)
+                    for q, z in zip(self.sample_rates, self.noise_multipliers)]
         extra = 0.0 if self._release is None else self._release
         return [_opacus_eps_from_rdp(r * self.steps + extra, self.delta) for r in self._rdp1]
 
@@ -538,22 +660,44 @@ def release_noise_multiplier_default(*, noise_multiplier: float, sample_rate: fl
 def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
     """``p`` (a plan with one sample rate and one noise multiplier: a DP-SGD plan) with a one-off
     Gaussian release of noise multiplier ``release_noise_multiplier`` composed in: the noise
-    multiplier is raised to the smallest z' with Opacus ε(T steps at z' ∘ the release) ≤ the strictest
-    target (tight to 1e-6 below it), and ``epsilons`` are the composed ε (Opacus)."""
+    multiplier is raised to the smallest z' with ε(T steps at z' ∘ the releases) ≤ the strictest
+    target under ``p.accountant`` (tight to 1e-6 below it under RDP, 1e-4 under the others), and ``epsilons``
+    are the composed ε."""
     rates, mults = set(p.sample_rates), set(p.noise_multipliers)
     if len(rates) != 1 or len(mults) != 1:
         raise PlanError("a one-off release can only be composed with a plan of one sample rate and noise multiplier")
     q, T, delta, target = float(p.sample_rates[0]), p.steps, p.delta, min(p.target_epsilons)
-    extra = _release_rdp((float(release_noise_multiplier),))
+    releases = p.release_noise_multipliers + (float(release_noise_multiplier),)
+    acc = _get_accountant(p.accountant)
+    if acc.epsilon(q, 0.0, 0, delta, releases) >= target:
+        raise PlanError(f"the one-off release (noise multiplier {release_noise_multiplier:g}) alone spends "
+                        f"ε ≥ {target:g}; raise its noise")
+    if acc.name == "rdp":
+        z = _rdp_sigma_with_releases(p, releases)
+    else:
+        try:
+            z = acc.noise_multiplier(target, q, T, delta, releases, guess=float(p.noise_multiplier) * 1.05)
+        except ValueError:
+            raise PlanError(f"epsilon={target:g} cannot be met together with the one-off release; raise epsilon") \
+                from None
+    eps = acc.epsilon(q, z, T, delta, releases)
+    if eps > target:  # cannot happen: the searches end on the feasible side
+        raise RuntimeError(f"internal error: composed ε={eps} exceeds target {target}")
+    C = min(p.clip_norms)
+    return dataclasses_replace(p, noise_multiplier=float(z), noise_std=float(z * C),
+                               epsilons=(float(eps),) * len(p.epsilons), release_noise_multipliers=releases)
+
+
+def _rdp_sigma_with_releases(p: Plan, releases: tuple) -> float:
+    """The smallest z with Opacus RDP ε(T steps at z ∘ ``releases``) ≤ p's strictest target (1e-6 below it)."""
+    q, T, delta, target = float(p.sample_rates[0]), p.steps, p.delta, min(p.target_epsilons)
+    extra = _release_rdp(releases)
 
     def eps_at(z: float) -> float:
         return _opacus_eps_from_rdp(_opacus_rdp_one_step(q, z) * T + extra, delta)
 
-    if _opacus_eps_from_rdp(extra, delta) >= target:
-        raise PlanError(f"the one-off release (noise multiplier {release_noise_multiplier:g}) alone spends "
-                        f"ε ≥ {target:g}; raise its noise")
     lo, hi = float(p.noise_multiplier), float(p.noise_multiplier)
-    while eps_at(hi) > target:  # grow until feasible (ε → the release's ε as z → ∞)
+    while eps_at(hi) > target:  # grow until feasible (ε → the releases' ε as z → ∞)
         lo, hi = hi, hi * 1.25
         if hi > _SIGMA_MAX:
             raise PlanError(f"epsilon={target:g} cannot be met together with the one-off release; raise epsilon")
@@ -565,28 +709,21 @@ def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
             lo = mid
         else:
             hi = mid
-    z = hi
-    eps = eps_at(z)
-    if eps > target:  # cannot happen: hi is always feasible
-        raise RuntimeError(f"internal error: composed ε={eps} exceeds target {target}")
-    C = min(p.clip_norms)
-    return dataclasses_replace(p, noise_multiplier=float(z), noise_std=float(z * C),
-                               epsilons=(float(eps),) * len(p.epsilons),
-                               release_noise_multipliers=p.release_noise_multipliers + (float(release_noise_multiplier),))
+    return hi
 
 
 def plan_at_noise(p: Plan, noise_multiplier: float) -> Plan:
     """``p`` (a DP-SGD plan: one sample rate, one clip, no one-off release) trained at the noise multiplier
     ``noise_multiplier`` instead of its own: noise std z · C, and ``epsilons`` the ε that z spends in T steps
-    (Opacus), whatever the targets were — above them when z is below p's σ (the caller says so). The
-    noise-matched control of DP-SGD-S (``engine.audit.controls``) is this."""
+    (under ``p.accountant``), whatever the targets were — above them when z is below p's σ (the caller says so). The
+    noise-matched control of DP-SGD-S (``engine.audit.controls``) is this. ε under ``p.accountant``."""
     if len(set(p.sample_rates)) != 1 or len(set(p.clip_norms)) != 1 or p.release_noise_multipliers:
         raise PlanError("a plan at a given noise multiplier needs a DP-SGD plan (one sample rate and clip, "
                         "no one-off release)")
     z = float(noise_multiplier)
     if not (math.isfinite(z) and z > 0):
         raise PlanError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
-    eps = epsilon(sample_rate=float(p.sample_rates[0]), noise_multiplier=z, steps=p.steps, delta=p.delta)
+    eps = _get_accountant(p.accountant).epsilon(float(p.sample_rates[0]), z, p.steps, p.delta)
     return dataclasses_replace(p, noise_multiplier=z, noise_std=z * float(p.clip_norms[0]),
                                epsilons=(float(eps),) * len(p.epsilons))
 

@@ -98,7 +98,7 @@ def make_plan(config: RunConfig, tier_sizes, steps: int):
     with plan_errors("tiers", "no privacy plan: "):
         return accounting.plan(mode=mode, epsilons=[t.epsilon for t in config.tiers.tiers], delta=config.delta,
                                tier_sizes=list(tier_sizes), batch_size=config.batch_size,
-                               clip_norm=config.clip_norm, steps=steps)
+                               clip_norm=config.clip_norm, steps=steps, accountant=config.accountant)
 
 
 @dataclass
@@ -152,7 +152,7 @@ class PrivacyPlan:
         return accounting.TierAccountant(sample_rates=list(self.plan.sample_rates),
                                          noise_multiplier=self.plan.noise_multiplier, delta=delta,
                                          noise_multipliers=list(self.accountant_noise),
-                                         releases=self.accountant_releases)
+                                         releases=self.accountant_releases, accountant=self.plan.accountant)
 
     @property
     def info(self) -> dict:

@@ -408,7 +408,7 @@ class TierPlan:
     name: str
     size: int | None  # training samples (data owners) of the tier
     target_epsilon: float | None
-    epsilon: float | None  # the ε the plan guarantees after its steps (Opacus RDP)
+    epsilon: float | None  # the ε the plan guarantees after its steps (under the plan's accountant)
     sample_rate: float | None  # q_k
     clip_norm: float | None  # C_k
     noise_multiplier: float | None  # σ_k (PlanRecord.noise_multipliers)
@@ -416,7 +416,7 @@ class TierPlan:
 
 # the planner's fields (accounting.Plan.to_dict, in its order): written all together, when there is a plan
 _PLANNER = ("mode", "noise_multiplier", "sample_rates", "clip_norms", "noise_std", "epsilons", "delta", "notes",
-            "release_noise_multipliers")
+            "release_noise_multipliers", "accountant")
 _PREVIEW = ("n_train", "algorithm", "seeds")
 
 
@@ -446,6 +446,7 @@ class PlanRecord(_Flat):
     delta: float | None = None
     notes: tuple[str, ...] | None = None
     release_noise_multipliers: tuple[float, ...] | None = None
+    accountant: str | None = None  # whose ε `epsilons` are (engine.dp.accountants); None: stored before it, RDP
     group_clip: GroupClipPlan | None = None  # DP-SGD-S's set-up
     # the preview's (not stored)
     n_train: int | None = None
@@ -469,6 +470,8 @@ class PlanRecord(_Flat):
         if self.mode is not None:
             for k in _PLANNER:
                 v = getattr(self, k)
+                if k == "accountant" and v is None:
+                    continue  # a plan stored before the choice (RDP) stays as it was
                 out[k] = list(v) if v is not None and k in self._sequences else v
         if self.group_clip is not None:
             out.update(self.group_clip.to_dict())
@@ -520,6 +523,7 @@ class PlanRecord(_Flat):
                    noise_std=None if group is not None else plan.noise_std,
                    epsilons=tuple(plan.epsilons) if privacy.formal_dp else None, delta=plan.delta,
                    notes=tuple(plan.notes), release_noise_multipliers=tuple(plan.release_noise_multipliers),
+                   accountant=plan.accountant,
                    group_clip=None if group is None else GroupClipPlan.from_dict(privacy.info))
 
     # --- what it means ---------------------------------------------------------------------------------
@@ -564,7 +568,8 @@ class PlanRecord(_Flat):
                                clip_norms=self.clip_norms, noise_std=self.noise_std, epsilons=self.epsilons,
                                target_epsilons=self.target_epsilons, delta=self.delta, steps=self.steps,
                                tier_sizes=self.tier_sizes, expected_batch_size=self.expected_batch_size,
-                               notes=self.notes or (), release_noise_multipliers=self.release_noise_multipliers or ())
+                               notes=self.notes or (), release_noise_multipliers=self.release_noise_multipliers or (),
+                               accountant=self.accountant or "rdp")
 
 
 def _at(values, k):

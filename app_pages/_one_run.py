@@ -20,9 +20,10 @@ from app_pages._look import field_label, md, plot_theme, user_message
 from engine.audit.one_run import preview_one_run
 from engine.audit.one_run_config import DEFAULT_ONE_RUN, ONE_RUN_ALGORITHMS, OneRunConfig
 from engine.audit.one_run_report import KINDS, OneRunReport
-from engine.config.run import AlgorithmConfig
+from engine.config.run import ACCOUNTANTS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, DataError, dataset_names
+from engine.dp.accountants import DESCRIPTIONS
 from engine.dp.tiers import preset, preset_names
 from engine.figures import export
 from engine.figures.one_run import NO_FORMAL_DP, build_one_run_figures
@@ -69,12 +70,13 @@ TABLE_COLUMNS = {
 # --- pure helpers (no Streamlit) ------------------------------------------------------------------------------
 
 def build_config(*, dataset: str, tiers, epochs: float, canaries: int, input_canaries: int, algorithms: list[str],
-                 beta: float) -> OneRunConfig:
+                 beta: float, accountant: str = "rdp") -> OneRunConfig:
     """The validated one-run audit of the form's values (raises ConfigError naming the field)."""
     if not algorithms:
         raise ConfigError("algorithms", "choose at least one algorithm")
     extra = {"dpsgd_s": {"group_by": "tier"}}  # DP-SGD-S clips per privacy tier
-    run = DEFAULT_ONE_RUN.replace(**{"data.name": dataset, "tiers": tiers, "epochs": float(epochs)})
+    run = DEFAULT_ONE_RUN.replace(**{"data.name": dataset, "tiers": tiers, "epochs": float(epochs),
+                                     "accountant": accountant})
     return OneRunConfig(run=run, algorithms=tuple(AlgorithmConfig(name=a, **extra.get(a, {})) for a in algorithms),
                         canaries=int(canaries), input_canaries=int(input_canaries), beta=float(beta)).validate()
 
@@ -202,14 +204,18 @@ def _form(errors: list[str]) -> OneRunConfig | None:
         st.subheader("Algorithms and bound")
         algos = st.multiselect("Algorithms", ALGORITHM_CHOICES, default=DEFAULT_ALGOS, format_func=algorithm_label,
                                key="o_algos", persist_state=widgets.KEEP, help="one training run each, with the same canaries")
-        beta = st.number_input("β (the bound holds with confidence 1 − β)", value=0.05, step=0.01, format="%.3f",
+        c1, c2 = st.columns(2)
+        beta = c1.number_input("β (the bound holds with confidence 1 − β)", value=0.05, step=0.01, format="%.3f",
                                key="o_beta", persist_state=widgets.KEEP)
+        accountant = c2.selectbox("Accountant", ACCOUNTANTS, key="o_accountant", persist_state=widgets.KEEP,
+                                  help="whose ε the runs are planned for and claim: " + "; ".join(
+                                      f"**{k}**: {v}" for k, v in DESCRIPTIONS.items()))
     if errors or dataset is None:
         return None
     try:
         tiers = preset(tier_mode, dataset) if tier_names else None
         return build_config(dataset=dataset_name, tiers=tiers, epochs=epochs, canaries=canaries,
-                            input_canaries=inputs, algorithms=algos, beta=beta)
+                            input_canaries=inputs, algorithms=algos, beta=beta, accountant=accountant)
     except ConfigError as e:
         errors.append(str(e))
         st.error(md(error_words(e)), icon="🚫")

@@ -12,11 +12,11 @@ from engine.config.run import ModelConfig, RunConfig, total_steps
 from engine.config.schema import ConfigError
 from engine.models.nets import build_model
 from engine.store.db import RunStore
-from experiments import group_risk, ino_vs_idp, pareto, tif_search
+from experiments import accountants, group_risk, ino_vs_idp, pareto, tif_search
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_MAINS = {"ino_vs_idp.py": ino_vs_idp.main, "pareto.py": pareto.main, "group_risk.py": group_risk.main,
-                "tif_search.py": tif_search.main}
+                "tif_search.py": tif_search.main, "accountants.py": accountants.main}
 SCRIPTS = tuple(SCRIPT_MAINS)
 
 
@@ -147,6 +147,22 @@ def test_ino_vs_idp_smoke(tmp_path, capsys, one_thread):
     assert len(RunStore(store).list_runs(kind="train", status="finished")) == 6
     again = _main(ino_vs_idp, ["--smoke", "--json", "--no-figures", "--reuse", "--store", str(store)], capsys)
     assert again["run_ids"] == d["run_ids"] and again["recall_gain_by_tier"] == g
+
+
+@pytest.mark.slow
+def test_accountants_smoke(tmp_path, capsys, one_thread):
+    """§7's rows: every (plan, accountant, algorithm) once, the plan's own q and σ of the ε = 1 tier; PLD's plan
+    gives that tier a higher rate and less noise than RDP's of the same settings."""
+    d = _main(accountants, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "a.sqlite")], capsys)
+    rows = {(r["plan_epochs"], r["accountant"], r["algorithm"]): r for r in d["rows"]}
+    assert set(rows) == {(p, a, k) for p in (2, 4) for a in ("rdp", "pld") for k in ("idp", "ino_b1")}
+    for p in (2, 4):
+        rdp, pld = rows[(p, "rdp", "idp")], rows[(p, "pld", "idp")]
+        assert pld["sample_rate"] > rdp["sample_rate"] and pld["noise_multiplier"] < rdp["noise_multiplier"]
+        assert rows[(p, "pld", "ino_b1")]["sample_rate"] == pld["sample_rate"]  # paired: the same plan
+        for r in (rdp, pld):
+            assert set(r["recall"]) >= {"epoch1", "final"} and 0 <= r["recall"]["final"]["mean"] <= 100
+            assert r["epsilon_planned"] <= 1.0 and r["mid_depth"]["mean"] >= 0
 
 
 @pytest.mark.slow

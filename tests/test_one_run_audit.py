@@ -154,6 +154,27 @@ def test_soundness_every_formal_algorithm_stays_below_its_claim_and_non_formal_r
     assert [t.epsilon for t in idp.tiers] == pytest.approx([1.0, 2.0, 3.0], rel=1e-6)
 
 
+def test_the_claimed_epsilon_is_the_runs_accountants():
+    """Under ``run.accountant = "pld"`` each tier's claimed ε is PLD's for the mechanism the run trained (its plan's
+    q and σ after T steps): within its target, where RDP would put the same mechanism above it."""
+    from engine.dp.accountants import get_accountant
+    from engine.train.loop import preview
+
+    one = (AlgorithmConfig(name="idp_sample"),)
+    cfg = SMALL.replace(algorithms=one, input_canaries=0, **{"run.epochs": 2.0, "run.accountant": "pld"}).validate()
+    report = run_one_run_audit(cfg)
+    [algo] = report.algorithms
+    claimed = [t.epsilon for t in algo.tiers]
+    assert claimed == pytest.approx([1.0, 2.0, 3.0], rel=1e-3) and all(c <= e for c, e in zip(claimed, (1, 2, 3)))
+    f = report.frame()
+    assert (f.epsilon_hat <= f.epsilon).all()
+    plan = preview(cfg.run_for(one[0]))  # the plan the run trained with
+    T = plan.steps
+    for q, z, c in zip(plan.sample_rates, plan.noise_multipliers, claimed):
+        assert c == pytest.approx(get_accountant("pld").epsilon(q, z, T, cfg.run.delta), rel=1e-9)
+        assert get_accountant("rdp").epsilon(q, z, T, cfg.run.delta) > c * 1.01
+
+
 def test_one_kind_of_canary_alone():
     """Black-box only (no gradient canaries) and white-box only both run, each reporting only its own kind."""
     one = (AlgorithmConfig(name="dpsgd"),)

@@ -122,7 +122,7 @@ class ControlInfo:
     kind: str  # "noise_matched" | "accuracy_matched"
     of: str  # key of the DP-SGD-S algorithm it controls
     noise_multiplier: float  # the control's σ (noise std σ · C)
-    epsilon: float  # the accountant's ε for σ (Opacus RDP), every tier
+    epsilon: float  # the accountant's ε for σ (the audit run's accountant), every tier
     target_epsilon: float  # the ε DP-SGD-S (and DP-SGD) are planned for
     realised_noise_multiplier: float | None = None  # noise-matched: what DP-SGD-S realised
     target_accuracy: float | None = None  # accuracy-matched: DP-SGD-S's mean test accuracy on the pilot models

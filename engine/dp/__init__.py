@@ -1,6 +1,6 @@
 """Differential privacy: everything between a config and one private step.
 
-    accounting.py   Opacus RDP accounting, ``plan()`` (DP-SGD / IDP-SGD SCALE / SAMPLE), the live accountant
+    accounting.py   ``plan()`` (DP-SGD / IDP-SGD SCALE / SAMPLE) under the run's accountant, the live accountant
     accountants.py  one interface over RDP, PRV and PLD: ε of a tier's (q, σ, T, δ) and the planner's two searches
     fast_rdp.py     Opacus' RDP formulas vectorised, a monotone root finder (the planner's search only)
     importance.py   INO-SGD's importance weights (``ino_weights``), ``bif``, the tail length γ

@@ -168,6 +168,8 @@ def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start:
                 break
             if upper_infeasible and hi == 0.0:
                 return 0.0
+            if hi > 60.0:  # feasible however far (e.g. no step is subsampled: ε does not depend on x)
+                return hi
             step *= 2.0
             lo, glo, hi = hi, ghi, hi + step
     else:

@@ -762,6 +762,6 @@ def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_s
 
 def clear_caches() -> None:
     """Drop all memoized accounting results (used by the benchmark for cold timings)."""
-    _opacus_rdp_one_step.cache_clear()
     _sigma_cached.cache_clear()
     fast_rdp.clear_caches()
+    accountants.clear_caches()  # every accountant's ε, and Opacus' one-step RDP

@@ -287,7 +287,7 @@ def accuracy_plan(overall: pd.DataFrame, *, x_axis: str = "step", smoothing: flo
 
 def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis: str = "step", bands: bool = True,
                        title: str = "ε spent per tier vs budget (dashed)") -> Plan:
-    """Per unit: each tier's ε spent so far (Opacus RDP) and its budget as a dashed line. The seeds of a
+    """Per unit: each tier's ε spent so far (the run's accountant's) and its budget as a dashed line. The seeds of a
     series spend the same ε: one panel per series. ``x_axis="epsilon"`` plots over steps (ε is the y axis)."""
     notes = notes or {}  # keyed by run label (raw)
     accounted = hist.dropna(subset=["epsilon_spent"]) if not hist.empty else hist

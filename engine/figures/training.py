@@ -79,7 +79,7 @@ def fig_accuracy(overall: pd.DataFrame, *, theme: str = "light", x_axis: str = "
 
 def fig_epsilon_spent(hist: pd.DataFrame, *, theme: str = "light", notes: dict | None = None, x_axis: str = "step",
                       bands: bool = True, title: str = "ε spent per tier vs budget (dashed)") -> go.Figure:
-    """Per run: each tier's ε spent so far (Opacus RDP) and its budget as a dashed line."""
+    """Per run: each tier's ε spent so far (under the run's accountant) and its budget as a dashed line."""
     return render(cv.epsilon_spent_plan(hist, notes=notes, x_axis=x_axis, bands=bands, title=title), theme)
 
 

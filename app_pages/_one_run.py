@@ -19,14 +19,14 @@ from app_pages import _widgets as widgets
 from app_pages._look import field_label, md, plot_theme, user_message
 from engine.audit.one_run import preview_one_run
 from engine.audit.one_run_config import DEFAULT_ONE_RUN, ONE_RUN_ALGORITHMS, OneRunConfig
-from engine.audit.one_run_report import KINDS, OneRunReport
+from engine.audit.one_run_report import OneRunReport
 from engine.config.run import ACCOUNTANTS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, DataError, dataset_names
 from engine.dp.accountants import DESCRIPTIONS
 from engine.dp.tiers import preset, preset_names
 from engine.figures import export
-from engine.figures.one_run import NO_FORMAL_DP, build_one_run_figures
+from engine.figures.one_run import build_one_run_figures
 from engine.jobs.estimates import format_seconds
 from engine.jobs.runs import algorithm_label, run_config
 
@@ -92,43 +92,11 @@ def error_words(e: Exception) -> str:
     return f"{label}: {user_message(message)}"
 
 
-def _kind_words(kinds) -> str:
-    return " and ".join(KINDS[k].split(" ")[0] for k in kinds)  # "white-box and black-box"
-
-
-def verdict_sentences(report: OneRunReport) -> list[str]:
-    """One sentence per algorithm, in words: every tier below its claim, the tiers whose ε̂ exceed it (BROKEN),
-    or no formal DP (ε̂ shown without a claim)."""
-    f = report.frame()
-    out = []
-    for a in report.algorithms:
-        d = f[f["algorithm"] == a.key]
-        if d.empty:
-            continue
-        kinds = list(dict.fromkeys(d["kind"]))
-        if not a.formal_dp:
-            top = d.loc[d["epsilon_hat"].idxmax()]
-            out.append(f"{a.label}: {NO_FORMAL_DP} (ε̂ shown without a claim) — its largest ε̂ is "
-                       f"{top.epsilon_hat:.2f} (tier {top.tier}, {top.kind_label.split(' ')[0]}).")
-            continue
-        bad = d[d["exceeds_claim"].astype(bool)]
-        if bad.empty:
-            out.append(f"{a.label}: every tier's ε̂ stays below its claimed ε ({_kind_words(kinds)}; largest "
-                       f"ε̂/ε = {d['ratio'].max():.2f}).")
-        else:
-            out.append(f"{a.label} — BROKEN: " + "; ".join(
-                f"tier {r.tier}'s ε̂ {r.epsilon_hat:.2f} ({r.kind_label.split(' ')[0]}) exceeds its claimed "
-                f"{r.epsilon:.2f}" for r in bad.itertuples()) + ".")
-    return out
-
-
 def table(report: OneRunReport) -> pd.DataFrame:
-    """The report's tidy frame as the page shows it: the columns of :data:`TABLE_COLUMNS`, a verdict in words."""
+    """The report's tidy frame as the page shows it: the columns of :data:`TABLE_COLUMNS`, the report's verdict
+    in words per row."""
     f = report.frame()
-    verdict = ["BROKEN: ε̂ exceeds the claim" if x else (f"{NO_FORMAL_DP} (no claim)" if not formal else "ε̂ ≤ ε")
-               for x, formal in zip(f["exceeds_claim"].astype(bool), f["formal_dp"].astype(bool))]
-    return f.assign(verdict=verdict, epsilon=pd.to_numeric(f["epsilon"]),
-                    ratio=pd.to_numeric(f["ratio"]))[list(TABLE_COLUMNS)]
+    return f.assign(epsilon=pd.to_numeric(f["epsilon"]), ratio=pd.to_numeric(f["ratio"]))[list(TABLE_COLUMNS)]
 
 
 def run_words(run: dict) -> str:
@@ -257,7 +225,7 @@ def _view(mgr, store, run_id: int) -> None:
         st.caption(md(f"Partial results (done: {', '.join(a.label for a in report.algorithms)}); the rest is still "
                       "training."))
     with st.container(key="one-run-verdict", border=True):
-        for line in verdict_sentences(report):
+        for line in report.verdict_sentences():
             (st.error if "BROKEN" in line else st.markdown)(md(line))
     theme = plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)

@@ -199,3 +199,22 @@ def test_export_finds_the_audits_among_run_records():
     assert [s.name for s in export.audit_figures([pa, train])] == list(AUDIT_FIGURES)
     assert [s.name for s in export.audit_figures([pa, one])] == [f"{n}_5" for n in AUDIT_FIGURES] + ["one_run_epsilon_7"]
     assert export.audit_figures([{**one, "summary": None}, {**pa, "summary": None}]) == []  # queued: nothing yet
+
+
+def test_the_verdict_words_are_the_reports_and_every_reader_says_them():
+    """One owner for the one-run verdict (issue 41): the report computes each row's verdict, the sentences and the
+    BROKEN line; the page's table, the figure's subtitle and the CLI's text say exactly those."""
+    from engine.audit.one_run_report import one_run_table, row_verdict
+
+    report = make_report(broken=True)
+    f = report.frame()
+    assert list(f["verdict"]) == [row_verdict(x, d) for x, d in zip(f["exceeds_claim"], f["formal_dp"])]
+    assert (f["verdict"] == "BROKEN: ε̂ exceeds the claim").sum() == 1
+    line = report.broken_line()
+    assert line.startswith("BROKEN") and "IDP-SGD (SAMPLE) ε=2 (white: 2.60 > 2.00)" in line
+    assert line in one_run_table(report.to_dict())
+    sub = claimed_vs_empirical(report, kind="white").layout.title.subtitle.text
+    assert report.broken_line(["white"]) in sub.replace("&gt;", ">")
+    sentences = report.verdict_sentences()
+    assert [s.split(":")[0].split(" — ")[0] for s in sentences] == ["DP-SGD", "IDP-SGD (SAMPLE)", "Non-private SGD"]
+    assert make_report(broken=False).broken_line() is None

@@ -1,6 +1,8 @@
 """The one-run audit's result, typed: per algorithm and tier the claimed ε next to the empirical lower bounds ε̂
 (white-box gradient canaries, black-box input canaries). ``OneRunReport.from_dict(r.to_dict()) == r``;
-:meth:`OneRunReport.frame` is the one tidy frame the figure, the tables and the exports read.
+:meth:`OneRunReport.frame` is the one tidy frame the figure, the tables and the exports read, and the report owns
+its verdict in words (:func:`row_verdict`, :meth:`OneRunReport.verdict_sentences`,
+:meth:`OneRunReport.broken_line`): the page, the figure and the CLI say what it computes.
 """
 from __future__ import annotations
 
@@ -11,6 +13,19 @@ import pandas as pd
 from engine.audit.one_run_bound import OneRunBound
 
 KINDS = {"white": "white-box (gradient canaries)", "black": "black-box (input canaries)"}
+NO_FORMAL_DP = "no formal DP"  # an algorithm without a formal guarantee: ε̂ is shown without a claim
+NO_CLAIM = f"{NO_FORMAL_DP} (ε̂ shown without a claim)"
+
+
+def row_verdict(exceeds_claim: bool, formal_dp: bool) -> str:
+    """One row's verdict (algorithm × tier × kind): ε̂ within the claim, above it (BROKEN), or no claim at all."""
+    if exceeds_claim:
+        return "BROKEN: ε̂ exceeds the claim"
+    return "ε̂ ≤ ε" if formal_dp else f"{NO_FORMAL_DP} (no claim)"
+
+
+def _kind_word(kind: str) -> str:
+    return KINDS[kind].split(" ")[0]  # "white-box"
 
 
 def _bound(d):
@@ -104,17 +119,53 @@ class OneRunReport:
                     rows.append({"algorithm": a.key, "label": a.label, "tier": t.tier, "kind": kind,
                                  "kind_label": KINDS[kind], "epsilon": t.epsilon, "epsilon_hat": b.epsilon_hat,
                                  "ratio": b.epsilon_hat / t.epsilon if t.epsilon else None,
-                                 "exceeds_claim": t.epsilon is not None and b.epsilon_hat > t.epsilon,
-                                 "formal_dp": a.formal_dp, "canaries": b.m, "guesses": b.guesses,
-                                 "correct": b.correct, "confidence": b.confidence, "accuracy": a.accuracy})
+                                 "exceeds_claim": (exceeds := t.epsilon is not None and b.epsilon_hat > t.epsilon),
+                                 "formal_dp": a.formal_dp, "verdict": row_verdict(exceeds, a.formal_dp),
+                                 "canaries": b.m, "guesses": b.guesses, "correct": b.correct,
+                                 "confidence": b.confidence, "accuracy": a.accuracy})
         return pd.DataFrame(rows, columns=["algorithm", "label", "tier", "kind", "kind_label", "epsilon",
-                                           "epsilon_hat", "ratio", "exceeds_claim", "formal_dp", "canaries",
-                                           "guesses", "correct", "confidence", "accuracy"])
+                                           "epsilon_hat", "ratio", "exceeds_claim", "formal_dp", "verdict",
+                                           "canaries", "guesses", "correct", "confidence", "accuracy"])
 
     def violations(self) -> pd.DataFrame:
         """The rows whose ε̂ exceeds the claimed ε: with probability ≥ 1 − β the implementation breaks its claim."""
         f = self.frame()
-        return f[f["exceeds_claim"]]
+        return f[f["exceeds_claim"].astype(bool)]
+
+    def broken_line(self, kinds=None) -> str | None:
+        """The violations in one line (None: there are none), of the canary ``kinds`` given (default: all)."""
+        bad = self.violations()
+        if kinds is not None:
+            bad = bad[bad["kind"].isin(list(kinds))]
+        if bad.empty:
+            return None
+        return "BROKEN — ε̂ exceeds the claimed ε: " + "; ".join(
+            f"{r.label} {r.tier} ({r.kind}: {r.epsilon_hat:.2f} > {r.epsilon:.2f})" for r in bad.itertuples())
+
+    def verdict_sentences(self) -> list[str]:
+        """One sentence per algorithm: every tier below its claim, the tiers whose ε̂ exceed it (BROKEN), or no
+        formal DP (its largest ε̂, without a claim)."""
+        f = self.frame()
+        out = []
+        for a in self.algorithms:
+            d = f[f["algorithm"] == a.key]
+            if d.empty:
+                continue
+            if not a.formal_dp:
+                top = d.loc[d["epsilon_hat"].idxmax()]
+                out.append(f"{a.label}: {NO_CLAIM} — its largest ε̂ is {top.epsilon_hat:.2f} (tier {top.tier}, "
+                           f"{_kind_word(top.kind)}).")
+                continue
+            bad = d[d["exceeds_claim"].astype(bool)]
+            if bad.empty:
+                kinds = " and ".join(_kind_word(k) for k in dict.fromkeys(d["kind"]))
+                out.append(f"{a.label}: every tier's ε̂ stays below its claimed ε ({kinds}; largest "
+                           f"ε̂/ε = {d['ratio'].max():.2f}).")
+            else:
+                out.append(f"{a.label} — BROKEN: " + "; ".join(
+                    f"tier {r.tier}'s ε̂ {r.epsilon_hat:.2f} ({_kind_word(r.kind)}) exceeds its claimed "
+                    f"{r.epsilon:.2f}" for r in bad.itertuples()) + ".")
+        return out
 
 
 def one_run_table(summary: dict) -> str:
@@ -133,9 +184,8 @@ def one_run_table(summary: dict) -> str:
             w = "–" if t.white is None else f"{t.white.epsilon_hat:.3f}"
             b = "–" if t.black is None else f"{t.black.epsilon_hat:.3f}"
             lines.append(f"{a.label[:22]:<22} {t.tier[:10]:<10} {claimed:>9} {w:>8} {b:>8}  {a.accuracy:.3f}")
-    bad = report.violations()
-    if len(bad):
-        lines.append("BROKEN: ε̂ exceeds the claimed ε for " + ", ".join(
-            f"{r.label} {r.tier} ({r.kind}: {r.epsilon_hat:.2f} > {r.epsilon:.2f})" for r in bad.itertuples()))
+    broken = report.broken_line()
+    if broken:
+        lines.append(broken)
     lines.extend(report.notes)
     return "\n".join(lines)

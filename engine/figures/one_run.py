@@ -20,13 +20,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.audit.one_run_report import KINDS, OneRunReport
+from engine.audit.one_run_report import KINDS, NO_CLAIM, NO_FORMAL_DP, OneRunReport
 from engine.figures.scaffold import EXTRA_COLORS, FigureSpec, algo_color, base_figure, empty_figure, esc
 
 ONE_RUN_FIGURES = ("one_run_epsilon",)
 TITLE = "Claimed vs empirical ε per tier"
 NO_RESULTS = "No one-run audit results yet"
-NO_FORMAL_DP = "no formal DP"
 BROKEN_COLOR = "#D62728"
 GROUP_WIDTH = 0.8  # of one tier's unit on the x axis, shared by its bars
 SEGMENT = 0.85  # a claimed-ε segment spans this much of its bar (neighbouring segments stay apart)
@@ -74,11 +73,6 @@ def _subtitle(report: OneRunReport, kinds: list[str]) -> str:
             f"{' and '.join(counts) or 'no canaries'} per tier · line: the claimed ε (bar ≤ line: consistent)")
 
 
-def _broken_line(bad: pd.DataFrame) -> str:
-    return "⚠ BROKEN — ε̂ exceeds the claimed ε: " + "; ".join(
-        f"{esc(r.label)} {esc(r.tier)} ({r.kind}: {r.epsilon_hat:.2f} > {r.epsilon:.2f})" for r in bad.itertuples())
-
-
 def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", title: str | None = None) -> go.Figure:
     """Grouped bars of ε̂ per tier and algorithm, each with its tier's claimed ε as a segment across it.
 
@@ -120,7 +114,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
             label = esc(a.label) + ("" if a.formal_dp else f" — {NO_FORMAL_DP}")
             text = ["" if b else f"{v:.2f}" + ("" if a.formal_dp else f"<br>{NO_FORMAL_DP}")
                     for v, b in zip(eps_hat, broken)]  # a broken bar's value is in its annotation
-            claim_words = [f"claimed ε = {c:.3g}" if c is not None else f"{NO_FORMAL_DP}: ε̂ shown without a claim"
+            claim_words = [f"claimed ε = {c:.3g}" if c is not None else NO_CLAIM
                            for c in claimed]
             fig.add_trace(go.Bar(
                 x=x, y=eps_hat, width=width, name=label, legendgroup=a.key, showlegend=r == 1,
@@ -155,16 +149,16 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
     for n in notes:
         fig.add_annotation(**n)
     sub = _subtitle(report, kinds)
-    bad = frame[frame["exceeds_claim"].astype(bool)]
-    lines = [sub] + ([_broken_line(bad)] if len(bad) else [])
+    broken = report.broken_line(kinds)
+    lines = [sub] + ([f"⚠ {esc(broken)}"] if broken else [])
     if not all(a.formal_dp for a in algos):
-        lines.append(f"hatched: {NO_FORMAL_DP} (ε̂ shown without a claim)")
+        lines.append(f"hatched: {NO_CLAIM}")
     if report.partial:
         lines.append("partial: the other algorithms are still training")
     fig.update_layout(title_subtitle=dict(text="<br>".join(lines), font=dict(size=12 if theme != "presentation" else 16)))
     top = max(float(np.nanmax(frame["epsilon_hat"].astype(float))),
               float(np.nanmax(frame["epsilon"].astype(float))) if frame["epsilon"].notna().any() else 0.0)
-    y_range = [0.0, (top if top > 0 else 1.0) * (1.35 if len(bad) else 1.2)]
+    y_range = [0.0, (top if top > 0 else 1.0) * (1.35 if broken else 1.2)]
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(tiers))), ticktext=[esc(t) for t in tiers],
                      range=[-0.5, len(tiers) - 0.5], zeroline=False, showgrid=False)
     fig.update_xaxes(title_text="privacy tier", row=rows, col=1) if rows > 1 else \

@@ -13,6 +13,8 @@ import ast
 import re
 from pathlib import Path
 
+from engine.jobs.kinds import JOB_KINDS
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "engine"
 LAYERS = ["data", "config", "store", "models", "dp", "train", "audit", "jobs", "figures", "tools", "cli"]
@@ -137,10 +139,11 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# A branch on a job kind's name ("train", "audit") outside the registry: ``kind == "audit"``,
-# ``run["kind"] != "train"``, ``job.name == "train"``, ``"audit" == kind``, ``kind in ("train", …)``.
-KIND_BRANCH = re.compile(r"""(kind["']?\]?\)?|\.name)\s*[!=]=\s*["'](train|audit)["']"""
-                         r"""|["'](train|audit)["']\s*[!=]=|kind["']?\]?\)?\s+(not\s+)?in\s+[(\[{]""")
+# A branch on a job kind's name (every kind of the registry, so a new kind is covered) outside the registry:
+# ``kind == "audit"``, ``run["kind"] != "train"``, ``job.name == "train"``, ``"audit" == kind``, ``kind in ("train", …)``.
+_KIND_NAMES = "|".join(re.escape(name) for name in JOB_KINDS)
+KIND_BRANCH = re.compile(rf"""(kind["']?\]?\)?|\.name)\s*[!=]=\s*["']({_KIND_NAMES})["']"""
+                         rf"""|["']({_KIND_NAMES})["']\s*[!=]=|kind["']?\]?\)?\s+(not\s+)?in\s+[(\[{{]""")
 
 
 def kind_branches(root: Path, skip: set[Path]) -> list[str]:
@@ -165,7 +168,7 @@ def test_no_branch_on_a_job_kind_outside_the_registry():
 
 def test_the_kind_branch_pattern_finds_branches():
     hits = ['if run["kind"] == "audit":', 'x = a if kind != "train" else b', 'if job.name == "train":',
-            'if "audit" == kind:', 'if run.get("kind") in ("train", "audit"):']
+            'if "audit" == kind:', 'if run.get("kind") in ("train", "audit"):', 'if run["kind"] == "one_run":']
     misses = ['store.list_runs(kind="train")', 'submit(configs, kind="audit")', 'g[g.kind == "mean"]']
     assert all(KIND_BRANCH.search(h) for h in hits)
     assert not any(KIND_BRANCH.search(m) for m in misses)

@@ -89,6 +89,27 @@ def test_invalid_url_values_are_warned_about_by_name():
 
 
 @pytest.mark.slow
+def test_the_audit_plans_under_the_accountant_of_its_link():
+    """``?a_accountant=pld``: the form's Accountant is PLD and the audit's plan is PLD's: the same claims (each
+    within its target) with less noise than the default RDP plan of the same settings."""
+
+    def plan_of(at):
+        at.run()
+        assert not at.exception and not at.error
+        (plan,) = [d.value for d in at.dataframe if "ε claimed" in d.value.columns]
+        return plan.dropna(subset=["ε claimed", "σ"]).reset_index(drop=True)
+
+    rdp = plan_of(_app())
+    at = _app()
+    at.query_params.update({"a_accountant": "pld"})
+    pld = plan_of(at)
+    assert at.selectbox(key="a_accountant").value == "pld"
+    assert len(pld) == len(rdp) > 0 and list(pld["algorithm"]) == list(rdp["algorithm"])
+    assert (pld["σ"] < rdp["σ"]).all()
+    assert (pld["ε claimed"] <= rdp["ε claimed"] * (1 + 1e-3)).all()
+
+
+@pytest.mark.slow
 def test_paper_tiers_render_and_no_algorithms_disables_launch():
     at = _app().run()
     at.selectbox(key="a_dataset").set_value("digits").run()

@@ -29,8 +29,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from engine.config.run import (ALGORITHMS, GROUP_BY, MAX_CHUNK_MODELS, AlgorithmConfig, DataConfig, ModelConfig,
-                               OptimizerConfig, RunConfig, TierConfig, TiersConfig)
+from engine.config.job import parse_algorithms, parse_run, run_dict, validate_algorithms
+from engine.config.run import (GROUP_BY, MAX_CHUNK_MODELS, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig,
+                               RunConfig, TierConfig, TiersConfig)
 from engine.config.schema import (ConfigError, check_choice, check_int, check_number, check_positive, check_section,
                                   check_str, parse_config_json, parse_section, read_config_text, replace_dotted)
 
@@ -165,19 +166,6 @@ class AuditConfig:
         return out
 
 
-def validate_algorithms(algorithms) -> None:
-    """A job's ``algorithms``: a non-empty tuple of valid AlgorithmConfigs (errors name ``algorithms[k]``)."""
-    if not isinstance(algorithms, tuple) or not algorithms:
-        raise ConfigError("algorithms", "at least one algorithm is needed")
-    for k, algo in enumerate(algorithms):
-        if not isinstance(algo, AlgorithmConfig):
-            raise ConfigError(f"algorithms[{k}]", f"must be an algorithm object, got {algo!r}")
-        try:
-            algo.validate()
-        except ConfigError as e:
-            raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
-
-
 def single_tier(epsilon: float, classes) -> TiersConfig:
     """One tier holding every class at ``epsilon`` (the audit's tiers when ``run.tiers`` is None)."""
     return TiersConfig(assign="class", tiers=(TierConfig(epsilon=float(epsilon), classes=tuple(classes),
@@ -210,58 +198,10 @@ def _parse_run(value, path: str) -> RunConfig:
     return parse_run(value, path, default=DEFAULT_RUN, refused=_NOT_IN_AUDIT)
 
 
-def parse_run(value, path: str, *, default: RunConfig, refused: dict) -> RunConfig:
-    """The ``run`` object of a job config that trains with a RunConfig of its own: ``default``'s fields under
-    what is given (one level deep), the ``refused`` keys (key → why) refused naming the dotted key."""
-    if not isinstance(value, dict):
-        raise ConfigError(path, "must be a JSON object")
-    for key in value:
-        if key in refused:
-            raise ConfigError(f"{path}.{key}", f"not part of an audit: {refused[key]}")
-    merged = run_dict(default, refused)
-    for key, v in value.items():  # the audit's defaults under what is given, one level deep
-        merged[key] = {**merged[key], **v} if isinstance(v, dict) and isinstance(merged.get(key), dict) and \
-            key != "tiers" else v
-    return parse_section(RunConfig, merged, path + ".", parsers={"tiers": _parse_tiers})
-
-
 def _run_dict(run: RunConfig) -> dict:
     return run_dict(run, _NOT_IN_AUDIT)
-
-
-def run_dict(run: RunConfig, refused: dict) -> dict:
-    """``run.to_dict()`` without the ``refused`` keys: what a job config stores as its ``run``."""
-    return {k: v for k, v in run.to_dict().items() if k not in refused}
-
-
-def _parse_tiers(value, path: str) -> TiersConfig | None:
-    return None if value is None else parse_section(TiersConfig, value, path + ".")
-
-
-def parse_algorithms(value, path: str) -> tuple[AlgorithmConfig, ...]:
-    if not isinstance(value, list):
-        raise ConfigError(path, "must be a list of algorithm names or objects")
-    algos = []
-    for k, a in enumerate(value):
-        if isinstance(a, str):
-            if a not in ALGORITHMS:
-                raise ConfigError(f"{path}[{k}]", f"unknown algorithm {a!r}; allowed: {', '.join(ALGORITHMS)}")
-            algos.append(AlgorithmConfig(name=a))
-        else:
-            algos.append(parse_section(AlgorithmConfig, a, f"{path}[{k}]."))
-    return tuple(algos)
 
 
 def load_audit_config(path: str) -> AuditConfig:
     """Read and validate an audit configuration file (JSON only)."""
     return AuditConfig.from_json(read_config_text(path)).validate()
-
-
-def algorithm_keys(config: AuditConfig) -> list[str]:
-    """Unique keys (``dpsgd``, ``ino``, ``ino_2`` …) in the configured order."""
-    seen: dict[str, int] = {}
-    keys = []
-    for a in config.algorithms:
-        seen[a.name] = seen.get(a.name, 0) + 1
-        keys.append(a.name if seen[a.name] == 1 else f"{a.name}_{seen[a.name]}")
-    return keys

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit.config import algorithm_keys
+from engine.config.job import algorithm_keys
 from engine.audit.one_run_bound import epsilon_lower_bound
 from engine.audit.one_run_config import OneRunConfig
 from engine.audit.one_run_report import AlgorithmOneRun, OneRunReport, TierBound

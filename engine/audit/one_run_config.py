@@ -17,7 +17,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from engine.audit.config import parse_algorithms, parse_run, run_dict, validate_algorithms
+from engine.config.job import parse_algorithms, parse_run, run_dict, validate_algorithms
 from engine.config.run import AlgorithmConfig, DataConfig, RunConfig
 from engine.config.schema import (ConfigError, check_choice, check_int, check_number, check_section, check_str, parse_config_json,
                                   parse_section, read_config_text, replace_dotted)

@@ -47,7 +47,8 @@ from engine.audit import compare, controls, stats
 from engine.audit.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
                                    plan_table)
 from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, chunk_step_bytes, models_per_chunk
-from engine.audit.config import AuditConfig, algorithm_keys
+from engine.audit.config import AuditConfig
+from engine.config.job import algorithm_keys
 from engine.audit.design import (chunk_layout, chunks, derived_seed, group_labels, group_sizes, init_seeds,
                                  looa_membership, looa_targets, resolved_tiers)
 from engine.audit.estimate import estimate_runtime

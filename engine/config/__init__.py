@@ -2,6 +2,8 @@
 
     run.py     RunConfig: one frozen dataclass tree per run (data, tiers, model, optimizer, algorithm), canonical
                JSON, limits on requested work, the TIF knots rule, ``parse_tiers_param``
+    job.py     a job that trains one RunConfig per algorithm (the audits): its ``algorithms`` and ``run``, parsed
+               and validated once
     backend.py BackendConfig: where an audit's chunks train (local, a Ray instance here, a cluster's address)
     schema.py  the one typed validation (``check_int``, ``check_number``, …, ``parse_section``), safe config-file
                reading, ``ConfigError``

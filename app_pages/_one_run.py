@@ -17,9 +17,9 @@ from app_pages import _handles as handles
 from app_pages import _status as status
 from app_pages import _widgets as widgets
 from app_pages._look import field_label, md, plot_theme, user_message
-from engine.audit.one_run import preview_one_run
-from engine.audit.one_run_config import DEFAULT_ONE_RUN, ONE_RUN_ALGORITHMS, OneRunConfig
-from engine.audit.one_run_report import OneRunReport
+from engine.audit.one_run.run import preview_one_run
+from engine.audit.one_run.config import DEFAULT_ONE_RUN, ONE_RUN_ALGORITHMS, OneRunConfig
+from engine.audit.one_run.report import OneRunReport
 from engine.config.run import ACCOUNTANTS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, DataError, dataset_names

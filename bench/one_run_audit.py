@@ -6,14 +6,14 @@ the cost against a plain run, and the tightness of the white-box bound.
 * ``tiers``: IDP-SGD (SAMPLE), Papernot CNN, tiers ε 1/2/3 by class, white-box: [{"tier", "epsilon",
   "epsilon_hat"}] (``--canaries`` per tier, the likelihood-ratio score, confidence 1 − β);
 * ``broken_detected``: the same run with the ε = 1 tier's noise divided by 4 (its clip × 4 under the same
-  noise, unaccounted: ``engine.audit.one_run.Fault``) — true when that tier's ε̂ exceeds its claimed 1.0;
+  noise, unaccounted: ``engine.audit.one_run.run.Fault``) — true when that tier's ε̂ exceeds its claimed 1.0;
   ``broken_rate_x4`` / ``broken_rate_x4_detected``: the same for its sampling rate × 4;
 * ``seconds`` (the IDP-SGD one-run audit) and ``overhead_vs_plain_run`` (its seconds over a plain
   ``engine.train.loop.train`` of the same config, timed in this process just before and just after it: the
   quicker of the two);
 * ``tightness``: DP-SGD with one tier at ε ∈ {1, 2, 4, 8}, ``--tight-canaries`` white-box canaries: ε̂, ε̂/ε, and
   ``gaussian_ceiling``: the mean ε̂ this estimator reaches at the same m on the Gaussian mechanism that is exactly
-  (ε, δ)-DP (``engine.audit.one_run_bound.expected_gaussian_bound``), and ``mechanism_ceiling``: the mean ε̂ on
+  (ε, δ)-DP (``engine.audit.one_run.bound.expected_gaussian_bound``), and ``mechanism_ceiling``: the mean ε̂ on
   the subsampled Gaussian mechanism this run composes (its q, σ and T; ``expected_subsampled_bound``): what a
   perfect white-box attack on this run could show.
 """
@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 
-from engine.audit.one_run import Fault, design_canaries, run_one_algorithm  # noqa: E402
-from engine.audit.one_run_bound import expected_gaussian_bound, expected_subsampled_bound  # noqa: E402
-from engine.audit.one_run_config import OneRunConfig  # noqa: E402
+from engine.audit.one_run.run import Fault, design_canaries, run_one_algorithm  # noqa: E402
+from engine.audit.one_run.bound import expected_gaussian_bound, expected_subsampled_bound  # noqa: E402
+from engine.audit.one_run.config import OneRunConfig  # noqa: E402
 from engine.config.run import AlgorithmConfig, TierConfig, TiersConfig  # noqa: E402
 from engine.train.loop import prepare, train  # noqa: E402
 

@@ -25,8 +25,8 @@ import sys
 import traceback
 
 from engine.audit.config import load_audit_config
-from engine.audit.one_run_config import OneRunConfig, load_one_run_config
-from engine.audit.one_run_report import one_run_table
+from engine.audit.one_run.config import OneRunConfig, load_one_run_config
+from engine.audit.one_run.report import one_run_table
 from engine.audit.presets import preset
 from engine.audit.summary import compact_summary, summary_table
 from engine.config.backend import BACKEND_ENV, BackendConfig

@@ -190,3 +190,17 @@ def test_a_job_opens_its_lifecycle_in_one_place():
                 if LIFECYCLE_CALL.search(line.split("#")[0]):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_one_run_audit_imports_nothing_of_pa_alooas_modules():
+    """The two audits are packages by concern: the one-run audit (engine.audit.one_run) imports no other module of
+    engine.audit (what both need of a job that trains one RunConfig per algorithm is engine.config.job), and no
+    PA-ALOOA module imports the one-run audit."""
+    one_run = "engine.audit.one_run"
+    inside = {m for m in MODULES if m == one_run or m.startswith(one_run + ".")}
+    assert len(inside) >= 5, sorted(inside)  # the package and its four modules
+    crossing = [f"{m} imports {t}" for m in inside for t, _, _ in GRAPH[m]
+                if t.startswith("engine.audit") and t not in inside]
+    crossing += [f"{m} imports {t}" for m in MODULES if m.startswith("engine.audit") and m not in inside
+                 for t, _, _ in GRAPH[m] if t in inside]
+    assert not crossing, "\n".join(crossing)

@@ -169,7 +169,7 @@ def test_a_runs_algorithms_in_words_for_each_kind(store):
     """The Runs page's algorithm column: a training run's algorithm, an audit's and a one-run audit's each (an
     audit row read "run")."""
     from engine.audit.config import DEFAULT_RUN, AuditConfig
-    from engine.audit.one_run_config import OneRunConfig
+    from engine.audit.one_run.config import OneRunConfig
     from engine.config.run import AlgorithmConfig
     from engine.jobs.runs import algorithms_label
 

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from app_pages import _one_run as one_run
 from conftest import wait_until
-from engine.audit.one_run_config import OneRunConfig
+from engine.audit.one_run.config import OneRunConfig
 from engine.store.db import RunStore
 
 try:

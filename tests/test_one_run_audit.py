@@ -8,9 +8,9 @@ from in_process import cli_here
 import torch
 from hypothesis import given, settings, strategies as st
 
-from engine.audit.one_run import Fault, design_canaries, run_one_algorithm, run_one_run_audit
-from engine.audit.one_run_config import OneRunConfig
-from engine.audit.one_run_report import OneRunReport
+from engine.audit.one_run.run import Fault, design_canaries, run_one_algorithm, run_one_run_audit
+from engine.audit.one_run.config import OneRunConfig
+from engine.audit.one_run.report import OneRunReport
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.dp.canaries import SPARE, GradientCanaries

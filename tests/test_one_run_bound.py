@@ -1,10 +1,10 @@
-"""The one-run ε lower bound (engine.audit.one_run_bound) against mechanisms whose ε is known exactly: truth first."""
+"""The one-run ε lower bound (engine.audit.one_run.bound) against mechanisms whose ε is known exactly: truth first."""
 import math
 
 import numpy as np
 import pytest
 
-from engine.audit.one_run_bound import (count_correct, epsilon_from_count, epsilon_lower_bound, gaussian_delta,
+from engine.audit.one_run.bound import (count_correct, epsilon_from_count, epsilon_lower_bound, gaussian_delta,
                                         gaussian_epsilon, gaussian_mu, gaussian_scores, guess_grid, p_value,
                                         expected_subsampled_bound, subsampled_scores)
 from engine.dp.accounting import epsilon

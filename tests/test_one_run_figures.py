@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from engine.audit.config import AuditConfig
-from engine.audit.one_run_bound import OneRunBound
-from engine.audit.one_run_config import OneRunConfig
-from engine.audit.one_run_report import AlgorithmOneRun, OneRunReport, TierBound
+from engine.audit.one_run.bound import OneRunBound
+from engine.audit.one_run.config import OneRunConfig
+from engine.audit.one_run.report import AlgorithmOneRun, OneRunReport, TierBound
 from engine.figures import export
 from engine.figures.audit import AUDIT_FIGURES
 from engine.figures.one_run import (BROKEN_COLOR, NO_FORMAL_DP, ONE_RUN_FIGURES, bar_positions, build_one_run_figures,
@@ -204,7 +204,7 @@ def test_export_finds_the_audits_among_run_records():
 def test_the_verdict_words_are_the_reports_and_every_reader_says_them():
     """One owner for the one-run verdict (issue 41): the report computes each row's verdict, the sentences and the
     BROKEN line; the page's table, the figure's subtitle and the CLI's text say exactly those."""
-    from engine.audit.one_run_report import one_run_table, row_verdict
+    from engine.audit.one_run.report import one_run_table, row_verdict
 
     report = make_report(broken=True)
     f = report.frame()

@@ -499,7 +499,7 @@ def test_a_training_task_whose_worker_dies_fails_the_run_naming_it_and_keeps_the
 def test_a_one_run_audit_on_ray_stores_the_local_report(ray_instance, tmp_path):
     """The one-run audit runs whole as one task (two algorithms): the report it returns and the summary it wrote
     through the relayed store are the local audit's."""
-    from engine.audit.one_run_config import OneRunConfig
+    from engine.audit.one_run.config import OneRunConfig
 
     config = OneRunConfig(algorithms=(AlgorithmConfig(name="dpsgd"), AlgorithmConfig(name="ino")), canaries=100,
                           input_canaries=20).validate()

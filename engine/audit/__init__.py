@@ -15,11 +15,8 @@
     presets.py   named audits (quick, quick-eps1, adult-paper, mnist-paper)
     estimate.py  the runtime estimate before launch (model-steps × a measured per-model-step cost)
 
-  The one-run audit (per-tier empirical ε from one training run per algorithm, Steinke et al. 2023):
-    one_run_config.py  OneRunConfig: the RunConfig its runs train with, canaries per tier, β, the white-box score
-    one_run.py         canaries (white-box gradient, black-box input) as members of their tier; one run each
-    one_run_bound.py   the ε lower bound from guesses (with δ; Bonferroni over a fixed guess grid); Gaussian truth
-    one_run_report.py  OneRunReport (typed, to_dict / from_dict), its tidy frame, the CLI table
+  one_run/      the one-run audit (per-tier empirical ε from one training run per algorithm, Steinke et al. 2023),
+                a package of its own that imports nothing of the PA-ALOOA modules above (engine.audit.one_run)
 
 Layer 7 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli:
 may import engine.train, engine.dp and everything below them.

@@ -13,7 +13,7 @@
   internals, DP-SGD-S clips, TIF sweep heatmap, audit GPR vs ε, a results slide);
 * :mod:`engine.figures.audit` — a privacy audit (frames on :class:`engine.audit.report.AuditReport`);
 * :mod:`engine.figures.one_run` — a one-run audit: claimed vs empirical ε per tier
-  (:meth:`engine.audit.one_run_report.OneRunReport.frame`);
+  (:meth:`engine.audit.one_run.report.OneRunReport.frame`);
 * :mod:`engine.figures.explorer` — the TIF explorer (its compute is :mod:`engine.tools.tif_explorer`).
 
 Run records and their labels live in :mod:`engine.jobs.runs`. Figure builders never read the store, never

@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 from engine.audit.config import AuditConfig
-from engine.audit.one_run_config import OneRunConfig
+from engine.audit.one_run.config import OneRunConfig
 from engine.config.schema import ConfigError
 from engine.figures.frames import run_evals
 from engine.figures.audit import build_audit_figures

@@ -1,5 +1,5 @@
 """The one-run audit's figure: per tier, each algorithm's empirical ε lower bound ε̂ (a bar) next to the ε the
-tier was promised (a line segment across the bar), from the typed :class:`~engine.audit.one_run_report.OneRunReport`
+tier was promised (a line segment across the bar), from the typed :class:`~engine.audit.one_run.report.OneRunReport`
 (or its stored summary dict; a running audit's partial one too). A pure Plotly builder: it never reads the
 store or calls Streamlit. Tier and algorithm names are escaped.
 
@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.audit.one_run_report import KINDS, NO_CLAIM, NO_FORMAL_DP, OneRunReport
+from engine.audit.one_run.report import KINDS, NO_CLAIM, NO_FORMAL_DP, OneRunReport
 from engine.figures.scaffold import EXTRA_COLORS, FigureSpec, algo_color, base_figure, empty_figure, esc
 
 ONE_RUN_FIGURES = ("one_run_epsilon",)

@@ -31,9 +31,9 @@ from typing import Callable
 from urllib.parse import quote
 
 from engine.audit.config import AuditConfig
-from engine.audit.one_run import preview_one_run, run_one_run_audit
-from engine.audit.one_run_config import OneRunConfig
-from engine.audit.one_run_report import one_run_table
+from engine.audit.one_run.run import preview_one_run, run_one_run_audit
+from engine.audit.one_run.config import OneRunConfig
+from engine.audit.one_run.report import one_run_table
 from engine.audit.summary import summary_table
 from engine.audit.runner import preview_audit, run_audit
 from engine.config.backend import BackendConfig, backend_from_env

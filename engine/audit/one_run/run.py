@@ -10,7 +10,7 @@ are ordinary members of their tier.
             white-box score_j += noisy update_t at canary j's coordinate (the auditor sees every update; by
                 default a spare slot no input's gradient reaches: OneRunConfig.canary_slots)
         black-box score_j = logit-scaled confidence of input canary j's (wrong) label on the final model
-        per tier: ε̂ (engine.audit.one_run_bound.epsilon_lower_bound) next to the accountant's ε_k after T steps
+        per tier: ε̂ (engine.audit.one_run.bound.epsilon_lower_bound) next to the accountant's ε_k after T steps
 
 The divisor of the noisy sum is public: the training set's Σ q_i plus ½ Σ q_j over the canaries (the
 expected batch whatever the canaries' coin flips were). Input canaries are test examples with a label of their
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from engine.config.job import algorithm_keys
-from engine.audit.one_run_bound import epsilon_lower_bound
-from engine.audit.one_run_config import OneRunConfig
-from engine.audit.one_run_report import AlgorithmOneRun, OneRunReport, TierBound
+from engine.audit.one_run.bound import epsilon_lower_bound
+from engine.audit.one_run.config import OneRunConfig
+from engine.audit.one_run.report import AlgorithmOneRun, OneRunReport, TierBound
 from engine.config.run import ALGORITHM_LABELS
 from engine.config.schema import ConfigError
 from engine.dp.canaries import SPARE, GradientCanaries

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from engine.audit.one_run_bound import OneRunBound
+from engine.audit.one_run.bound import OneRunBound
 
 KINDS = {"white": "white-box (gradient canaries)", "black": "black-box (input canaries)"}
 NO_FORMAL_DP = "no formal DP"  # an algorithm without a formal guarantee: ε̂ is shown without a claim

@@ -29,7 +29,7 @@ from engine.audit import (
     sample_advantage,
     tpr_at_fpr,
 )
-from engine.audit.stats import _best_threshold, _split_models
+from engine.audit.stats.thresholds import _best_threshold, _split_models
 
 R = 200  # 2R = 400 models
 N_SAMPLES = 2000

@@ -35,6 +35,7 @@ from scipy import stats as _sps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.audit import stats as new  # noqa: E402
+from engine.audit.stats import thresholds  # noqa: E402  (the threshold machinery's own names)
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "audit_stats_regression.npz"
 FIXTURE_JSON = FIXTURE.with_suffix(".json")
@@ -276,8 +277,8 @@ def test_thresholds_and_rocs_match_the_reference(seed):
     """The pieces on their own: chosen thresholds (both halves), ROCs with NaN scores and ties."""
     x = random_inputs(100 + seed, paired=seed % 2 == 0, ties=seed % 4 < 2)
     s, m = x["scores"], x["membership"]
-    for a, b in ((new._best_threshold(s, m, want_threshold=True), _best_threshold(s, m, want_threshold=True)),
-                 (new._best_threshold(s.T, m.T, want_threshold=True), _best_threshold(s.T, m.T, want_threshold=True))):
+    for a, b in ((thresholds._best_threshold(s, m, want_threshold=True), _best_threshold(s, m, want_threshold=True)),
+                 (thresholds._best_threshold(s.T, m.T, want_threshold=True), _best_threshold(s.T, m.T, want_threshold=True))):
         assert_same(a[0], b[0], "advantage")
         assert_same(a[1], b[1], "threshold")
     lira = np.where(np.random.default_rng(seed).random(s.shape) < 0.1, np.nan, s)
@@ -802,8 +803,8 @@ def test_the_numbers_do_not_depend_on_the_number_of_threads():
     s = np.round(rng.standard_normal(m.shape) + rng.uniform(0, 1.5, size=n)[None, :] * m, 2)  # ties too
     g = rng.integers(0, 2, size=n)
     x = {"scores": s, "membership": m, "groups": g, "tiers": rng.integers(0, 2, size=n), "conf": s}
-    assert len(new._Sorted(s.T).blocks) >= 3 and len(new._Sorted(s, keep_values=False).blocks) >= 3
-    assert min(m[:, g == v].sum() for v in (0, 1)) > new._BLOCK_ELEMS  # each group's ROC has several pieces
+    assert len(thresholds._Sorted(s.T).blocks) >= 3 and len(thresholds._Sorted(s, keep_values=False).blocks) >= 3
+    assert min(m[:, g == v].sum() for v in (0, 1)) > thresholds._BLOCK_ELEMS  # each group's ROC has several pieces
     old = new.set_threads(1)
     try:
         one = compute(new, x, full=False)

@@ -11,7 +11,8 @@
     compare.py   paired comparisons of two algorithms on the shared splits (paired bootstrap, paired accuracy)
     verdict.py   the answer in words: DP-SGD-S vs DP-SGD and its controls, levelling up per group
     frames.py    the report's tidy pandas frames (what the figures draw)
-    stats.py     the statistics themselves (advantage, GPR, bootstrap, null floor / null Δ, LiRA, ε lower bounds)
+    stats/       the statistics themselves, by concern: thresholds (the sorted searches), advantage (the design,
+                 advantage, GPR, bootstrap, null floor / null Δ), baselines (PA-GA/GBA/LOOA, LiRA, ROC), epsilon
     presets.py   named audits (quick, quick-eps1, adult-paper, mnist-paper)
     estimate.py  the runtime estimate before launch (model-steps × a measured per-model-step cost)
 

@@ -1,7 +1,7 @@
 """Threads for the audit statistics' loops over blocks of rows (:mod:`engine.audit.stats`).
 
 The statistics cut their (rows, L) work into blocks of about 2^17 elements that stay in the CPU's cache
-(``stats._BLOCK_ELEMS``); a block writes only its own rows. :func:`each_block` spreads the blocks over
+(``stats.thresholds._BLOCK_ELEMS``); a block writes only its own rows. :func:`each_block` spreads the blocks over
 :func:`set_threads` threads, interleaved, each thread with its own scratch arrays; numpy releases the GIL
 inside the array operations, which hold almost all of the time. Default: the CPUs this process may use, at
 most 8 — the statistics run after all training, so nothing of the audit competes for them.

@@ -1,0 +1,210 @@
+"""The baselines from the same models: PA-GA (one threshold per model), PA-GBA (one per model and group),
+PA-LOOA (dedicated models with and without a record), and LiRA (online, fixed variance) with its ROC, AUC and
+TPR at low FPR per group."""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from engine.audit.parallel import each_block as _each_block
+from engine.audit.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _in_sample, _sorted_of
+from engine.audit.stats.advantage import sample_advantage
+
+
+# --------------------------------------------------------------------------- #
+# 6. baselines
+# --------------------------------------------------------------------------- #
+def pa_ga(scores, membership) -> float:
+    """Global attack: one threshold per model shared by all samples (chosen
+    in-sample to maximise TPR - FPR over that model's samples); mean over models."""
+    s, m = _as_pair(scores, membership)
+    srt = _sorted_of(s, "models")
+    return float(np.nanmean(_in_sample(srt, srt.rows_coder(m))))
+
+
+def pa_gba(scores, membership, groups) -> dict:
+    """Group-based attack: one in-sample threshold per (model, group); the
+    mean over models of TPR - FPR, per group."""
+    s, m = _as_pair(scores, membership)
+    values, idx = _group_index(groups, s.shape[1])
+    srt = _sorted_of(s, "models")  # each model's scores sorted once; a group is a subset of them
+    out = {}
+    for v, ix in zip(values, idx):
+        sub = np.zeros(s.shape[1], dtype=np.int8)
+        sub[ix] = 2
+        adv = _in_sample(srt, srt.rows_coder(m, sub), subset=True)
+        out[v] = float(np.nanmean(adv)) if np.isfinite(adv).any() else float("nan")
+    return out
+
+
+def pa_looa(scores_with, scores_without) -> float:
+    """Leave-one-out attack on one record: best "score >= t" advantage
+    separating its scores under models trained with it (``(n_with,)``) from
+    those under models trained without it (``(n_without,)``), in-sample."""
+    a = np.asarray(scores_with, dtype=np.float64).ravel()
+    b = np.asarray(scores_without, dtype=np.float64).ravel()
+    if a.size == 0 or b.size == 0:
+        raise ValueError("need at least one score with and one without the record")
+    s = np.concatenate([a, b])[:, None]
+    m = np.concatenate([np.ones(a.size, bool), np.zeros(b.size, bool)])[:, None]
+    return float(sample_advantage(s, m)[0])
+
+
+# --------------------------------------------------------------------------- #
+# 7. LiRA
+# --------------------------------------------------------------------------- #
+def logit_confidence(probs_true_class, eps: float = 1e-12) -> np.ndarray:
+    """``log(p / (1 - p))`` with ``p`` clipped to ``[eps, 1 - eps]`` (finite)."""
+    p = np.clip(np.asarray(probs_true_class, dtype=np.float64), eps, 1.0 - eps)
+    return np.log(p) - np.log1p(-p)
+
+
+def lira_scores(conf, membership) -> np.ndarray:
+    """Online LiRA with fixed (global) variance, leave-one-model-out.
+
+    For target model ``m`` and sample ``i``: ``mu_in`` / ``mu_out`` are the means
+    of ``conf[:, i]`` over the *other* models where ``i`` is / is not a member;
+    ``sigma`` is one pooled std of all in- and out- residuals (about the full
+    per-sample means).  Score = ``log N(c; mu_in, sigma) - log N(c; mu_out,
+    sigma)``; NaN where a leave-one-out mean has no models.
+    """
+    c, m = _as_pair(conf, membership)
+    M, n = c.shape
+    step = max(1, _BLOCK_ELEMS // max(M, 1))
+    blocks = [(a, min(n, a + step)) for a in range(0, n, step)]
+    n_in, s_in, s_out = np.empty(n), np.empty(n), np.empty(n)
+    ok_counts, sq_sums = [0] * len(blocks), [0.0] * len(blocks)  # per block, summed in block order below
+
+    def sums(k, a, b, _):  # per-sample sums and the pooled residuals, by blocks of samples
+        cb, mb = c[:, a:b], m[:, a:b]
+        mf = mb.astype(np.float64)
+        n_in[a:b] = mf.sum(axis=0)
+        s_in[a:b] = (cb * mf).sum(axis=0)
+        s_out[a:b] = cb.sum(axis=0) - s_in[a:b]
+        mu_in_full = s_in[a:b] / n_in[a:b]
+        mu_out_full = s_out[a:b] / (M - n_in[a:b])
+        resid = np.where(mb, cb - mu_in_full, cb - mu_out_full)
+        ok_counts[k] = int(np.count_nonzero(~np.isnan(resid)))
+        sq_sums[k] = float(np.nansum(resid**2))
+
+    out = np.empty((M, n))
+
+    def score(k, a, b, _):
+        cb, mf = c[:, a:b], m[:, a:b].astype(np.float64)
+        li_n_in = n_in[None, a:b] - mf
+        li_n_out = n_out[None, a:b] - (1.0 - mf)
+        mu_in = (s_in[None, a:b] - cb * mf) / li_n_in
+        mu_out = (s_out[None, a:b] - cb * (1.0 - mf)) / li_n_out
+        o = ((cb - mu_out) ** 2 - (cb - mu_in) ** 2) / (2.0 * var)
+        o[(li_n_in <= 0) | (li_n_out <= 0)] = np.nan
+        out[:, a:b] = o
+
+    with np.errstate(divide="ignore", invalid="ignore"):  # (numpy's error state is per thread: set in each)
+        _each_block(blocks, lambda *a: _quiet(sums, *a))
+        ok_count, sq_sum = sum(ok_counts), 0.0
+        for v in sq_sums:
+            sq_sum += v
+        n_out = M - n_in
+        dof = ok_count - np.count_nonzero(n_in > 0) - np.count_nonzero(n_out > 0)
+        var = float(sq_sum / max(dof, 1))
+        var = max(var, 1e-30)
+        _each_block(blocks, lambda *a: _quiet(score, *a))
+    return out
+
+
+def _quiet(body, *args):
+    """``body(*args)`` without numpy's divide / invalid warnings (in the thread that runs it)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return body(*args)
+
+
+def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
+    """ROC of "positive if score >= t" over distinct thresholds (NaN scores
+    dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
+    import torch  # the pieces' cumulative sums (as in _best_run_end)
+
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool, copy=False)
+    if s.shape != y.shape:
+        raise ValueError("scores and labels must have the same size")
+    # the points do not depend on the order of the pairs: flatten both in their memory order (a column
+    # selection such as scores[:, sel] is Fortran-ordered; a C-order ravel would copy it)
+    order = "F" if s.flags.f_contiguous and y.flags.f_contiguous else "C"
+    s, y = s.ravel(order=order), y.ravel(order=order)
+    keep = ~np.isnan(s)
+    pos_sel = keep & y
+    P = int(np.count_nonzero(pos_sel))
+    N = int(np.count_nonzero(keep)) - P
+    if P == 0 or N == 0:
+        raise ValueError("need both positive and negative labels")
+    both = np.empty(P + N)
+    np.compress(pos_sel, s, out=both[:P])
+    keep &= ~y
+    np.compress(keep, s, out=both[P:])
+    del keep, pos_sel
+    pos, neg = both[:P], both[P:]
+    # positives and negatives sorted apart, then merged piece by piece, from the top
+    _each_block([(0, P), (P, P + N)], lambda k, a, b, _: both[a:b].sort())
+    # pieces: cut at every _BLOCK_ELEMS-th value of either side (equal scores stay in one piece)
+    cuts = np.unique(np.concatenate([pos[_BLOCK_ELEMS::_BLOCK_ELEMS], neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
+    pcut = np.r_[0, np.searchsorted(pos, cuts, side="left"), P]
+    ncut = np.r_[0, np.searchsorted(neg, cuts, side="left"), N]
+    pieces = [(k, k + 1) for k in range(cuts.size, -1, -1)]  # in descending order of scores
+    points: list = [None] * len(pieces)
+
+    def piece_points(i, k, _next, _):  # the ROC points at the run ends of piece k (the i-th from the top)
+        p0, p1, n0, n1 = pcut[k], pcut[k + 1], ncut[k], ncut[k + 1]
+        if p1 == p0 and n1 == n0:
+            return
+        piece = np.concatenate([pos[p0:p1], neg[n0:n1]])
+        order = np.argsort(piece, kind="stable")[::-1]  # descending; the order within ties does not matter
+        v = piece[order]
+        last = np.empty(v.size, dtype=bool)  # the last position of each run of equal scores
+        np.not_equal(v[:-1], v[1:], out=last[:-1])
+        last[-1] = True  # pieces end between distinct scores
+        tp = torch.from_numpy(order < p1 - p0).cumsum(0).numpy()  # int64 (torch: see _best_run_end)
+        tp += P - p1  # the positives of the pieces above (all of pos[p1:])
+        at = np.flatnonzero(last)
+        tp = tp[at]
+        done = (P - p1) + (N - n1)  # the elements of the pieces above
+        points[i] = (np.divide(at + (done + 1) - tp, N), np.divide(tp, P))
+
+    _each_block(pieces, piece_points)
+    got = [pt for pt in points if pt is not None]
+    fpr = np.concatenate([np.zeros(1)] + [f for f, _ in got])
+    tpr = np.concatenate([np.zeros(1)] + [t for _, t in got])
+    return fpr, tpr
+
+
+def auc(fpr, tpr) -> float:
+    """Area under an ROC curve given by its points (trapezoidal)."""
+    f = np.asarray(fpr, dtype=np.float64)
+    t = np.asarray(tpr, dtype=np.float64)
+    return float(np.sum(np.diff(f) * (t[1:] + t[:-1]) * 0.5))
+
+
+def tpr_at_fpr(fpr, tpr, target: float) -> float:
+    """Largest TPR among ROC points with FPR <= target (0 if none)."""
+    f = np.asarray(fpr, dtype=np.float64)
+    t = np.asarray(tpr, dtype=np.float64)
+    ok = f <= target
+    return float(t[ok].max()) if ok.any() else 0.0
+
+
+def lira_by_group(lira, membership, groups) -> dict:
+    """Pool every (model, sample) pair of a group's samples;
+    ``{g: {"auc", "tpr_at_0.1%", "tpr_at_1%"}}``."""
+    s = np.asarray(lira, dtype=np.float64)
+    m = np.asarray(membership).astype(bool)
+    values, idx = _group_index(groups, s.shape[1])
+    out = {}
+    for v, ix in zip(values, idx):
+        fpr, tpr = roc_curve_points(s[:, ix], m[:, ix])
+        out[v] = {
+            "auc": auc(fpr, tpr),
+            "tpr_at_0.1%": tpr_at_fpr(fpr, tpr, 0.001),
+            "tpr_at_1%": tpr_at_fpr(fpr, tpr, 0.01),
+        }
+    return out
+
+

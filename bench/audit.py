@@ -39,7 +39,8 @@ from datadir import use_shared_data  # noqa: E402
 
 from engine.audit import stats  # noqa: E402
 from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
-from engine.audit.runner import prepare_audit, run_audit  # noqa: E402
+from engine.audit.setup import prepare_audit  # noqa: E402
+from engine.audit.runner import run_audit  # noqa: E402
 from engine.audit.summary import summary_table  # noqa: E402
 from engine.config.run import AlgorithmConfig, ModelConfig  # noqa: E402
 

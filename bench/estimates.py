@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.audit.presets import preset  # noqa: E402
-from engine.audit.runner import preview_audit  # noqa: E402
+from engine.audit.setup import preview_audit  # noqa: E402
 from engine.config.run import AlgorithmConfig, RunConfig  # noqa: E402
 from engine.jobs.estimates import SmoothEta  # noqa: E402
 from engine.jobs.manager import JobManager  # noqa: E402

@@ -43,7 +43,7 @@ from datadir import use_shared_data  # noqa: E402
 from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
 from engine.audit.estimate import estimate_runtime  # noqa: E402
 from engine.audit.presets import preset  # noqa: E402
-from engine.audit.runner import prepare_audit  # noqa: E402
+from engine.audit.setup import prepare_audit  # noqa: E402
 from engine.config.backend import BACKEND_ENV, BackendConfig  # noqa: E402
 from engine.config.run import AlgorithmConfig  # noqa: E402
 from engine.jobs.kinds import execute  # noqa: E402

@@ -18,7 +18,8 @@ from conftest import wait_until
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AuditReport
 from engine.audit.summary import compact_summary, summary_table
-from engine.audit.runner import prepare_audit, run_audit
+from engine.audit.setup import prepare_audit
+from engine.audit.runner import run_audit
 from engine.config.run import AlgorithmConfig, DataConfig, RunConfig, TierConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import execute, run_queued

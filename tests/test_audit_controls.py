@@ -14,7 +14,8 @@ from in_process import cli_here
 from engine.audit import compare, controls
 from engine.audit.config import DEFAULT_RUN, AuditConfig
 from engine.audit.report import AlgorithmReport, AuditReport
-from engine.audit.runner import prepare_audit, run_audit
+from engine.audit.setup import prepare_audit
+from engine.audit.runner import run_audit
 from engine.audit.summary import compact_summary, summary_table
 from engine.audit.verdict import delta_verdict, dpsgd_s_verdict, verdict_lines
 from engine.config.run import AlgorithmConfig

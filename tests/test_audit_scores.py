@@ -18,7 +18,8 @@ from engine.audit.config import AuditConfig
 from engine.audit.presets import PRESETS, preset
 from engine.audit.report import AuditReport
 from engine.audit.summary import compact_summary, summary_table
-from engine.audit.runner import _npz, _unnpz, preview_audit, run_audit
+from engine.audit.setup import preview_audit
+from engine.audit.runner import _npz, _unnpz, run_audit
 from engine.config.run import AlgorithmConfig, ModelConfig
 from engine.config.schema import ConfigError
 from engine.data import load_dataset

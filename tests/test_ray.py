@@ -184,7 +184,7 @@ def test_each_chunk_task_asks_ray_for_its_memory_and_a_chunk_no_node_holds_fails
     set and its copy of the data: ``chunk_task_bytes``); a chunk larger than every node's memory ends the audit
     with one line before anything trains, instead of a task pending for ever."""
     from engine.audit.chunks import largest_batch, per_model_step_bytes
-    from engine.audit.runner import prepare_audit
+    from engine.audit.setup import prepare_audit
     from engine.jobs.ray_backend import chunk_task_bytes
 
     config = audit_config(epochs=90.0, model="mlp", looa_k=0, R=2)

@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 
 from engine.audit.analysis import plan_table
 from engine.audit.config import AuditConfig
-from engine.audit.runner import prepare_audit, preview_audit
+from engine.audit.setup import prepare_audit, preview_audit
 from engine.config.run import RunConfig
 from engine.jobs.kinds import execute
 from engine.jobs.runs import run_record

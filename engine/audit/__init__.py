@@ -2,7 +2,9 @@
 
     config.py    AuditConfig: the RunConfig its models train with (``run``) plus the audit's own fields
     design.py    membership design: complementary halves' groups, PA-LOOA targets, seeds, chunk layout
-    runner.py    preparation, chunk training, checkpoints / resume, progress, ``python -m engine audit``
+    setup.py     everything fixed before the first model: data, groups, membership, per-algorithm plans, chunk size;
+                 the preview before launch
+    runner.py    chunk training, checkpoints / resume, progress, DP-SGD-S's control runs, ``python -m engine audit``
     executor.py  train_chunk (one chunk of stacked models) and the local chunk executor (engine.jobs.ray_backend: Ray's)
     analysis.py  the report computed from the models' scores and the membership
     report.py    AuditReport / AlgorithmReport / PairedComparison / ControlInfo (typed, to_dict / from_dict)

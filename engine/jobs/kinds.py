@@ -35,7 +35,8 @@ from engine.audit.one_run.run import preview_one_run, run_one_run_audit
 from engine.audit.one_run.config import OneRunConfig
 from engine.audit.one_run.report import one_run_table
 from engine.audit.summary import summary_table
-from engine.audit.runner import preview_audit, run_audit
+from engine.audit.setup import preview_audit
+from engine.audit.runner import run_audit
 from engine.config.backend import BackendConfig, backend_from_env
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError

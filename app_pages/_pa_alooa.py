@@ -16,10 +16,10 @@ from app_pages import _status as status
 from app_pages import _widgets as widgets
 from app_pages._look import md, plot_theme, show_error
 from app_pages._tiers import tier_editor
-from engine.audit.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
-from engine.audit.presets import PRESETS, describe, settings
-from engine.audit.report import as_report
-from engine.audit.verdict import verdict_lines
+from engine.audit.pa_alooa.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
+from engine.audit.pa_alooa.presets import PRESETS, describe, settings
+from engine.audit.pa_alooa.report import as_report
+from engine.audit.pa_alooa.verdict import verdict_lines
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, dataset_names
@@ -30,7 +30,7 @@ from engine.jobs.runs import algorithm_label
 
 DEFAULT_ALGOS = ["idp_sample", "ino", "dpsgd_s", "dpsgd"]  # on tiered ε, so IDP-SGD differs from DP-SGD
 CUSTOM = "custom (the settings below)"
-PRESETS_HELP = ("Named audits from the engine (engine/audit/presets.py): quick (digits LR, seconds to a minute) and "
+PRESETS_HELP = ("Named audits from the engine (engine/audit/pa_alooa/presets.py): quick (digits LR, seconds to a minute) and "
                 "quick-eps1 show non-private > DP-SGD ε = 10 > DP-SGD ε = 1; adult-paper and mnist-paper follow the "
                 "papers' training (20 epochs, lr 0.1, C 5, 2R = 400)")
 AUDIT_EXPLAINER = ("**PA-ALOOA**: for r = 1..R the training set is split into two random halves and one model is trained on each, "
@@ -64,7 +64,7 @@ COMPARISON_COLUMNS = {
 
 
 def delta_columns(report) -> dict:
-    """Column formats of the Δ table (``engine.audit.frames.delta_frame``), one for every column it has: the
+    """Column formats of the Δ table (``engine.audit.pa_alooa.frames.delta_frame``), one for every column it has: the
     table shows these columns only, in this order (``column_order``), each wide enough for its header."""
     def num(label, fmt, help=None):
         # the header is the widest cell of a number column: size it to the header, never below "small"
@@ -115,7 +115,7 @@ def show_verdict(report) -> None:
 
 
 def comparison_table(report):
-    """The paired comparisons as the page shows them (engine.audit.frames.comparison_frame, formatted)."""
+    """The paired comparisons as the page shows them (engine.audit.pa_alooa.frames.comparison_frame, formatted)."""
     df = report.comparison_frame()
     out = df.assign(comparison=df["b_label"],
                     quantity=df["quantity"].where(df["group"].isna(), "GPR " + df["group"].astype(str)),

@@ -1,5 +1,5 @@
 """The privacy plan shown before a launch (per-tier q, C, σ; steps; warnings), for training runs and audits.
-Plans come from the engine (``engine.train.loop.preview``, ``engine.audit.setup.preview_audit``), cached per
+Plans come from the engine (``engine.train.loop.preview``, ``engine.audit.pa_alooa.setup.preview_audit``), cached per
 config; every number in their tables is the record's (σ per tier too: ``PlanRecord.tiers``).
 
 (Helper modules of app_pages/ start with "_": app.py's navigation names the pages, these never are.)
@@ -11,8 +11,8 @@ import streamlit as st
 
 from app_pages import _handles as handles
 from app_pages._look import md, show_error, user_message
-from engine.audit.config import AuditConfig
-from engine.audit.setup import preview_audit
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.setup import preview_audit
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import DataError

@@ -15,7 +15,7 @@ from app_pages import _charts as charts
 from app_pages import _handles as handles
 from app_pages import _widgets as widgets
 from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
-from engine.audit.report import as_report
+from engine.audit.pa_alooa.report import as_report
 from engine.figures import export, frames
 from engine.figures.common_span import common_span
 from engine.figures.headline import undersampled_note

@@ -1,6 +1,6 @@
 """PA-ALOOA audit speed: 2R = 400 DP-SGD (ε = 10) logistic-regression models on Adult, sex as the group.
 
-1. The full audit (``engine.audit.runner.run_audit``): the 400 models trained as batched ensembles,
+1. The full audit (``engine.audit.pa_alooa.runner.run_audit``): the 400 models trained as batched ensembles,
    every training sample scored under every model, then all statistics (per-sample advantage, GPR
    with bootstrap CIs, Δ, null floor, PA-GA, PA-GBA, LiRA, per-tier ε lower bound). Wall time and
    the process' peak resident memory (measured before step 2 runs).
@@ -12,7 +12,7 @@
 speedup_vs_sequential = (400 × Opacus seconds per model) / (the audit's training + scoring seconds);
 speedup_end_to_end adds the same statistics time to both sides. Also times ``sample_advantage`` on
 400 × 30000 (the timing that used to be a test).
-3. The same audit again with the statistics on one thread (``engine.audit.stats.set_threads(1)``; the
+3. The same audit again with the statistics on one thread (``engine.audit.pa_alooa.stats.set_threads(1)``; the
    first run uses the default, every CPU this process may use): ``stats_seconds_1_thread``, and the check
    that both runs' reports are equal (``same_numbers``).
 
@@ -37,11 +37,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 
-from engine.audit import stats  # noqa: E402
-from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
-from engine.audit.setup import prepare_audit  # noqa: E402
-from engine.audit.runner import run_audit  # noqa: E402
-from engine.audit.summary import summary_table  # noqa: E402
+from engine.audit.pa_alooa import stats  # noqa: E402
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig  # noqa: E402
+from engine.audit.pa_alooa.setup import prepare_audit  # noqa: E402
+from engine.audit.pa_alooa.runner import run_audit  # noqa: E402
+from engine.audit.pa_alooa.summary import summary_table  # noqa: E402
 from engine.config.run import AlgorithmConfig, ModelConfig  # noqa: E402
 
 

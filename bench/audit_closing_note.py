@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from engine.audit.config import DEFAULT_RUN
-from engine.audit.presets import PRESETS
+from engine.audit.pa_alooa.config import DEFAULT_RUN
+from engine.audit.pa_alooa.presets import PRESETS
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 
@@ -63,7 +63,7 @@ def table(path) -> str:
 
 
 def main(argv=None) -> int:
-    from engine.audit.runner import run_audit
+    from engine.audit.pa_alooa.runner import run_audit
 
     p = argparse.ArgumentParser()
     p.add_argument("--training", choices=("paper", "default"), default="paper")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from engine.audit.presets import PRESETS
-from engine.audit.report import AuditReport
-from engine.audit.runner import run_audit
-from engine.audit.summary import compact_summary
-from engine.audit.verdict import verdict_lines
+from engine.audit.pa_alooa.presets import PRESETS
+from engine.audit.pa_alooa.report import AuditReport
+from engine.audit.pa_alooa.runner import run_audit
+from engine.audit.pa_alooa.summary import compact_summary
+from engine.audit.pa_alooa.verdict import verdict_lines
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.audit.presets import preset  # noqa: E402
-from engine.audit.setup import preview_audit  # noqa: E402
+from engine.audit.pa_alooa.presets import preset  # noqa: E402
+from engine.audit.pa_alooa.setup import preview_audit  # noqa: E402
 from engine.config.run import AlgorithmConfig, RunConfig  # noqa: E402
 from engine.jobs.estimates import SmoothEta  # noqa: E402
 from engine.jobs.manager import JobManager  # noqa: E402

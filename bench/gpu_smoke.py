@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import interleaved_ms, use_shared_data  # noqa: E402
 
-from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
-from engine.audit.runner import run_audit  # noqa: E402
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig  # noqa: E402
+from engine.audit.pa_alooa.runner import run_audit  # noqa: E402
 from engine.config.run import AlgorithmConfig, ModelConfig, RunConfig  # noqa: E402
 from engine.data import load_dataset  # noqa: E402
 from engine.dp.grad_sample import ModuleGrads  # noqa: E402

@@ -40,10 +40,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datadir import use_shared_data  # noqa: E402
 
-from engine.audit.config import DEFAULT_RUN, AuditConfig  # noqa: E402
-from engine.audit.estimate import estimate_runtime  # noqa: E402
-from engine.audit.presets import preset  # noqa: E402
-from engine.audit.setup import prepare_audit  # noqa: E402
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig  # noqa: E402
+from engine.audit.pa_alooa.estimate import estimate_runtime  # noqa: E402
+from engine.audit.pa_alooa.presets import preset  # noqa: E402
+from engine.audit.pa_alooa.setup import prepare_audit  # noqa: E402
 from engine.config.backend import BACKEND_ENV, BackendConfig  # noqa: E402
 from engine.config.run import AlgorithmConfig  # noqa: E402
 from engine.jobs.kinds import execute  # noqa: E402

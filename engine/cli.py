@@ -24,11 +24,11 @@ import os
 import sys
 import traceback
 
-from engine.audit.config import load_audit_config
+from engine.audit.pa_alooa.config import load_audit_config
 from engine.audit.one_run.config import OneRunConfig, load_one_run_config
 from engine.audit.one_run.report import one_run_table
-from engine.audit.presets import preset
-from engine.audit.summary import compact_summary, summary_table
+from engine.audit.pa_alooa.presets import preset
+from engine.audit.pa_alooa.summary import compact_summary, summary_table
 from engine.config.backend import BACKEND_ENV, BackendConfig
 from engine.config.run import ACCOUNTANTS, RunConfig, load_config
 from engine.config.schema import ConfigError, replace_dotted
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config or a preset")
     au.add_argument("config", nargs="?", help="JSON audit config file (or give --preset)")
-    au.add_argument("--preset", help="a named audit (engine.audit.presets): quick, quick-eps1, adult-paper, "
+    au.add_argument("--preset", help="a named audit (engine.audit.pa_alooa.presets): quick, quick-eps1, adult-paper, "
                                      "mnist-paper")
     au.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
                     help="change one field, e.g. --set R=16 --set run.model.name=cnn (repeatable)")

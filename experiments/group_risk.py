@@ -3,7 +3,7 @@
     python experiments/group_risk.py --quick      Adult (sex) LR 2R = 100, MNIST-10k LR 2R = 50 (~20 min, 2 cores)
     python experiments/group_risk.py              2R = 400 everywhere (CPU overnight / GPU)
 
-Each audit is an engine ``AuditConfig`` run by ``engine.audit.runner.run_audit`` into the run store: per
+Each audit is an engine ``AuditConfig`` run by ``engine.audit.pa_alooa.runner.run_audit`` into the run store: per
 dataset and ε ∈ {1, 10}, DP-SGD and DP-SGD-S (the non-private reference once); reported per group GPR with
 its bootstrap CI, Δ (pp) with CI, the null floor and test accuracy. The tiered setting audits IDP-SGD and
 INO-SGD on MNIST class tiers (GPR per tier vs its ε). Outcome fairness: Adult runs trained by
@@ -37,7 +37,7 @@ def _mode(spec: dict, mode: str) -> dict:
 
 def audit_config(section: dict, overrides: dict, *, algorithms: dict, epsilon: float | None, device, threads):
     """The validated AuditConfig of one audit: the section's ``audit`` + ``algorithms`` (+ ``epsilon``)."""
-    from engine.audit.config import AuditConfig
+    from engine.audit.pa_alooa.config import AuditConfig
 
     d = common.with_overrides(section["audit"], overrides)
     d["algorithms"] = list(algorithms.values())

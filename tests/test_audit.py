@@ -15,11 +15,11 @@ import torch
 from in_process import cli_here
 
 from conftest import wait_until
-from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.report import AuditReport
-from engine.audit.summary import compact_summary, summary_table
-from engine.audit.setup import prepare_audit
-from engine.audit.runner import run_audit
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
+from engine.audit.pa_alooa.report import AuditReport
+from engine.audit.pa_alooa.summary import compact_summary, summary_table
+from engine.audit.pa_alooa.setup import prepare_audit
+from engine.audit.pa_alooa.runner import run_audit
 from engine.config.run import AlgorithmConfig, DataConfig, RunConfig, TierConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import execute, run_queued

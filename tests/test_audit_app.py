@@ -41,7 +41,7 @@ def test_page_renders_with_defaults():
 
 
 def test_a_preset_replaces_the_settings_and_shows_its_estimate():
-    from engine.audit.presets import PRESETS, settings
+    from engine.audit.pa_alooa.presets import PRESETS, settings
 
     at = _app().run()
     at.selectbox(key="a_preset").set_value("quick").run()
@@ -143,7 +143,7 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
     assert not at.exception and not at.error
     charts = at.get("plotly_chart")
     assert len(charts) >= 6  # GPR bars, Δ table, accuracy, ε bounds, LiRA ROC, histogram (+ baselines)
-    from engine.audit.report import as_report
+    from engine.audit.pa_alooa.report import as_report
 
     report = as_report(store.get_run(run["id"])["summary"])
     at_floor = all(e.low <= a.null_groups[g] for a in report.algorithms for g, e in a.gpr.items())
@@ -159,7 +159,7 @@ def test_launch_a_tiny_audit_until_its_charts(tmp_path):
 
 @pytest.mark.slow
 def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_verdict():
-    from engine.audit.config import DEFAULT_RUN, AuditConfig
+    from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
     from engine.config.run import AlgorithmConfig
     from engine.jobs.kinds import execute
 
@@ -183,7 +183,7 @@ def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_ve
     at.query_params["audit"] = str(rid)
     at.run()
     assert not at.exception and not at.error
-    from engine.audit.verdict import delta_verdict
+    from engine.audit.pa_alooa.verdict import delta_verdict
 
     texts = [m.value.replace("\\", "") for m in at.markdown]
     head = next(t for t in texts if t.startswith("**Verdict:**"))  # the Δ verdict first, then DP-SGD-S's

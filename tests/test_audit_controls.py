@@ -11,13 +11,13 @@ import pytest
 import torch
 from in_process import cli_here
 
-from engine.audit import compare, controls
-from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.report import AlgorithmReport, AuditReport
-from engine.audit.setup import prepare_audit
-from engine.audit.runner import run_audit
-from engine.audit.summary import compact_summary, summary_table
-from engine.audit.verdict import delta_verdict, dpsgd_s_verdict, verdict_lines
+from engine.audit.pa_alooa import compare, controls
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
+from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport
+from engine.audit.pa_alooa.setup import prepare_audit
+from engine.audit.pa_alooa.runner import run_audit
+from engine.audit.pa_alooa.summary import compact_summary, summary_table
+from engine.audit.pa_alooa.verdict import delta_verdict, dpsgd_s_verdict, verdict_lines
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.dp import accounting
@@ -308,7 +308,7 @@ def test_cli_controls_flag(tmp_path):
 def test_the_accuracy_search_trains_its_pilot_within_the_audit_chunks():
     """A pilot larger than a chunk trains chunk by chunk (the memory budget), and its first chunk is the one
     a single-chunk pilot trains (so a small chunk size changes only the later chunks' batches)."""
-    import engine.audit.runner as runner
+    import engine.audit.pa_alooa.runner as runner
 
     cfg = SMALL.replace(R=4, chunk_models=3, algorithms=SMALL.algorithms)
     sizes = []

@@ -13,13 +13,13 @@ import torch
 from in_process import cli_here
 from scipy.special import logsumexp
 
-from engine.audit import stats
-from engine.audit.config import AuditConfig
-from engine.audit.presets import PRESETS, preset
-from engine.audit.report import AuditReport
-from engine.audit.summary import compact_summary, summary_table
-from engine.audit.setup import preview_audit
-from engine.audit.runner import _npz, _unnpz, run_audit
+from engine.audit.pa_alooa import stats
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.presets import PRESETS, preset
+from engine.audit.pa_alooa.report import AuditReport
+from engine.audit.pa_alooa.summary import compact_summary, summary_table
+from engine.audit.pa_alooa.setup import preview_audit
+from engine.audit.pa_alooa.runner import _npz, _unnpz, run_audit
 from engine.config.run import AlgorithmConfig, ModelConfig
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
@@ -247,7 +247,7 @@ def test_version_1_float32_checkpoints_resume(tmp_path):
 
 
 def test_presets_are_valid_audits_and_the_estimate_is_measured():
-    from engine.audit.estimate import STATS_SECONDS_PER_MODEL_SAMPLE
+    from engine.audit.pa_alooa.estimate import STATS_SECONDS_PER_MODEL_SAMPLE
 
     for name, cfg in PRESETS.items():
         assert isinstance(cfg, AuditConfig) and cfg.validate() is cfg
@@ -264,7 +264,7 @@ def test_presets_are_valid_audits_and_the_estimate_is_measured():
     assert est["seconds"] > 0 and set(est["per_model_step_seconds"]) == {"nonprivate", "dpsgd"}
     assert est["train_seconds"] == pytest.approx(sum(v * 8 * pv["steps_per_model"]
                                                      for v in est["per_model_step_seconds"].values()))
-    # the statistics: a rate per model, sample and algorithm (engine.audit.estimate)
+    # the statistics: a rate per model, sample and algorithm (engine.audit.pa_alooa.estimate)
     assert est["stats_seconds"] == pytest.approx(STATS_SECONDS_PER_MODEL_SAMPLE * 2 * 8 * pv["n_train"])
     assert est["seconds"] == pytest.approx(est["train_seconds"] + est["stats_seconds"])
     assert "measured" in est["how"]

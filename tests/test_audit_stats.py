@@ -1,4 +1,4 @@
-"""Tests for engine.audit.stats (membership-audit statistics)."""
+"""Tests for engine.audit.pa_alooa.stats (membership-audit statistics)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import mannwhitneyu, norm
 
-from engine.audit import (
+from engine.audit.pa_alooa.stats import (
     auc,
     bootstrap_gpr,
     complementary_membership,
@@ -29,7 +29,7 @@ from engine.audit import (
     sample_advantage,
     tpr_at_fpr,
 )
-from engine.audit.stats.thresholds import _best_threshold, _split_models
+from engine.audit.pa_alooa.stats.thresholds import _best_threshold, _split_models
 
 R = 200  # 2R = 400 models
 N_SAMPLES = 2000

@@ -1,4 +1,4 @@
-"""Regression fixture for ``engine.audit.stats``: today's numbers, frozen.
+"""Regression fixture for ``engine.audit.pa_alooa.stats``: today's numbers, frozen.
 
 ``tests/fixtures/audit_stats_regression.npz`` holds the inputs of three small audits and every output
 the statistics give for them, as computed by the statistics before they were vectorised (issue 17);
@@ -34,8 +34,8 @@ import pytest
 from scipy import stats as _sps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.audit import stats as new  # noqa: E402
-from engine.audit.stats import thresholds  # noqa: E402  (the threshold machinery's own names)
+from engine.audit.pa_alooa import stats as new  # noqa: E402
+from engine.audit.pa_alooa.stats import thresholds  # noqa: E402  (the threshold machinery's own names)
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "audit_stats_regression.npz"
 FIXTURE_JSON = FIXTURE.with_suffix(".json")
@@ -125,7 +125,7 @@ def _roc_counts(fpr, tpr, P, N) -> dict[str, np.ndarray]:
 
 def compute(S, x: dict, *, full: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Every statistic of one case with the implementation ``S`` (the engine's module or the reference):
-    (arrays, dicts). The arguments cover what ``engine.audit.analysis.algorithm_report`` passes and more."""
+    (arrays, dicts). The arguments cover what ``engine.audit.pa_alooa.analysis.algorithm_report`` passes and more."""
     s, m, g, tiers, conf = x["scores"], x["membership"], x["groups"], x["tiers"], x["conf"]
     arr, dic = {}, {}
     arr["adv_in"] = S.sample_advantage(s, m, threshold="in_sample")
@@ -368,7 +368,7 @@ def time_side_by_side(real: str | None = None) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the reference: engine/audit/stats.py before vectorisation (issue 17), verbatim less docstrings
+# the reference: engine/audit/pa_alooa/stats.py before vectorisation (issue 17), verbatim less docstrings
 # --------------------------------------------------------------------------------------------
 _CHUNK_ELEMS = 2_000_000
 

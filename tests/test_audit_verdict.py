@@ -1,11 +1,11 @@
-"""The Δ verdict in words (engine.audit.verdict.delta_verdict) on constructed reports: resolved or not against
+"""The Δ verdict in words (engine.audit.pa_alooa.verdict.delta_verdict) on constructed reports: resolved or not against
 the null Δ, the ranking by Δ, disjoint vs overlapping CIs, a paired comparison used when the report has one,
 and no "-0.00"."""
 from __future__ import annotations
 
-from engine.audit.report import AlgorithmReport, AuditReport, Estimate, PairedComparison
-from engine.audit.summary import compact_summary, summary_table
-from engine.audit.verdict import delta_verdict, verdict_lines
+from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport, Estimate, PairedComparison
+from engine.audit.pa_alooa.summary import compact_summary, summary_table
+from engine.audit.pa_alooa.verdict import delta_verdict, verdict_lines
 
 
 def _algo(key, label, delta, null=(0.2, 1.4), resolved=None, name=None):

@@ -57,7 +57,7 @@ def test_the_cli_refuses_a_bad_backend_in_one_line_and_keeps_the_store(tmp_path)
 
 
 def test_a_run_under_a_bad_backend_fails_with_the_reason_in_its_row(tmp_path, monkeypatch):
-    from engine.audit.presets import preset
+    from engine.audit.pa_alooa.presets import preset
 
     store = RunStore(tmp_path / "runs.sqlite")
     config = preset("quick")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from engine.audit.config import AuditConfig
+from engine.audit.pa_alooa.config import AuditConfig
 from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, shot, wait_until  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -95,8 +95,8 @@ _TABLE_JS = """el => {
 
 
 def test_a_finished_audit_shows_its_verdict_side_by_side_bars_and_a_full_width_table(server, browser):  # noqa: F811
-    from engine.audit.config import DEFAULT_RUN
-    from engine.audit.verdict import delta_verdict
+    from engine.audit.pa_alooa.config import DEFAULT_RUN
+    from engine.audit.pa_alooa.verdict import delta_verdict
     from engine.config.run import AlgorithmConfig
     from engine.jobs.kinds import execute
 

@@ -79,7 +79,7 @@ def fields(page) -> dict:
 
 def an_audit(store) -> None:
     """A cancelled audit in the store (nothing trains): the page then lists audits below the form."""
-    from engine.audit.config import DEFAULT_RUN, AuditConfig
+    from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
 
     store.create_run(AuditConfig(run=DEFAULT_RUN.replace(**{"data.name": "digits"}), R=2).to_dict(), kind="audit",
                      status="cancelled", name="listed")

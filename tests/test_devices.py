@@ -33,8 +33,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.runner import run_audit
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
+from engine.audit.pa_alooa.runner import run_audit
 from engine.config.run import AlgorithmConfig, RunConfig
 from engine.train import loop
 from engine.train.loop import train
@@ -225,7 +225,7 @@ def test_audit_chunks_make_every_tensor_on_the_run_device(recorder):
 
 def test_cnn_audit_chunk_makes_every_tensor_on_the_run_device(recorder):
     """A CNN chunk: the layerwise stack (its probe batch included), and the chunk sizing's shape probe
-    (engine.audit.chunks)."""
+    (engine.audit.pa_alooa.chunks)."""
     config = AuditConfig(run=AUDIT_RUN.replace(**{"model.name": "cnn"}), group_by="class", R=2, epsilon=2.0,
                          n_boot=20, null_perms=2, looa_k=0, algorithms=(AlgorithmConfig(name="dpsgd"),))
     assert run_audit(config).n_models == 4

@@ -260,8 +260,8 @@ def test_group_of_one_sample_is_refused_by_name():
 
 
 def test_audit_refuses_a_group_too_small_for_a_half():
-    from engine.audit.config import AuditConfig
-    from engine.audit.setup import prepare_audit
+    from engine.audit.pa_alooa.config import AuditConfig
+    from engine.audit.pa_alooa.setup import prepare_audit
 
     run = LR.replace(tiers=_one_sample_tier(1437))
     algo = AlgorithmConfig(name="dpsgd_s", group_by="tier", group_sizes=(1436, 8))  # (B / (N/2)) · 8/2 < 1

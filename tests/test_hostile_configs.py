@@ -429,7 +429,7 @@ AUDIT_CASES = [
 
 @pytest.mark.parametrize("config,field", [c[1:] for c in AUDIT_CASES], ids=[c[0] for c in AUDIT_CASES])
 def test_hostile_audit_config_names_the_field(config, field):
-    from engine.audit.config import AuditConfig
+    from engine.audit.pa_alooa.config import AuditConfig
 
     with pytest.raises(ConfigError) as e:
         AuditConfig.from_dict(config).validate()

@@ -168,7 +168,7 @@ def test_worker_with_an_unknown_kind_fails_the_run_with_one_line(store):
 def test_a_runs_algorithms_in_words_for_each_kind(store):
     """The Runs page's algorithm column: a training run's algorithm, an audit's and a one-run audit's each (an
     audit row read "run")."""
-    from engine.audit.config import DEFAULT_RUN, AuditConfig
+    from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
     from engine.audit.one_run.config import OneRunConfig
     from engine.config.run import AlgorithmConfig
     from engine.jobs.runs import algorithms_label

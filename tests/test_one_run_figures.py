@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.audit.config import AuditConfig
+from engine.audit.pa_alooa.config import AuditConfig
 from engine.audit.one_run.bound import OneRunBound
 from engine.audit.one_run.config import OneRunConfig
 from engine.audit.one_run.report import AlgorithmOneRun, OneRunReport, TierBound

@@ -382,7 +382,7 @@ def test_user_text_is_escaped_in_every_audit_figure():
 
 
 def test_dataset_name_of_runs_and_audits_old_and_new():
-    from engine.audit.config import AuditConfig
+    from engine.audit.pa_alooa.config import AuditConfig
     from engine.jobs.runs import dataset_name
 
     assert dataset_name(make_run(1, "ino")) == "digits"

@@ -23,9 +23,9 @@ import pytest
 import ray
 
 from conftest import wait_until
-from engine.audit.config import DEFAULT_RUN, AuditConfig
-from engine.audit.runner import run_audit
-from engine.audit.summary import compact_summary
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
+from engine.audit.pa_alooa.runner import run_audit
+from engine.audit.pa_alooa.summary import compact_summary
 from engine.config.backend import BACKEND_ENV, BackendConfig
 from engine.config.run import AlgorithmConfig, RunConfig
 from engine.config.schema import ConfigError
@@ -183,8 +183,8 @@ def test_each_chunk_task_asks_ray_for_its_memory_and_a_chunk_no_node_holds_fails
     """While chunks run, the instance's free ``memory`` resource is down by the tasks' requests (the chunk's working
     set and its copy of the data: ``chunk_task_bytes``); a chunk larger than every node's memory ends the audit
     with one line before anything trains, instead of a task pending for ever."""
-    from engine.audit.chunks import largest_batch, per_model_step_bytes
-    from engine.audit.setup import prepare_audit
+    from engine.audit.pa_alooa.chunks import largest_batch, per_model_step_bytes
+    from engine.audit.pa_alooa.setup import prepare_audit
     from engine.jobs.ray_backend import chunk_task_bytes
 
     config = audit_config(epochs=90.0, model="mlp", looa_k=0, R=2)

@@ -43,9 +43,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.audit.analysis import plan_table
-from engine.audit.config import AuditConfig
-from engine.audit.setup import prepare_audit, preview_audit
+from engine.audit.pa_alooa.analysis import plan_table
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.setup import prepare_audit, preview_audit
 from engine.config.run import RunConfig
 from engine.jobs.kinds import execute
 from engine.jobs.runs import run_record

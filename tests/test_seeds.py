@@ -204,7 +204,7 @@ def test_dpsgd_s_and_adam_train_k_seeds(one_thread):
 
 
 def test_an_audit_refuses_seeds():
-    from engine.audit.config import AuditConfig
+    from engine.audit.pa_alooa.config import AuditConfig
     from engine.config.schema import ConfigError
 
     for key in ("seeds", "seed_index"):

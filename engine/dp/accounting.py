@@ -716,7 +716,7 @@ def plan_at_noise(p: Plan, noise_multiplier: float) -> Plan:
     """``p`` (a DP-SGD plan: one sample rate, one clip, no one-off release) trained at the noise multiplier
     ``noise_multiplier`` instead of its own: noise std z · C, and ``epsilons`` the ε that z spends in T steps
     (under ``p.accountant``), whatever the targets were — above them when z is below p's σ (the caller says so). The
-    noise-matched control of DP-SGD-S (``engine.audit.controls``) is this. ε under ``p.accountant``."""
+    noise-matched control of DP-SGD-S (``engine.audit.pa_alooa.controls``) is this. ε under ``p.accountant``."""
     if len(set(p.sample_rates)) != 1 or len(set(p.clip_norms)) != 1 or p.release_noise_multipliers:
         raise PlanError("a plan at a given noise multiplier needs a DP-SGD plan (one sample rate and clip, "
                         "no one-off release)")

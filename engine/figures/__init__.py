@@ -11,7 +11,7 @@
   figures on a live refresh (:class:`~engine.figures.live.LiveFigures`);
 * :mod:`engine.figures.talk` / :mod:`engine.figures.talk_frames` — the plots a talk needs (frontier, INO
   internals, DP-SGD-S clips, TIF sweep heatmap, audit GPR vs ε, a results slide);
-* :mod:`engine.figures.audit` — a privacy audit (frames on :class:`engine.audit.report.AuditReport`);
+* :mod:`engine.figures.audit` — a privacy audit (frames on :class:`engine.audit.pa_alooa.report.AuditReport`);
 * :mod:`engine.figures.one_run` — a one-run audit: claimed vs empirical ε per tier
   (:meth:`engine.audit.one_run.report.OneRunReport.frame`);
 * :mod:`engine.figures.explorer` — the TIF explorer (its compute is :mod:`engine.tools.tif_explorer`).

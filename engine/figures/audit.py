@@ -1,5 +1,5 @@
 """Figures of a privacy audit: pure Plotly builders over the tidy frames of the typed
-:class:`~engine.audit.report.AuditReport` (each builder takes a report or the stored results dict, a
+:class:`~engine.audit.pa_alooa.report.AuditReport` (each builder takes a report or the stored results dict, a
 running audit's partial one too). Nothing here reads the store or calls Streamlit. :func:`build_audit_figures` returns
 :class:`~engine.figures.scaffold.FigureSpec` s, so the dashboard's export menu (PNG/SVG/PDF/HTML + CSV of
 the data) and presentation packs work alike. Group, tier and algorithm names are escaped.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.audit.report import AuditReport, as_report
+from engine.audit.pa_alooa.report import AuditReport, as_report
 from engine.figures.scaffold import (LEGEND_BESIDE, FigureSpec, algo_color, base_figure, empty_figure, esc,
                                      escape_columns, facet_grid, fig_table, group_color, notes_below)
 

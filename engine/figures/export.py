@@ -19,7 +19,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine.audit.config import AuditConfig
+from engine.audit.pa_alooa.config import AuditConfig
 from engine.audit.one_run.config import OneRunConfig
 from engine.config.schema import ConfigError
 from engine.figures.frames import run_evals

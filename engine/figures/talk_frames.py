@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from engine.audit.report import as_report
+from engine.audit.pa_alooa.report import as_report
 from engine.figures import frames as fr
 from engine.figures.bands import mean_se
 from engine.figures.common_span import common_span

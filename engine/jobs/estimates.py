@@ -17,7 +17,7 @@
                                           the run (the start is not a step), never rising except to re-anchor
     format_seconds(s)                     "42 s", "3.5 min", "2.1 h"
 
-An audit's estimate measures its own chunk's steps (:func:`engine.audit.estimate.estimate_runtime`). Nothing
+An audit's estimate measures its own chunk's steps (:func:`engine.audit.pa_alooa.estimate.estimate_runtime`). Nothing
 here calls Streamlit. ``bench/estimates.py`` compares every estimate with the wall time of the same launch.
 """
 from __future__ import annotations

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
 
-from engine.audit.config import AuditConfig
+from engine.audit.pa_alooa.config import AuditConfig
 from engine.audit.one_run.run import preview_one_run, run_one_run_audit
 from engine.audit.one_run.config import OneRunConfig
 from engine.audit.one_run.report import one_run_table
-from engine.audit.summary import summary_table
-from engine.audit.setup import preview_audit
-from engine.audit.runner import run_audit
+from engine.audit.pa_alooa.summary import summary_table
+from engine.audit.pa_alooa.setup import preview_audit
+from engine.audit.pa_alooa.runner import run_audit
 from engine.config.backend import BackendConfig, backend_from_env
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError

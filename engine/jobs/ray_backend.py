@@ -2,7 +2,7 @@
 (a training run or a one-run audit runs whole as one task: ``engine.jobs.ray_jobs``).
 
     chunk_executor(backend)   the executor for a backend: LocalChunks (local) or RayChunks (ray)
-    RayChunks                 each chunk a Ray task running ``engine.audit.executor.train_chunk``; the driver
+    RayChunks                 each chunk a Ray task running ``engine.audit.pa_alooa.executor.train_chunk``; the driver
                               (the job's worker process) checkpoints what the tasks return and advances the run's
                               progress in the store, so the dashboard reads a Ray run like a local one
     chunk_task_bytes(setup)   the memory a chunk task asks its node for (its working set and its copy of the
@@ -13,7 +13,7 @@
 
 Exactness: a task gets the setup (shipped once per audit: ``ray.put``), its algorithm, its models' membership
 rows, seeds and generator seed, and runs at the driver's torch threads, so its result is bit for bit what the
-local executor computes; results are placed by chunk index (``engine.audit.runner``), never by arrival. A task
+local executor computes; results are placed by chunk index (``engine.audit.pa_alooa.runner``), never by arrival. A task
 whose worker dies is run again by Ray (``max_retries``) from the same inputs: the same numbers. Cancel (SIGTERM,
 or ``should_stop``) cancels the pending tasks with ``ray.cancel(force=True)``; the finished chunks stay
 checkpointed, so running the run again resumes.
@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Iterator
 
-from engine.audit.executor import ChunkTask, LocalChunks, train_chunk
+from engine.audit.pa_alooa.executor import ChunkTask, LocalChunks, train_chunk
 from engine.config.backend import BackendConfig
 from engine.config.schema import ConfigError
 from engine.store.lifecycle import Cancelled

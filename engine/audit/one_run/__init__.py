@@ -5,6 +5,6 @@
     bound.py   the ε lower bound from guesses (with δ; Bonferroni over a fixed guess grid); Gaussian truth
     report.py  OneRunReport (typed, to_dict / from_dict), its tidy frame, its verdict in words, the CLI table
 
-It imports nothing of PA-ALOOA's modules (engine.audit.config, runner, stats, …): what both audits share about a
+It imports nothing of PA-ALOOA's modules (engine.audit.pa_alooa.config, runner, stats, …): what both audits share about a
 job that trains one RunConfig per algorithm is engine.config.job (tests/test_layers.py checks it).
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as _sps
 
-from engine.audit.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _split_models
+from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _split_models
 
 
 # --------------------------------------------------------------------------- #

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.audit.parallel import each_block as _each_block
-from engine.audit.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _in_sample, _sorted_of
-from engine.audit.stats.advantage import sample_advantage
+from engine.audit.pa_alooa.parallel import each_block as _each_block
+from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _in_sample, _sorted_of
+from engine.audit.pa_alooa.stats.advantage import sample_advantage
 
 
 # --------------------------------------------------------------------------- #

@@ -12,14 +12,14 @@ these two DP-SGD runs, audited on the same splits as DP-SGD-S (so every comparis
   memberships and initialisations, one batch/noise stream for every ε tried, so accuracy(ε) is smooth),
   against DP-SGD-S's accuracy on the same models; then the control's 2R models train at the found ε.
 
-The runner (``engine.audit.runner``) trains and scores them like any algorithm; this module plans them.
+The runner (``engine.audit.pa_alooa.runner``) trains and scores them like any algorithm; this module plans them.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from engine.audit.report import ControlInfo
+from engine.audit.pa_alooa.report import ControlInfo
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.dp import accounting

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.audit.config import AuditConfig, single_tier
+from engine.audit.pa_alooa.config import AuditConfig, single_tier
 from engine.config.run import TiersConfig
 from engine.dp.prepare import sample_groups
 

@@ -9,7 +9,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
-from engine.audit.parallel import each_block as _each_block
+from engine.audit.pa_alooa.parallel import each_block as _each_block
 
 # Max number of matrix elements processed per chunk in the vectorised kernels
 # (bounds peak memory at roughly a few hundred MB for float64).

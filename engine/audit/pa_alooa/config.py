@@ -14,7 +14,7 @@ models train with, plus the audit's own fields. JSON round-trip; every ConfigErr
 
 ``controls: true`` (needs ``dpsgd_s`` and ``dpsgd`` among the algorithms) adds DP-SGD-S's two controls after
 the listed algorithms: DP-SGD at the noise multiplier DP-SGD-S realised, and DP-SGD at the ε where its accuracy
-equals DP-SGD-S's (``engine.audit.controls``); both are compared with DP-SGD-S pairwise.
+equals DP-SGD-S's (``engine.audit.pa_alooa.controls``); both are compared with DP-SGD-S pairwise.
 
 ``run.tiers = null`` means one tier holding everyone at ``epsilon``. A ``run`` object in JSON only
 needs the fields that differ from the audit's defaults (:data:`DEFAULT_RUN`; one level deep:

@@ -28,19 +28,19 @@ order), with exact integer objectives, so the numbers are those of one sort per 
 the random draws are the same calls, in the same order, as in the straightforward implementation.
 
 Threads: the loops over blocks of rows (the sorts, the threshold searches, LiRA, the ROC's pieces) run on
-:func:`set_threads` threads (:mod:`engine.audit.parallel`). Each block writes only its own rows, and whatever
+:func:`set_threads` threads (:mod:`engine.audit.pa_alooa.parallel`). Each block writes only its own rows, and whatever
 is summed over blocks is summed in block order afterwards, so every number is the same for any number of
 threads (a test checks 1 against 3).
 """
 
 from __future__ import annotations
 
-from engine.audit.parallel import set_threads
-from engine.audit.stats.advantage import (bootstrap_gpr, complementary_membership, delta_resolved, gpr_delta,
+from engine.audit.pa_alooa.parallel import set_threads
+from engine.audit.pa_alooa.stats.advantage import (bootstrap_gpr, complementary_membership, delta_resolved, gpr_delta,
                                           group_privacy_risk, null_distribution, null_floor, sample_advantage)
-from engine.audit.stats.baselines import (auc, lira_by_group, lira_scores, logit_confidence, pa_ga, pa_gba, pa_looa,
+from engine.audit.pa_alooa.stats.baselines import (auc, lira_by_group, lira_scores, logit_confidence, pa_ga, pa_gba, pa_looa,
                                           roc_curve_points, tpr_at_fpr)
-from engine.audit.stats.epsilon import epsilon_lower_bound, per_group_epsilon_lower_bound
+from engine.audit.pa_alooa.stats.epsilon import epsilon_lower_bound, per_group_epsilon_lower_bound
 
 __all__ = [
     "complementary_membership",

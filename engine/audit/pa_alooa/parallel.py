@@ -1,4 +1,4 @@
-"""Threads for the audit statistics' loops over blocks of rows (:mod:`engine.audit.stats`).
+"""Threads for the audit statistics' loops over blocks of rows (:mod:`engine.audit.pa_alooa.stats`).
 
 The statistics cut their (rows, L) work into blocks of about 2^17 elements that stay in the CPU's cache
 (``stats.thresholds._BLOCK_ELEMS``); a block writes only its own rows. :func:`each_block` spreads the blocks over

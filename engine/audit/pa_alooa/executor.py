@@ -8,7 +8,7 @@
 
 The invariant every executor keeps: a chunk's result depends only on (setup, algorithm, task): its models'
 initial seeds and its generator seed are in the task, so where and in which order the chunks run changes no
-number; the driver (``engine.audit.runner``) checkpoints each result under its key and places it by its rows,
+number; the driver (``engine.audit.pa_alooa.runner``) checkpoints each result under its key and places it by its rows,
 so results are merged by chunk index, never by arrival. An executor is an object with
 ``run(setup, a, tasks, prog, should_stop)`` yielding ``(task, result)`` as chunks finish, and ``name``; the Ray
 one is ``engine.jobs.ray_backend.RayChunks`` (a layer above: it only ships this module's function to its
@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from engine.audit.chunks import on_device, per_model_step_bytes
+from engine.audit.pa_alooa.chunks import on_device, per_model_step_bytes
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.stacked import StackedModels, sgd_train
 from engine.dp.step import PoissonSampler

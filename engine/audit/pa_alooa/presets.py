@@ -10,11 +10,11 @@
     mnist-paper  MNIST, a 10 000-image stratified subset, LR, the same training as adult-paper, 2R = 400,
                  groups = the 10 digits.
 
-Each is an :class:`~engine.audit.config.AuditConfig` (change it with ``.replace``).
+Each is an :class:`~engine.audit.pa_alooa.config.AuditConfig` (change it with ``.replace``).
 """
 from __future__ import annotations
 
-from engine.audit.config import DEFAULT_RUN, AuditConfig
+from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
 from engine.config.run import ALGORITHM_LABELS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS

@@ -1,5 +1,5 @@
 """The PA-ALOOA privacy audit runner: batched model training, checkpoints, resume (the set-up it runs is
-``engine.audit.setup.prepare_audit``'s).
+``engine.audit.pa_alooa.setup.prepare_audit``'s).
 
     run_audit(config, ...)  train every algorithm's 2R models (+ PA-LOOA models) as batched ensembles,
                             score every training sample under every model → AuditReport
@@ -14,7 +14,7 @@ algorithm and the same tiers. Every sample is a member of exactly R of the 2R mo
 sample's score under a model is, in float64, its logit-scaled confidence log p_y − log(1 − p_y)
 (``score="logit_confidence"``, the default) or −loss (``score="loss"``). Per-sample advantage, GPR per group with bootstrap CIs,
 Δ, the permutation null floor, the PA-GA / PA-GBA / PA-LOOA baselines, LiRA and the per-tier
-empirical ε lower bound all come from ``engine.audit.stats``.
+empirical ε lower bound all come from ``engine.audit.pa_alooa.stats``.
 
 Training is a dashboard run's, through the same code: ``engine.dp.prepare.prepare_privacy`` plans
 once for the expected half-size tiers (a tier's ε depends only on its q, σ and T, so every model
@@ -43,15 +43,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit import compare, controls, stats
-from engine.audit.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
+from engine.audit.pa_alooa import compare, controls, stats
+from engine.audit.pa_alooa.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
                                    plan_table)
-from engine.audit.config import AuditConfig
-from engine.audit.design import chunk_layout, chunks, derived_seed, init_seeds, looa_membership, looa_targets
-from engine.audit.executor import ChunkTask, LocalChunks
-from engine.audit.executor import train_chunk as _train_chunk
-from engine.audit.report import AuditReport, Baselines, LooaRecord
-from engine.audit.setup import AlgoSetup, AuditSetup, prepare_audit
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.design import chunk_layout, chunks, derived_seed, init_seeds, looa_membership, looa_targets
+from engine.audit.pa_alooa.executor import ChunkTask, LocalChunks
+from engine.audit.pa_alooa.executor import train_chunk as _train_chunk
+from engine.audit.pa_alooa.report import AuditReport, Baselines, LooaRecord
+from engine.audit.pa_alooa.setup import AlgoSetup, AuditSetup, prepare_audit
 from engine.config.schema import ConfigError
 from engine.dp import accounting
 from engine.dp.prepare import PrivacyPlan, prepare_privacy
@@ -154,7 +154,7 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     With a store the run's progress, chunk checkpoints, per-sample advantages (artifacts
     ``advantage/<key>``) and results go to it; a run that was stopped (``should_stop`` →
     :class:`engine.store.lifecycle.Cancelled`), killed or crashed continues from its last completed chunk
-    when run again with the same id. ``executor`` trains the chunks (``engine.audit.executor``; default: in this
+    when run again with the same id. ``executor`` trains the chunks (``engine.audit.pa_alooa.executor``; default: in this
     process, :class:`LocalChunks`); it changes no number.
     """
     started = time.time()
@@ -246,7 +246,7 @@ def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: 
 
 
 def _comparisons(setup: AuditSetup, results: dict) -> tuple:
-    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (``engine.audit.compare``)."""
+    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (``engine.audit.pa_alooa.compare``)."""
     cfg = setup.config
     base = [a for a in setup.algos if a.algo.name == "dpsgd" and a.control is None][:1]
     out = []

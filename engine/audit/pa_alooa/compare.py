@@ -1,7 +1,7 @@
 """Paired comparisons of two algorithms of one audit (pure numpy / scipy).
 
 Every algorithm of an audit trains its 2R models on the same membership splits from the same
-initialisations (``engine.audit.design``), so sample i's advantage under algorithm a and under algorithm b
+initialisations (``engine.audit.pa_alooa.design``), so sample i's advantage under algorithm a and under algorithm b
 share most of their noise (the sample itself, its splits). A difference a − b is then resampled with
 **the same draws** for both — the paired bootstrap — and its CI is what the difference's own sampling
 spread is, usually far narrower than two independent CIs side by side (``paired=False`` gives that one,
@@ -22,7 +22,7 @@ import math
 import numpy as np
 from scipy import stats as _sps
 
-from engine.audit.report import AlgorithmReport, Estimate, PairedComparison
+from engine.audit.pa_alooa.report import AlgorithmReport, Estimate, PairedComparison
 
 _CHUNK_ELEMS = 2_000_000  # index-matrix elements drawn at once (bounds memory like stats.bootstrap_gpr)
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit import controls, stats
-from engine.audit.analysis import plan_table
-from engine.audit.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, chunk_step_bytes, models_per_chunk
-from engine.audit.config import AuditConfig
-from engine.audit.design import group_labels, group_sizes, resolved_tiers
-from engine.audit.estimate import estimate_runtime
+from engine.audit.pa_alooa import controls, stats
+from engine.audit.pa_alooa.analysis import plan_table
+from engine.audit.pa_alooa.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, chunk_step_bytes, models_per_chunk
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.design import group_labels, group_sizes, resolved_tiers
+from engine.audit.pa_alooa.estimate import estimate_runtime
 from engine.config.job import algorithm_keys
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
 from engine.config.schema import ConfigError
@@ -36,7 +36,7 @@ class AlgoSetup:
     label: str
     privacy: PrivacyPlan  # engine.dp.prepare's plan and what derives from it (the same as a run's)
     claimed: list  # per tier: ε the plan guarantees (None when non-private)
-    control: str | None = None  # a control of DP-SGD-S (engine.audit.controls.KINDS)
+    control: str | None = None  # a control of DP-SGD-S (engine.audit.pa_alooa.controls.KINDS)
     # a control is planned once DP-SGD-S has trained (until then ``privacy`` is DP-SGD's, for the estimate only)
     resolved: bool = True
     control_info: object = None  # the ControlInfo of a resolved control
@@ -64,7 +64,7 @@ class AuditSetup:
     budget_bytes: int
     data: object = None  # engine.dp.prepare.PreparedData (the controls plan with it)
     tiers_config: object = None  # the resolved TiersConfig
-    chunk_bytes: int = 0  # one chunk's step working set (engine.audit.chunks.chunk_step_bytes)
+    chunk_bytes: int = 0  # one chunk's step working set (engine.audit.pa_alooa.chunks.chunk_step_bytes)
 
     @property
     def n(self) -> int:
@@ -152,7 +152,7 @@ def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes, *, lab
 
 def preview_audit(config: AuditConfig, *, estimate: bool = False) -> dict:
     """What an audit will do (for the UI before launching): sizes, groups, per-algorithm plans; with
-    ``estimate`` also the runtime estimate (``engine.audit.estimate``: a few measured steps)."""
+    ``estimate`` also the runtime estimate (``engine.audit.pa_alooa.estimate``: a few measured steps)."""
     s = prepare_audit(config)
     out = {"n_train": s.n, "n_models": s.n_models, "steps_per_model": s.steps, "chunk_models": s.chunk_models,
            "group_names": s.group_names, "group_sizes": group_sizes(s.groups, s.group_names),

@@ -1,4 +1,4 @@
-"""An audit's report computed from its models' scores and the membership design (``engine.audit.stats``
+"""An audit's report computed from its models' scores and the membership design (``engine.audit.pa_alooa.stats``
 does the statistics): GPR per group with bootstrap CIs, Δ, each group's null floor and the null Δ
 spread (permuted membership) with the "resolved" flag, PA-GA / PA-GBA, accuracy, LiRA per group, the
 per-tier empirical ε lower bound and the advantage histograms.
@@ -11,9 +11,9 @@ import dataclasses
 
 import numpy as np
 
-from engine.audit import compare, stats
-from engine.audit.design import group_sizes
-from engine.audit.report import AlgorithmReport, AuditReport, json_clean
+from engine.audit.pa_alooa import compare, stats
+from engine.audit.pa_alooa.design import group_sizes
+from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport, json_clean
 from engine.train.records import PlanRecord
 
 _HIST_BINS = 40

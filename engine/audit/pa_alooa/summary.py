@@ -1,9 +1,9 @@
 """An audit report as text: the headline numbers (``--json``) and the table (``python -m engine audit`` / ``show``),
-with the verdict sentences (``engine.audit.verdict``) under the table."""
+with the verdict sentences (``engine.audit.pa_alooa.verdict``) under the table."""
 from __future__ import annotations
 
-from engine.audit.report import AlgorithmReport, Estimate, as_report
-from engine.audit.verdict import verdict_lines
+from engine.audit.pa_alooa.report import AlgorithmReport, Estimate, as_report
+from engine.audit.pa_alooa.verdict import verdict_lines
 
 
 def compact_summary(results) -> dict:

@@ -1,4 +1,4 @@
-"""Tidy pandas frames of an :class:`~engine.audit.report.AuditReport` (one row per algorithm × group,
+"""Tidy pandas frames of an :class:`~engine.audit.pa_alooa.report.AuditReport` (one row per algorithm × group,
 tier, ROC point, histogram bin or attack): what the audit figures draw and the CSV exports hold.
 Call them as report methods (``report.gpr_frame()``)."""
 from __future__ import annotations

@@ -10,8 +10,8 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
                             control (ControlInfo: a noise- or accuracy-matched DP-SGD control of DP-SGD-S);
                             DP-SGD-S's realised noise multiplier and noise_ratio vs DP-SGD at the same ε
       .comparisons          PairedComparison: DP-SGD-S − DP-SGD / − each control, Δ, GPR and accuracy
-                            differences with paired bootstrap CIs (engine.audit.compare)
-      .gpr_frame() …        tidy pandas frames (engine.audit.frames): gpr, delta, accuracy, epsilon, roc,
+                            differences with paired bootstrap CIs (engine.audit.pa_alooa.compare)
+      .gpr_frame() …        tidy pandas frames (engine.audit.pa_alooa.frames): gpr, delta, accuracy, epsilon, roc,
                             histogram, baselines, comparison
       .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
                             (RESULTS_VERSION 2; a running audit's partial summary too)
@@ -19,7 +19,7 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
 ``from_dict(to_dict(r)) == r``. Values that are undefined (an empty group, no finite score) are None;
 reports of version 1 (no per-group null, no null Δ) load with those None. An algorithm without a
 formal guarantee (``formal_dp`` False) has claimed ε None in every tier, in every output.
-The report is computed in :mod:`engine.audit.analysis`.
+The report is computed in :mod:`engine.audit.pa_alooa.analysis`.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.audit import frames
-from engine.audit.config import AuditConfig
+from engine.audit.pa_alooa import frames
+from engine.audit.pa_alooa.config import AuditConfig
 
 RESULTS_VERSION = 2  # 2: float64 scores (logit confidence by default), per-group null floors, the null Δ, resolved
 
@@ -146,7 +146,7 @@ class ControlInfo:
 class PairedComparison:
     """Algorithm ``a`` against algorithm ``b`` of the same audit, paired: both trained on the same membership
     splits from the same initialisations, so every difference is resampled with the same draws (the paired
-    bootstrap of ``engine.audit.compare``). Differences are a − b; Δ and GPR in percentage points, accuracy
+    bootstrap of ``engine.audit.pa_alooa.compare``). Differences are a − b; Δ and GPR in percentage points, accuracy
     in points."""
 
     a: str  # algorithm keys

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from engine.audit import controls
-from engine.audit.chunks import on_device
+from engine.audit.pa_alooa import controls
+from engine.audit.pa_alooa.chunks import on_device
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.stacked import StackedModels, sgd_train
 from engine.dp.step import PoissonSampler
@@ -42,7 +42,7 @@ def _torch_threads(n: int):
 
 def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS, method: str = "auto") -> dict:
     """``{"seconds", "train_seconds", "stats_seconds", "model_steps", "per_model_step_seconds": {algorithm key:
-    s}, "how"}`` for a prepared audit (:func:`engine.audit.setup.prepare_audit`). ``method``: the stack's
+    s}, "how"}`` for a prepared audit (:func:`engine.audit.pa_alooa.setup.prepare_audit`). ``method``: the stack's
     per-sample path (``engine.dp.stacked.StackedModels``; "auto" is what the audit takes)."""
     cfg, dev = setup.config, setup.device
     ds = setup.dataset

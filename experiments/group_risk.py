@@ -106,11 +106,11 @@ def run_experiment(args) -> tuple[dict, str]:
             t0 = time.time()
             rid, rep = run_audit_into(store, cfg, f"{NAME} {ds_key} ε={eps:g}", args.backend)
             reports[f"{ds_key}/eps{eps:g}"] = rep
-            per[f"eps{eps:g}"] = {"run_id": rid, "R": cfg.R, "n_models_per_algorithm": 2 * cfg.R,
+            per[f"eps{eps:g}"] = {"run_id": rid, "R": cfg.R, "n_models_per_algorithm": cfg.n_models,
                                   "threshold": rep.threshold, "steps_per_model": rep.steps_per_model,
                                   "groups": list(rep.group_names), "group_sizes": dict(rep.group_sizes),
                                   "seconds": round(time.time() - t0, 1), "algorithms": algo_rows(rep, list(chosen))}
-            log(f"audit {ds_key} ε={eps:g} (2R = {2 * cfg.R}) done: run {rid}")
+            log(f"audit {ds_key} ε={eps:g} (2R = {cfg.n_models}) done: run {rid}")
         result["audits"][ds_key] = per
     tiered = spec["tiered"]
     cfg = audit_config(tiered, mode.get("tiered", {}), algorithms=tiered["algorithms"], epsilon=None,
@@ -122,7 +122,7 @@ def run_experiment(args) -> tuple[dict, str]:
     rows = algo_rows(rep, list(tiered["algorithms"]))
     for row in rows.values():
         row["gpr_by_tier"] = [{"tier": g, "epsilon": eps_of.get(g), **v} for g, v in row["gpr"].items()]
-    result["tiered"] = {"run_id": rid, "R": cfg.R, "n_models_per_algorithm": 2 * cfg.R, "threshold": rep.threshold,
+    result["tiered"] = {"run_id": rid, "R": cfg.R, "n_models_per_algorithm": cfg.n_models, "threshold": rep.threshold,
                         "seconds": round(time.time() - t0, 1), "algorithms": rows}
     log(f"tiered audit done: run {rid}")
     result["fairness"] = fairness(spec["fairness"], mode.get("fairness", {}), store, args, log)

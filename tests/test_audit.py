@@ -167,7 +167,7 @@ def test_data_dependent_errors(changes, field):
 def test_membership_invariant():
     setup = prepare_audit(TINY.replace(R=5))
     mem = setup.membership
-    assert mem.shape == (10, setup.n)
+    assert mem.shape == (10, setup.n) == (setup.n_models, setup.n) and setup.config.n_models == 10  # 2R, one count
     assert np.all(mem.sum(0) == 5)  # each sample is a member of exactly R of the 2R models
     assert np.all(mem[0::2] != mem[1::2])  # complementary halves
 

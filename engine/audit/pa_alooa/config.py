@@ -132,6 +132,11 @@ class AuditConfig:
         check_str(self.name, "name", max_len=200)
         return self
 
+    @property
+    def n_models(self) -> int:
+        """2R: the models each algorithm trains (R complementary pairs), the design's one count of them."""
+        return 2 * int(self.R)
+
     def run_for(self, algorithm: AlgorithmConfig, tiers: TiersConfig) -> RunConfig:
         """The run one of the audit's models is: this audit's run with ``algorithm`` and the resolved tiers."""
         return dataclasses.replace(self.run, algorithm=algorithm, tiers=tiers)

@@ -57,7 +57,7 @@ def describe(config: AuditConfig) -> str:
         f"{len(run.tiers.tiers)} tiers at ε = {', '.join(f'{t.epsilon:g}' for t in run.tiers.tiers)}"
     algos = ", ".join(ALGORITHM_LABELS.get(a.name, a.name) for a in config.algorithms)
     return (f"{data}, {run.model.name.upper()}, {run.epochs:g} epochs, lr {run.optimizer.lr:g}, batch {run.batch_size}, "
-            f"C {run.clip_norm:g}; {algos}; {tiers}; 2R = {2 * config.R} models each; GPR by {config.group_by}"
+            f"C {run.clip_norm:g}; {algos}; {tiers}; 2R = {config.n_models} models each; GPR by {config.group_by}"
             + (f"; PA-LOOA on {config.looa_k} records" if config.looa_k else "")
             + ("; with DP-SGD-S's controls" if config.controls else ""))
 
@@ -79,7 +79,7 @@ def settings(config: AuditConfig) -> list[tuple[str, str]]:
             ("groups (GPR per …)", groups),
             ("algorithms", ", ".join(ALGORITHM_LABELS.get(a.name, a.name) for a in config.algorithms)),
             ("privacy", tiers),
-            ("R", f"{config.R} (2R = {2 * config.R} models per algorithm)"),
+            ("R", f"{config.R} (2R = {config.n_models} models per algorithm)"),
             ("training", f"{run.epochs:g} epochs, lr {run.optimizer.lr:g}, batch {run.batch_size}, "
                          f"clip C {run.clip_norm:g}, δ {run.delta:g}, seed {run.seed}"),
             ("thresholds", config.threshold), ("score", config.score),

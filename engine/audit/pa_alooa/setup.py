@@ -72,7 +72,7 @@ class AuditSetup:
 
     @property
     def n_models(self) -> int:
-        return int(self.membership.shape[0])
+        return self.config.n_models  # 2R (the membership matrix has one row per model)
 
 
 def prepare_audit(config: AuditConfig) -> AuditSetup:
@@ -102,8 +102,8 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
         raise e.under("run.") from None
     looa = (config.looa_k + 1) * config.looa_models if config.looa_k else 0
     n_algos = len(config.algorithms) + (len(controls.KINDS) if config.controls else 0)
-    pilot = controls.max_pilot_runs() * controls.pilot_models(2 * config.R) if config.controls else 0
-    check_work(((2 * config.R + looa) * n_algos + pilot) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
+    pilot = controls.max_pilot_runs() * controls.pilot_models(config.n_models) if config.controls else 0
+    check_work(((config.n_models + looa) * n_algos + pilot) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
                allow_large=run.allow_large, what="model-steps")
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
     membership = stats.complementary_membership(n, config.R, seed=run.seed)

@@ -14,6 +14,7 @@ from app_pages._look import md
 from engine.jobs.estimates import SmoothEta, eta_seconds, format_seconds
 from engine.jobs.runs import diverged_note, dp_note, run_label
 from engine.store.db import ACTIVE, ENDED
+from engine.store.lifecycle import stopped_by_user
 
 LIVE_INTERVAL = 0.5  # seconds between live refreshes while runs are active (≥ 1 update/s)
 STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "diverged": "red", "failed": "red",
@@ -21,7 +22,6 @@ STATUS_COLORS = {"queued": "gray", "running": "blue", "finished": "green", "dive
 STATUS_ICONS = {"queued": ":material/schedule:", "running": ":material/play_arrow:", "finished": ":material/check:",
                 "diverged": ":material/trending_up:", "failed": ":material/error:", "cancelled": ":material/stop:",
                 "interrupted": ":material/bolt:"}
-USER_STOPS = ("by the user", "before it started", "terminated by signal")  # engine.jobs.manager.JobManager.cancel, engine.train.loop
 
 
 def is_active(run: dict) -> bool:
@@ -37,7 +37,7 @@ def state_words(run: dict) -> str:
     """A run's status in words a user reads at a glance ("cancelled by you", not "cancelled")."""
     status, error = run["status"], run.get("error") or ""
     if status == "cancelled":  # Cancel (Train, Runs, the CLI) stops the worker with a signal
-        return "cancelled by you" if any(m in error for m in USER_STOPS) else "cancelled"
+        return "cancelled by you" if stopped_by_user(error) else "cancelled"
     if status == "interrupted":
         return "interrupted (worker stopped)"
     if status == "failed":

@@ -58,6 +58,7 @@ from pathlib import Path
 from engine.jobs.estimates import busy_elsewhere, run_time_estimate, start_seconds
 from engine.jobs.kinds import job_kind
 from engine.store.db import ACTIVE, RunStore
+from engine.store.lifecycle import CANCELLED_BEFORE_START, CANCELLED_BY_USER
 from engine.store.liveness import pid_alive
 
 DEAD_CHECK_SECONDS = 3.0
@@ -260,7 +261,7 @@ class JobManager:
             proc = self._procs.get(run_id)
             pid = proc.pid if proc is not None else run["pid"]
             if run["status"] == "queued" and not pid:
-                self.store.set_status(run_id, "cancelled", error="cancelled before it started")
+                self.store.set_status(run_id, "cancelled", error=CANCELLED_BEFORE_START)
                 return "cancelled"
             self._cancelling.add(run_id)
         if pid:
@@ -295,12 +296,12 @@ class JobManager:
         with self._mutex:
             run = self.store.get_run(run_id)
             if run is not None and run["status"] in ACTIVE:
-                self.store.set_status(run_id, "cancelled", error=f"cancelled by the user at step {run['step']}")
+                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {run['step']}")
             elif run is not None and run["status"] in ("failed", "interrupted"):
                 # the worker raised while it was being stopped (e.g. the signal landed inside a store
                 # write), or died of the signal before its handler was set (and another manager reaped
                 # it): the user asked for a cancel, so that is what the run is
-                self.store.set_status(run_id, "cancelled", error=f"cancelled by the user at step {run['step']} "
+                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {run['step']} "
                                                                 f"(the worker reported: {run['error']})")
             proc = self._procs.pop(run_id, None)
             if proc is not None:

@@ -31,6 +31,16 @@ class Cancelled(Exception):
 
 
 INTERRUPTED = "interrupted (Ctrl-C)"  # why a run stopped by Ctrl-C ended (its row's error, the CLI's line)
+# why a cancelled run ended when the user stopped it (its row's error): the job manager's Cancel of a queued run, of
+# a running one ("… at step N"), and the worker's own line when the signal reaches it first
+CANCELLED_BEFORE_START = "cancelled before it started"
+CANCELLED_BY_USER = "cancelled by the user"
+TERMINATED = "terminated by signal"
+
+
+def stopped_by_user(error: str | None) -> bool:
+    """Whether a cancelled run's error says the user stopped it (the words above), not something else."""
+    return any(words in (error or "") for words in (CANCELLED_BEFORE_START, CANCELLED_BY_USER, TERMINATED))
 
 
 @contextlib.contextmanager
@@ -39,7 +49,7 @@ def sigterm_cancels():
     'cancelled' with its metrics kept instead of dying mid-write."""
 
     def on_term(signum, frame):
-        raise Cancelled("terminated by signal")
+        raise Cancelled(TERMINATED)
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:

@@ -149,10 +149,12 @@ def _log_ratio(eps: float, target: float) -> float:
 def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start: float | None = None,
                      upper_infeasible: bool = False, step: float = math.log(2.0)) -> float | None:
     """The largest x (within ``rtol``) with g(x) ≤ 0 for an increasing g, searched in [lo_limit, ∞) (and ≤ 0 if
-    ``upper_infeasible``): first a bracket (g(lo) ≤ 0 < g(hi)) from ``start`` (or ``start_hi``), grown by ``step``
-    and then by doubling steps, then Illinois steps,
-    each kept strictly inside the bracket, until the bracket is narrower than ``rtol`` or g(lo) is within
-    ``rtol`` of 0. Returns lo, an x that was evaluated and found feasible; None if none down to ``lo_limit``."""
+    ``upper_infeasible``).
+
+    First a bracket g(lo) ≤ 0 < g(hi) from ``start`` (or ``start_hi``), grown by ``step`` and then by doubling
+    steps; then Illinois steps, each kept strictly inside the bracket, until the bracket is narrower than ``rtol``
+    or g(lo) is within ``rtol`` of 0. Returns lo, an x that was evaluated and found feasible (never an
+    interpolated one); None if there is none down to ``lo_limit``."""
     x0 = start_hi if start is None else start
     g0 = g(x0)
     if g0 <= 0.0:

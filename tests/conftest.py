@@ -60,6 +60,16 @@ def invariant_problems(listed: set[str], collected: dict[str, bool]) -> list[str
             + ([f"marked slow or browser: {', '.join(out)}"] if out else []))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker runs torch on one thread: two workers share the 2 cores, and torch's default
+    of one thread per core makes its threads spin against the other worker's (a one-run audit test took 20 s
+    beside two busy processes on 2 threads, 6 s on one)."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     collected: dict[str, bool] = {}

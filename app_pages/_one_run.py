@@ -27,7 +27,6 @@ from engine.dp.accountants import DESCRIPTIONS
 from engine.dp.tiers import preset, preset_names
 from engine.figures import export
 from engine.figures.one_run import build_one_run_figures
-from engine.jobs.estimates import format_seconds
 from engine.jobs.runs import algorithm_label, run_config
 
 PA_ALOOA, ONE_RUN = "PA-ALOOA audit", "One-run audit (per-tier ε̂)"
@@ -108,24 +107,6 @@ def run_words(run: dict) -> str:
     return (f"#{run['id']} · {cfg.run.data.name} · {', '.join(a.name for a in cfg.algorithms)} · "
             f"{cfg.canaries}+{cfg.input_canaries} canaries/tier · {when}")
 
-
-def progress_words(run: dict, queue_position, eta) -> str:
-    total, step = run["total_steps"] or 0, run["step"] or 0
-    if run["status"] == "queued":
-        return "queued" + (f" (#{queue_position} in the queue)" if queue_position else "")
-    if run["status"] == "running" and not total:
-        return "preparing the canaries…"
-    if run["status"] == "running" and step >= total:
-        return "scoring the canaries…"
-    if run["status"] != "running":  # finished, failed, cancelled, interrupted
-        took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
-        head = "every run trained, its canaries scored" if run["status"] == "finished" else f"stopped at step {step}/{total or '?'}"
-        return head + (f" · took {format_seconds(took)}" if took is not None else "")
-    return f"training step {step}/{total or '?'} (one run per algorithm)" + (
-        f" · about {format_seconds(eta)} left" if eta is not None else "")
-
-
-# --- the section ----------------------------------------------------------------------------------------------
 
 def section_picker() -> str:
     """PA-ALOOA or one-run: a horizontal radio, remembered in the URL as ``?section=`` (a link to a one-run
@@ -213,9 +194,8 @@ def _view(mgr, store, run_id: int) -> None:
     if run is None:
         st.warning(f"One-run audit #{run_id} was deleted.")
         return
-    eta = status.smooth_eta()(run) if status.is_active(run) else None
     with st.container(key="one-run-status"):
-        status.status_row(run, progress_words(run, mgr.queue_position(run["id"]), eta), mgr, key_prefix="o-")
+        status.kind_status_row(run, mgr)
     report = OneRunReport.from_dict(run["summary"]) if run.get("summary") else None
     if report is None or not report.algorithms:
         if status.is_active(run):

@@ -293,7 +293,7 @@ def page(mgr, store, url) -> None:
             st.warning(f"Audit #{run_id} was deleted.")
             return
         with st.container(key="audit-status"):
-            status.status_row(run, status.audit_progress_text(run, mgr), mgr, key_prefix="a-", resume=True)
+            status.kind_status_row(run, mgr)
         report = as_report(run["summary"]) if run.get("summary") else None
         if report is None or not report.algorithms:
             if status.is_active(run):

@@ -6,12 +6,14 @@ badge and the Cancel / Resume buttons; and how often the live views poll.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import streamlit as st
 
 from app_pages._look import md
 from engine.jobs.estimates import SmoothEta, eta_seconds, format_seconds
+from engine.jobs.manager import queue_positions
 from engine.jobs.runs import diverged_note, dp_note, run_label
 from engine.store.db import ACTIVE, ENDED
 from engine.store.lifecycle import stopped_by_user
@@ -69,16 +71,60 @@ def progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float 
     return text + (f" · ⚠ {note}" if note else "")
 
 
-def audit_progress_text(run: dict, mgr) -> str:
+def audit_progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float | None] = eta_seconds) -> str:
+    """A PA-ALOOA audit's progress line (its steps count every chunk of every algorithm)."""
     total, step = run["total_steps"] or 0, run["step"] or 0
     if run["status"] == "queued":
-        pos = mgr.queue_position(run["id"])
+        pos = queue.get(run["id"])
         return "queued" + (f" (#{pos} in the queue)" if pos else "")
     if run["status"] == "running" and total and step >= total:
         return "statistics…"
-    eta = smooth_eta()(run)
+    left = eta(run)
     return f"training step {step}/{total or '?'} (all chunks of all algorithms)" + (
-        f" · about {format_seconds(eta)} left" if eta is not None else "")
+        f" · about {format_seconds(left)} left" if left is not None else "")
+
+
+def one_run_progress_text(run: dict, queue: dict[int, int], eta: Callable[[dict], float | None] = eta_seconds) -> str:
+    """A one-run audit's progress line: its runs' steps, then the canaries' scoring."""
+    total, step = run["total_steps"] or 0, run["step"] or 0
+    if run["status"] == "queued":
+        pos = queue.get(run["id"])
+        return "queued" + (f" (#{pos} in the queue)" if pos else "")
+    if run["status"] == "running" and not total:
+        return "preparing the canaries…"
+    if run["status"] == "running" and step >= total:
+        return "scoring the canaries…"
+    if run["status"] != "running":  # finished, failed, cancelled, interrupted
+        took = (run["finished_at"] - run["started_at"]) if run.get("finished_at") and run.get("started_at") else None
+        head = "every run trained, its canaries scored" if run["status"] == "finished" else \
+            f"stopped at step {step}/{total or '?'}"
+        return head + (f" · took {format_seconds(took)}" if took is not None else "")
+    left = eta(run)
+    return f"training step {step}/{total or '?'} (one run per algorithm)" + (
+        f" · about {format_seconds(left)} left" if left is not None else "")
+
+
+@dataclass(frozen=True)
+class KindView:
+    """What the pages show of a run of one job kind: the page-side table beside ``engine.jobs.kinds.JOB_KINDS``
+    (one entry per kind, tested; the page a run is watched on and its link are the kind's own ``watch``)."""
+
+    progress: Callable[..., str]  # (run row, queue places, ETA) → its progress line
+    key_prefix: str  # its status row's widget keys ("a-cancel-7")
+    resume: bool  # a stopped run resumes from its checkpoints (an audit) instead of being re-run
+
+
+KIND_VIEWS = {"train": KindView(progress_text, "", False),
+              "audit": KindView(audit_progress_text, "a-", True),
+              "one_run": KindView(one_run_progress_text, "o-", False)}
+
+
+def kind_status_row(run: dict, mgr, queue: dict[int, int] | None = None) -> None:
+    """``run``'s status row as its kind shows it (``queue``: the refresh's queue places, read here if not given)."""
+    view = KIND_VIEWS[run["kind"]]
+    if queue is None:
+        queue = queue_positions(mgr.store.list_runs(status="queued"))
+    status_row(run, view.progress(run, queue, smooth_eta()), mgr, key_prefix=view.key_prefix, resume=view.resume)
 
 
 def status_badge(status: str, words: str | None = None) -> None:

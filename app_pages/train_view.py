@@ -303,10 +303,9 @@ any_active = any(status.is_active(r) for r in runs_all if r["group_id"] == curre
 def live(group: str) -> None:
     runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])  # the refresh's one read of the runs
     queue = queue_positions(store.list_runs(status="queued"))  # every row of a k-seed job: its job's place
-    eta = status.smooth_eta()
     with st.container(key="live-status"):
         for run in runs:
-            status.status_row(run, status.progress_text(run, queue, eta), mgr)
+            status.kind_status_row(run, mgr, queue)
     records = live_records(store, runs)
     options = dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
                    smoothing=float(smoothing or 0.0))

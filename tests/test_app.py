@@ -255,6 +255,24 @@ def test_progress_and_status_words_come_from_the_one_row():
     assert "in the queue" not in status.progress_text(queued, {})
 
 
+def test_every_job_kind_has_its_view_and_progress_line():
+    """The page-side table beside the job-kind registry (issue 41): every kind has a view, whose progress line
+    says the queue place, the step and the time left, and a finished run's duration or end."""
+    from app_pages import _status as status
+    from engine.jobs.kinds import JOB_KINDS
+
+    assert set(status.KIND_VIEWS) == set(JOB_KINDS)
+    for kind, view in status.KIND_VIEWS.items():
+        queued = _row(id=5, status="queued", step=0, total_steps=None)
+        assert "#2 in the queue" in view.progress(queued, {5: 2}, lambda r: None), kind
+        running = _row(id=5, status="running", step=25, total_steps=100)
+        line = view.progress(running, {}, lambda r: 60.0)
+        assert "step 25/100" in line and "about 60 s left" in line, (kind, line)
+        done = _row(id=5, status="finished", step=100, total_steps=100, started_at=10.0, finished_at=70.0)
+        assert view.progress(done, {}, lambda r: None), kind
+    assert [v.resume for v in status.KIND_VIEWS.values()] == [k == "audit" for k in status.KIND_VIEWS]
+
+
 def test_staggered_redraws_each_at_most_every_interval_and_one_per_refresh(monkeypatch):
     from app_pages import _charts as charts
 

@@ -115,15 +115,16 @@ def test_a_finished_one_run_audit_shows_its_figure_table_and_verdicts():
 
 
 def test_progress_words_say_where_a_run_is():
-    run = {"status": "running", "total_steps": 560, "step": 112}
-    assert one_run.progress_words(run, None, 30.0).startswith("training step 112/560")
-    assert "left" in one_run.progress_words(run, None, 30.0)
-    assert one_run.progress_words({**run, "step": 560}, None, None) == "scoring the canaries…"
-    assert one_run.progress_words({"status": "queued", "total_steps": None, "step": 0}, 2, None) == \
-        "queued (#2 in the queue)"
-    done = {"status": "finished", "total_steps": 560, "step": 500, "started_at": 100.0, "finished_at": 190.0}
-    assert one_run.progress_words(done, None, None).startswith("every run trained, its canaries scored · took")
-    assert one_run.progress_words({**done, "status": "cancelled"}, None, None).startswith("stopped at step 500/560")
+    from app_pages._status import one_run_progress_text as words
+
+    run = {"id": 7, "status": "running", "total_steps": 560, "step": 112}
+    assert words(run, {}, lambda r: 30.0).startswith("training step 112/560")
+    assert "left" in words(run, {}, lambda r: 30.0)
+    assert words({**run, "step": 560}, {}, lambda r: None) == "scoring the canaries…"
+    assert words({"id": 7, "status": "queued", "total_steps": None, "step": 0}, {7: 2}) == "queued (#2 in the queue)"
+    done = {"id": 7, "status": "finished", "total_steps": 560, "step": 500, "started_at": 100.0, "finished_at": 190.0}
+    assert words(done, {}).startswith("every run trained, its canaries scored · took")
+    assert words({**done, "status": "cancelled"}, {}).startswith("stopped at step 500/560")
 
 
 @pytest.mark.slow

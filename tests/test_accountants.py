@@ -242,3 +242,20 @@ def test_a_run_configured_with_pld_plans_and_reports_under_pld():
     spent = [t.epsilon_spent for t in last.tiers]
     assert spent == pytest.approx(list(p_pld.epsilons), rel=1e-12)
     assert all(s <= t for s, t in zip(spent, p_pld.target_epsilons))
+
+
+def test_a_target_too_loose_for_a_tight_accountant_is_refused_at_once():
+    """Above ε = 50 PRV and PLD would search σ where their ε costs seconds to minutes an evaluation (a PLD at
+    σ = 0.03 takes 11 s): such a plan is refused before any search, naming the tier; RDP still plans what it can,
+    and a search that reaches the accountant's σ floor stops there with one message."""
+    from engine.dp import accountants
+
+    for name in ("pld", "prv"):
+        before = accountants._cached_epsilon.cache_info()
+        with pytest.raises(accounting.PlanError, match=r"epsilons\[1\]=1e\+09 is above what the .* accountant plans"):
+            accounting.plan(mode="sample", epsilons=(1.0, 1e9), delta=DELTA, tier_sizes=(1000, 1000), batch_size=50,
+                            clip_norm=1.0, steps=100, accountant=name)
+        after = accountants._cached_epsilon.cache_info()
+        assert (after.hits, after.misses) == (before.hits, before.misses)  # refused before any ε was computed
+    with pytest.raises(ValueError, match="too loose to plan noise for"):
+        get_accountant("pld").noise_multiplier(1e6, 0.01, 100, DELTA)

@@ -88,6 +88,9 @@ class Accountant:
     """ε of one tier's mechanism, and the two searches (see the module docstring)."""
 
     name = ""
+    # the smallest noise multiplier a search tries: a target still met there is too loose to plan noise for (a
+    # PLD of σ = 0.03 already takes 11 s, and the cost grows as 1/σ²: the floor keeps a huge ε from hanging)
+    sigma_floor = 0.1
 
     def epsilon(self, q: float, sigma: float, steps: int, delta: float, releases: tuple = ()) -> float:
         """ε (an upper bound) of T steps at (q, σ) composed with ``releases``."""
@@ -116,9 +119,13 @@ class Accountant:
             except ValueError:  # RDP cannot certify ε at all: look from σ = 1
                 guess = None
         x = largest_feasible(g, -math.log(_SIGMA_MAX), 0.0, rtol, start=None if guess is None else -math.log(guess),
-                             step=math.log(2.0) if guess is None else 0.05)
+                             step=math.log(2.0) if guess is None else 0.05, hi_limit=-math.log(self.sigma_floor))
         if x is None:
-            raise ValueError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches ε = {target:g} under {self.name}")
+            raise ValueError(f"no noise multiplier up to {_SIGMA_MAX:g} reaches ε = {target:g} under {self.name}; "
+                             f"raise epsilon")
+        if x == math.inf:
+            raise ValueError(f"ε = {target:g} is met even with noise multiplier {self.sigma_floor:g} under {self.name}: "
+                             f"the target is too loose to plan noise for")
         return math.exp(-x)
 
     def sample_rate(self, epsilon: float, sigma: float, steps: int, delta: float, *, rtol: float = _RTOL,
@@ -147,15 +154,19 @@ def _log_ratio(eps: float, target: float) -> float:
 
 
 def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start: float | None = None,
-                     upper_infeasible: bool = False, step: float = math.log(2.0)) -> float | None:
+                     upper_infeasible: bool = False, step: float = math.log(2.0),
+                     hi_limit: float | None = None) -> float | None:
     """The largest x (within ``rtol``) with g(x) ≤ 0 for an increasing g, searched in [lo_limit, ∞) (and ≤ 0 if
     ``upper_infeasible``).
 
     First a bracket g(lo) ≤ 0 < g(hi) from ``start`` (or ``start_hi``), grown by ``step`` and then by doubling
     steps; then Illinois steps, each kept strictly inside the bracket, until the bracket is narrower than ``rtol``
     or g(lo) is within ``rtol`` of 0. Returns lo, an x that was evaluated and found feasible (never an
-    interpolated one); None if there is none down to ``lo_limit``."""
+    interpolated one); None if there is none down to ``lo_limit``; ``math.inf`` if x is still feasible at
+    ``hi_limit`` (nothing beyond it is evaluated)."""
     x0 = start_hi if start is None else start
+    if hi_limit is not None:
+        x0 = min(x0, hi_limit)
     g0 = g(x0)
     if g0 <= 0.0:
         lo, glo = x0, g0
@@ -165,11 +176,17 @@ def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start:
         while True:
             if upper_infeasible and hi >= 0.0:
                 hi = 0.0
+            if hi_limit is not None and hi >= hi_limit:
+                if lo >= hi_limit:
+                    return math.inf
+                hi = hi_limit
             ghi = g(hi)
             if ghi > 0.0:
                 break
             if upper_infeasible and hi == 0.0:
                 return 0.0
+            if hi_limit is not None and hi >= hi_limit:
+                return math.inf
             if hi > 60.0:  # feasible however far (e.g. no step is subsampled: ε does not depend on x)
                 return hi
             step *= 2.0
@@ -211,6 +228,7 @@ def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start:
 
 class RDP(Accountant):
     name = "rdp"
+    sigma_floor = 1e-3  # the RDP planner's own (engine.dp.accounting); its ε costs the same at any σ
 
     def _epsilon(self, q, sigma, steps, delta, releases):
         rdp = (rdp_one_step(q, sigma) * steps if steps and q > 0 else 0.0) + releases_rdp(releases)

@@ -453,6 +453,9 @@ def _plan_sample(eps, sizes, B, T, delta):
 # --------------------------------------------------------------------------------------
 
 _GENERIC_BATCH_RTOL = 3e-4  # SAMPLE under PRV / PLD: the expected batch within about 0.1 % of B
+#: the largest target ε a PRV or PLD plan takes (their ε at the tiny σ a looser target needs costs seconds to
+#: minutes an evaluation; RDP plans any ε its bound can certify)
+MAX_TIGHT_EPSILON = 50.0
 
 
 def _get_accountant(name):
@@ -468,6 +471,11 @@ def _plan_with(acc, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, st
     where the searches start (a tighter accountant needs less noise for the same ε: it is close above)."""
     eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps,
                                            rdp_floor=False)
+    for k, e in enumerate(eps):
+        if e > MAX_TIGHT_EPSILON:
+            raise PlanError(f"epsilons[{k}]={e:g} is above what the {acc.name} accountant plans (ε ≤ "
+                            f"{MAX_TIGHT_EPSILON:g}: a looser target needs almost no noise, where its numerical "
+                            f"accounting grows slow); use the rdp accountant for it")
     N = sum(sizes)
     e_min = min(eps)
     q_base = B / N
@@ -491,7 +499,7 @@ def _plan_with(acc, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, st
             notes = [f"tier {k}: sample rate capped at 1 (epsilon={e:g} would allow more); achieved ε is below "
                      f"its target" for k, e in enumerate(eps) if rate_of[e] == 1.0]
     except ValueError as e:
-        raise PlanError(f"{e}; raise epsilon") from None
+        raise PlanError(str(e)) from None
     noise_std = sigma * C
     mults = _effective_multipliers(sigma, noise_std, clips)
     achieved = [acc.epsilon(q, z, T, delta) for q, z in zip(rates, mults)]
@@ -560,11 +568,12 @@ def _plan_sample_with(acc, eps, sizes, B, T, delta):
         start = _plan_sample(eps, sizes, B, T, delta)[0] * 0.97
     except PlanError:
         start = 1.0
-    y = accountants.largest_feasible(gap, math.log(_SIGMA_MIN), 0.0, _GENERIC_BATCH_RTOL, start=math.log(start),
-                                     step=0.03)
+    y = accountants.largest_feasible(gap, math.log(acc.sigma_floor), 0.0, _GENERIC_BATCH_RTOL,
+                                     start=math.log(max(start, acc.sigma_floor)), step=0.03)
     if y is None:
-        raise PlanError(f"SAMPLE mode cannot reach batch_size={B:g} under {acc.name}: even the smallest noise "
-                        f"multiplier gives a larger expected batch")
+        raise PlanError(f"SAMPLE mode cannot reach batch_size={B:g} under {acc.name}: even noise multiplier "
+                        f"{acc.sigma_floor:g} gives a larger expected batch; the targets are too loose to plan "
+                        f"noise for (lower them, or raise batch_size)")
     rate_of = rates_at(y)
     e_min = distinct[0]
     if rate_of[e_min] <= 0.0:

@@ -10,11 +10,12 @@ Adjacency: add/remove one sample, each sample drawn into a batch independently (
 rate, the noisy sum of clipped contributions divided by a number fixed before training (the plan's expected
 batch, ``engine.dp.step.PoissonSampler``): one sample moves the released sum by at most its clip norm.
 
-Speed comes from :mod:`engine.dp.fast_rdp`, a vectorized re-implementation of the very same
+Under RDP, speed comes from :mod:`engine.dp.fast_rdp`, a vectorized re-implementation of the very same
 formulas with a safety-inflated ε that is never below Opacus' value; it is used only to
-*search* for noise multipliers and sampling rates.  Every ε that is reported (``epsilon()``,
+*search* for noise multipliers and sampling rates.  Every RDP ε that is reported (``epsilon()``,
 ``Plan.epsilons``, ``TierAccountant.epsilons()``) is computed with Opacus' own functions, and
-each plan is re-verified against its targets with them.
+each plan is re-verified against its targets with them. Under PRV and PLD every reported ε is the accountant's
+own (``engine.dp.accountants``), and each tier is checked against its target with it.
 
 Modes of :func:`plan` (tiers are given and returned in the caller's order):
 

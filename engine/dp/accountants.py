@@ -187,8 +187,6 @@ def largest_feasible(g, lo_limit: float, start_hi: float, rtol: float, *, start:
                 return 0.0
             if hi_limit is not None and hi >= hi_limit:
                 return math.inf
-            if hi > 60.0:  # feasible however far (e.g. no step is subsampled: ε does not depend on x)
-                return hi
             step *= 2.0
             lo, glo, hi = hi, ghi, hi + step
     else:

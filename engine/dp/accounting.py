@@ -570,7 +570,10 @@ def _plan_sample_with(acc, eps, sizes, B, T, delta):
     except PlanError:
         start = 1.0
     y = accountants.largest_feasible(gap, math.log(acc.sigma_floor), 0.0, _GENERIC_BATCH_RTOL,
-                                     start=math.log(max(start, acc.sigma_floor)), step=0.03)
+                                     start=math.log(max(start, acc.sigma_floor)), step=0.03,
+                                     hi_limit=math.log(_SIGMA_MAX))
+    if y == math.inf:  # cannot happen: at σ → ∞ every rate reaches 1 and the batch N ≥ B
+        raise RuntimeError(f"internal error: no σ up to {_SIGMA_MAX:g} gives batch_size={B:g} under {acc.name}")
     if y is None:
         raise PlanError(f"SAMPLE mode cannot reach batch_size={B:g} under {acc.name}: even noise multiplier "
                         f"{acc.sigma_floor:g} gives a larger expected batch; the targets are too loose to plan "
@@ -657,7 +660,7 @@ def _release_rdp(releases: tuple) -> np.ndarray | None:
             raise PlanError(f"releases[{k}] must be finite and > 0, got {r!r}")
     if not releases:
         return None
-    return sum(_opacus_rdp_one_step(1.0, r) for r in releases)
+    return accountants.releases_rdp(releases)
 
 
 def release_noise_multiplier_default(*, noise_multiplier: float, sample_rate: float, steps: int,

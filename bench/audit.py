@@ -39,6 +39,7 @@ from datadir import use_shared_data  # noqa: E402
 
 from engine.audit.pa_alooa import stats  # noqa: E402
 from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig  # noqa: E402
+from engine.audit.pa_alooa.design import complementary_membership  # noqa: E402
 from engine.audit.pa_alooa.setup import prepare_audit  # noqa: E402
 from engine.audit.pa_alooa.runner import run_audit  # noqa: E402
 from engine.audit.pa_alooa.summary import summary_table  # noqa: E402
@@ -144,7 +145,7 @@ def main() -> int:
     stats_1 = one_thread["algorithms"][0]["stats_seconds"]
 
     # the statistic that used to be timed in a test
-    m = stats.complementary_membership(30000, 200, seed=0)
+    m = complementary_membership(30000, 200, seed=0)
     s = np.random.default_rng(0).normal(size=m.shape) + m
     t0 = time.perf_counter()
     stats.sample_advantage(s, m, threshold="in_sample")

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import common  # noqa: E402
 from experiments.common import finite, mean_se, pm  # noqa: E402
+from engine.figures.export import load_runs
 
 NAME = "accountants"
 
@@ -54,7 +55,6 @@ def run_experiment(args) -> tuple[dict, str]:
     trained = common.train_runs(store, [(configs[key], f"{tag}-{key[0]}-{key[1]}-seed{key[3]}") for key in keys],
                                 reuse=args.reuse, backend=args.backend)
     sys.stderr.write(f"[{time.time() - started:7.1f}s] {len(trained)} runs trained\n")
-    from engine.figures.export import load_runs
 
     ids = {key: rid for key, (rid, _) in zip(keys, trained)}
     runs = {r["id"]: r for r in load_runs(store, list(ids.values()))}

@@ -19,9 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # scripts run as `python experiments/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from engine.config.run import RunConfig
+from engine.config.run import RunConfig  # noqa: E402
 from engine.config.schema import ConfigError  # noqa: E402
 from engine.config.schema import check_int, check_list, parse_config_json, read_config_text  # noqa: E402
+from engine.config.backend import BackendConfig  # noqa: E402
+from engine.data.errors import DataError  # noqa: E402
+from engine.figures.bands import mean_se as bands_mean_se  # noqa: E402
+from engine.figures.export import ExportUnavailable, figure_bytes  # noqa: E402
+from engine.jobs.kinds import execute_all  # noqa: E402
+from engine.store.db import RunStore  # noqa: E402
+from engine.train.records import RunSummary  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"  # git-ignored
@@ -78,8 +85,6 @@ def _positive_int(text: str) -> int:
 
 
 def _backend(text: str):
-    from engine.config.backend import BackendConfig
-
     try:
         return BackendConfig.parse(text, field="--backend")
     except ConfigError as e:
@@ -165,8 +170,6 @@ def figures_dir(args, name: str) -> Path | None:
 
 
 def open_store(path: Path):
-    from engine.store.db import RunStore
-
     return RunStore(path)
 
 
@@ -175,8 +178,6 @@ def train_runs(store, runs: list, *, reuse: bool = False, backend=None) -> list:
     then they run through ``engine.jobs.kinds.execute_all``: one after another locally, all at once on Ray (as many
     as the cluster has CPUs for). ``backend``: a BackendConfig, else the environment's. ``reuse``: a finished run
     of the store with the identical config (canonical JSON) is taken instead of training it again."""
-    from engine.jobs.kinds import execute_all
-    from engine.train.records import RunSummary
 
     done = _finished_by_config(store) if reuse else {}
     out, todo = [None] * len(runs), []
@@ -203,7 +204,6 @@ def _finished_by_config(store) -> dict:
 
 def export_png(fig, path: Path, *, width: int = 900, height: int = 500) -> Path | None:
     """One small PNG through the project's export (Kaleido + Chromium); None (and a note) if unavailable."""
-    from engine.figures.export import ExportUnavailable, figure_bytes
 
     try:
         path.write_bytes(figure_bytes(fig, "png", width=width, height=height, scale=1.0))
@@ -243,7 +243,6 @@ def finite(x):
 def mean_se(values) -> tuple[float | None, float | None, int]:
     """(mean, standard error of the mean, n) of the finite values (``engine.figures.bands.mean_se``); None for
     a mean of none and an s.e. of fewer than two, as the tables print them."""
-    from engine.figures.bands import mean_se as bands_mean_se
 
     mean, se, n = bands_mean_se(values)
     return (float(mean) if n else None), (float(se) if n > 1 else None), n
@@ -259,7 +258,6 @@ def main(name: str, doc: str, run_experiment, argv=None, extra=None) -> None:
     """The command line of an experiment script: parse ``argv``, ``run_experiment(args) → (result, tables)``,
     print / write them (:func:`emit`). A ConfigError (spec, config) or DataError (missing or corrupt data)
     ends with one line and exit 2, as a bad argument does."""
-    from engine.data.errors import DataError
 
     args = parser(f"{name}.py", doc.splitlines()[0], extra).parse_args(argv)
     try:

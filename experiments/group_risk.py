@@ -20,6 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import common  # noqa: E402
 from experiments.common import ConfigError, finite, mean_se, pm  # noqa: E402
+from engine.audit.pa_alooa.config import AuditConfig
+from engine.figures.audit import fig_gpr_bars
+from engine.figures.talk import fig_audit_tiers
+from engine.figures.talk_frames import audit_tier_frame
+from engine.figures.training import fig_fairness_bars
+from engine.jobs.kinds import execute
 
 NAME = "group_risk"
 SECTIONS = ("adult", "mnist10k", "tiered", "fairness")
@@ -37,7 +43,6 @@ def _mode(spec: dict, mode: str) -> dict:
 
 def audit_config(section: dict, overrides: dict, *, algorithms: dict, epsilon: float | None, device, threads):
     """The validated AuditConfig of one audit: the section's ``audit`` + ``algorithms`` (+ ``epsilon``)."""
-    from engine.audit.pa_alooa.config import AuditConfig
 
     d = common.with_overrides(section["audit"], overrides)
     d["algorithms"] = list(algorithms.values())
@@ -50,8 +55,6 @@ def audit_config(section: dict, overrides: dict, *, algorithms: dict, epsilon: f
 
 
 def run_audit_into(store, config, name: str, backend=None):
-    from engine.jobs.kinds import execute
-
     rid = store.create_run(config.to_dict(), kind="audit", status="queued", name=name)
     return rid, execute(store, rid, config, kind="audit", backend=backend)
 
@@ -135,7 +138,6 @@ def run_experiment(args) -> tuple[dict, str]:
 
 def fairness(section: dict, over: dict, store, args, log) -> dict:
     """Adult runs per (algorithm, ε, seed); DP / EO differences and accuracy, mean ± s.e. over seeds."""
-    from engine.config.run import TierConfig  # noqa: F401 - documents what a tier entry is
 
     over = dict(over)
     seeds = over.pop("seeds", section.get("seeds", [0]))
@@ -221,11 +223,6 @@ def _gpr(e, floor=None) -> str:
 
 def export_figures(out: Path, prefix: str, reports: dict, result: dict) -> list:
     import pandas as pd
-
-    from engine.figures.audit import fig_gpr_bars
-    from engine.figures.talk import fig_audit_tiers
-    from engine.figures.talk_frames import audit_tier_frame
-    from engine.figures.training import fig_fairness_bars
 
     paths = []
     for key, rep in reports.items():

@@ -21,6 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import common  # noqa: E402
 from experiments.common import finite, mean_se, pm  # noqa: E402
+from engine.figures.common_span import common_span
+from engine.figures.experiments import fig_gain_by_tier, gain_frame
+from engine.figures.export import load_runs
+from engine.figures.frames import compared_eval
+from engine.figures.training import build_figures
 
 NAME = "ino_vs_idp"
 
@@ -54,7 +59,6 @@ def run_experiment(args) -> tuple[dict, str]:
     for r in refs:
         sys.stderr.write(f"{labels[r.key]} seed {r.seed}: run {r.run_id} done\n")
     sys.stderr.write(f"[{time.time() - started:7.1f}s] {len(refs)} runs trained\n")
-    from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
     result, tables = analyse(runs, refs, labels, ref, variants, seeds, configs[(ref, seeds[0])])
@@ -74,8 +78,6 @@ def check_pairs(configs, ref, variant, seed) -> dict:
 
 
 def analyse(runs, refs, labels, ref, variants, seeds, ref_config) -> tuple[dict, str]:
-    from engine.figures.common_span import common_span
-    from engine.figures.frames import compared_eval
     from experiments import tiered
 
     span = common_span(runs)  # what tiered.frames cuts the histories to (each run: the steps all of them reached)
@@ -186,8 +188,6 @@ def _f(x, d: int = 2) -> str:
 def export_figures(out: Path, prefix: str, runs, refs, result, labels) -> list:
     """PNG figures through the project's builders: the gains per tier (mean ± s.e.; engine.figures.experiments),
     and for seed 0 the engine's MID curves, per-tier recall and per-class recall vs ε."""
-    from engine.figures.experiments import fig_gain_by_tier, gain_frame
-    from engine.figures.training import build_figures
 
     paths = []
     epochs = result["gain_curve_epochs"]

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from engine.dp.grad_sample import ModuleGrads
+from engine.dp.step import PoissonSampler, dp_step
+from engine.train.loop import make_optimizer, prepare, step_generator
 
 
 def check_pairing(config_a, config_b, *, steps: int = 3) -> dict:
-    from engine.dp.grad_sample import ModuleGrads
-    from engine.dp.step import PoissonSampler, dp_step
-    from engine.train.loop import make_optimizer, prepare, step_generator
-
     preps = [prepare(c) for c in (config_a, config_b)]
     state = [{k: v.detach().clone() for k, v in p.model.state_dict().items()} for p in preps]
     same_init = state[0].keys() == state[1].keys() and all(torch.equal(state[0][k], state[1][k]) for k in state[0])

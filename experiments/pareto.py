@@ -18,6 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import common  # noqa: E402
 from experiments.common import ConfigError, mean_se, pm  # noqa: E402
+from engine.figures.common_span import common_span
+from engine.figures.experiments import PARETO_COLUMNS, fig_pareto
+from engine.figures.export import load_runs
+from engine.figures.frames import compared_eval
 
 NAME = "pareto"
 
@@ -65,7 +69,6 @@ def run_experiment(args) -> tuple[dict, str]:
     for r in refs:
         sys.stderr.write(f"{r.key} seed {r.seed}: run {r.run_id}\n")
     sys.stderr.write(f"[{time.time() - started:7.1f}s] {len(refs)} runs trained\n")
-    from engine.figures.export import load_runs
 
     runs = load_runs(store, [r.run_id for r in refs])
     reference = configs[("reference", seeds[-1])]
@@ -76,7 +79,6 @@ def run_experiment(args) -> tuple[dict, str]:
     if out is not None:
         import pandas as pd
 
-        from engine.figures.experiments import PARETO_COLUMNS, fig_pareto
 
         frame = pd.DataFrame([{c: row.get(c) for c in PARETO_COLUMNS} for row in result["settings"]],
                              columns=PARETO_COLUMNS)
@@ -88,8 +90,6 @@ def run_experiment(args) -> tuple[dict, str]:
 def analyse(runs, refs, grid, seeds, epochs) -> dict:
     import numpy as np
 
-    from engine.figures.common_span import common_span
-    from engine.figures.frames import compared_eval
     from experiments import tiered
 
     span = common_span(runs)  # what tiered.frames cuts the histories to

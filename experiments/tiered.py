@@ -14,6 +14,8 @@ import pandas as pd
 
 from engine.models.metrics import recall_auc
 from experiments.common import finite, mean_se
+from engine.figures.common_span import common_span
+from engine.figures.frames import class_history, mid_spans, run_evals, tier_history
 
 
 @dataclass
@@ -27,8 +29,6 @@ def frames(runs: list[dict], refs: list[RunRef]) -> tuple[pd.DataFrame, pd.DataF
     """(tier history, class history) of ``runs`` with ``key`` and ``seed`` columns, over the steps every run
     reached (the lab's one rule for comparing runs, :func:`engine.figures.common_span.common_span`: a run reused
     from an interrupted job is not compared over more steps than it trained)."""
-    from engine.figures.common_span import common_span
-    from engine.figures.frames import class_history, tier_history
 
     key = {r.run_id: r.key for r in refs}
     seed = {r.run_id: r.seed for r in refs}
@@ -123,7 +123,6 @@ def class_gain_pearson(ch: pd.DataFrame, variant: str, reference: str, step: int
 def mid_table(runs: list[dict], refs: list[RunRef], tiers: list[str]) -> dict:
     """MID per algorithm key and tier (``engine.figures.frames.mid_spans``): fraction of seeds with a MID, mean onset
     and mean duration in epochs (a MID still open at the last evaluation lasts until it)."""
-    from engine.figures.frames import mid_spans, run_evals
 
     spans = mid_spans(runs)
     key = {r.run_id: r.key for r in refs}

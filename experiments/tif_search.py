@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import common, pareto  # noqa: E402
 from experiments.common import ConfigError, pm  # noqa: E402
 from engine.config.schema import check_int, check_number  # noqa: E402
+from engine.figures.export import load_runs
 
 NAME = "tif_search"
 PARAMS = ("tail_fraction", "beta", "alpha")
@@ -96,7 +97,6 @@ def run_experiment(args) -> tuple[dict, str]:
     tag = f"{NAME}-{args.mode}-{int(started)}"
     store = common.open_store(common.store_path(args, NAME))
     from experiments.tiered import RunRef
-    from engine.figures.export import load_runs
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     n_startup = max(parallel, min(n_trials // 2, 10))

@@ -11,7 +11,8 @@ import pytest
 import torch
 from in_process import cli_here
 
-from engine.audit.pa_alooa import compare, controls
+from engine.audit.pa_alooa.controls import compare
+from engine.audit.pa_alooa.controls import plan as controls
 from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
 from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport
 from engine.audit.pa_alooa.setup import prepare_audit
@@ -308,22 +309,22 @@ def test_cli_controls_flag(tmp_path):
 def test_the_accuracy_search_trains_its_pilot_within_the_audit_chunks():
     """A pilot larger than a chunk trains chunk by chunk (the memory budget), and its first chunk is the one
     a single-chunk pilot trains (so a small chunk size changes only the later chunks' batches)."""
-    import engine.audit.pa_alooa.runner as runner
+    import engine.audit.pa_alooa.controls.runs as runs_module
 
     cfg = SMALL.replace(R=4, chunk_models=3, algorithms=SMALL.algorithms)
     sizes = []
-    original = runner._train_chunk
+    original = runs_module.train_chunk
 
     def spy(setup, a, members, *args, **kw):
         if a.control is None and a.algo.name == "dpsgd" and args[2] is None:  # a pilot chunk (no progress)
             sizes.append(len(members))
         return original(setup, a, members, *args, **kw)
 
-    runner._train_chunk = spy
+    runs_module.train_chunk = spy
     try:
         report = run_audit(cfg.replace(R=4))
     finally:
-        runner._train_chunk = original
+        runs_module.train_chunk = original
     pilot = report.algorithm("dpsgd_accuracy_matched").control.pilot_models
     runs = len(report.algorithm("dpsgd_accuracy_matched").control.search)
     assert pilot == 8 and max(sizes) <= 3 and sum(sizes) == pilot * runs

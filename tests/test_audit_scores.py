@@ -15,6 +15,7 @@ from scipy.special import logsumexp
 
 from engine.audit.pa_alooa import stats
 from engine.audit.pa_alooa.config import AuditConfig
+from engine.audit.pa_alooa.design import complementary_membership
 from engine.audit.pa_alooa.presets import PRESETS, preset
 from engine.audit.pa_alooa.report import AuditReport
 from engine.audit.pa_alooa.summary import compact_summary, summary_table
@@ -124,7 +125,7 @@ def test_null_delta_flags_a_delta_that_the_permutations_reach():
     M = 32
     ens = _train_all_members("lr", M, ds, steps=300, lr=0.5)
     _, conf, _ = ens.score(ds.x_train, ds.y_train)
-    mem = stats.complementary_membership(len(ds.y_train), M // 2, seed=0)
+    mem = complementary_membership(len(ds.y_train), M // 2, seed=0)
     groups = ds.y_train.numpy().astype(str)
     adv = stats.sample_advantage(conf, mem, threshold="held_out", seed=0)
     boot = stats.bootstrap_gpr(adv, groups, n_boot=300, seed=0)

@@ -10,16 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import mannwhitneyu, norm
 
+from engine.audit.pa_alooa.design import complementary_membership
 from engine.audit.pa_alooa.stats import (
     auc,
     bootstrap_gpr,
-    complementary_membership,
     epsilon_lower_bound,
     gpr_delta,
     group_privacy_risk,
     lira_by_group,
     lira_scores,
     logit_confidence,
+    null_distribution,
     null_floor,
     pa_ga,
     pa_gba,
@@ -158,7 +159,7 @@ def test_held_out_matches_brute_force(R_, n, levels, seed):
     m = complementary_membership(n, R_, seed=seed)
     s = rng.integers(0, levels + 1, size=m.shape).astype(float)
     got = sample_advantage(s, m, threshold="held_out", seed=seed)
-    ia, ib = _split_models(m, np.random.default_rng(seed))
+    ia, ib = _split_models(m, np.random.default_rng(seed), R_)
     exp = 0.5 * (brute_force_held_out_direction(s[ia], m[ia], s[ib], m[ib])
                  + brute_force_held_out_direction(s[ib], m[ib], s[ia], m[ia]))
     np.testing.assert_allclose(got, exp, atol=1e-12)
@@ -218,7 +219,7 @@ def test_held_out_unbiased_for_selected_rule(membership):
     sigma = 1.0
     s = gaussian_scores(membership, sigma, seed=5)
     ho = sample_advantage(s, membership, threshold="held_out", seed=3)
-    ia, ib = _split_models(membership, np.random.default_rng(3))
+    ia, ib = _split_models(membership, np.random.default_rng(3), R)
 
     def true_adv_of(t):
         a = np.where(np.isnan(t), 0.0, norm.sf((t - 1) / sigma) - norm.sf(t / sigma))
@@ -474,3 +475,32 @@ def test_per_group_epsilon_lower_bound():
     # pure noise -> ~0
     noise = per_group_epsilon_lower_bound(rng.standard_normal(m.shape), m, groups, delta=1e-5)
     assert all(r["epsilon_lb"] < 0.1 for r in noise.values())
+
+
+# --------------------------------------------------------------------------- #
+# the design's pairs, handed down
+# --------------------------------------------------------------------------- #
+def test_the_design_hands_its_pairs_to_the_statistics():
+    """The audit tells the statistics its R (``pairs=``): the numbers are those the matrix's own pair structure
+    gives, ``pairs=0`` splits the models without regard to pairs, and a matrix that is not the design's R pairs
+    is refused rather than silently split some other way."""
+    rng = np.random.default_rng(4)
+    R_ = 6
+    m = complementary_membership(300, R_, seed=2)
+    s = rng.standard_normal(m.shape) + 0.8 * m
+    groups = np.where(np.arange(300) % 3 == 0, "a", "b")
+    told = sample_advantage(s, m, threshold="held_out", seed=1, pairs=R_)
+    np.testing.assert_array_equal(told, sample_advantage(s, m, threshold="held_out", seed=1))
+    plain = sample_advantage(s, m, threshold="held_out", seed=1, pairs=0)
+    assert not np.array_equal(told, plain)  # a plain split of the 12 models is another split
+    null_told = null_distribution(s, m, groups, threshold="held_out", n_perm=3, seed=2, pairs=R_)
+    assert null_told == null_distribution(s, m, groups, threshold="held_out", n_perm=3, seed=2)
+    eps_told = per_group_epsilon_lower_bound(s, m, groups, delta=1e-5, seed=3, pairs=R_)
+    assert eps_told == per_group_epsilon_lower_bound(s, m, groups, delta=1e-5, seed=3)
+    for wrong in (R_ - 1, R_ + 1):
+        with pytest.raises(ValueError, match="complementary pairs"):
+            sample_advantage(s, m, threshold="held_out", pairs=wrong)
+    broken = m.copy()
+    broken[1, 0] = broken[0, 0]  # sample 0 in both models of pair 0: not the design
+    with pytest.raises(ValueError, match="complementary pairs"):
+        null_distribution(s, broken, groups, n_perm=1, pairs=R_)

@@ -36,6 +36,7 @@ from scipy import stats as _sps
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.audit.pa_alooa import stats as new  # noqa: E402
 from engine.audit.pa_alooa.stats import thresholds  # noqa: E402  (the threshold machinery's own names)
+from engine.audit.pa_alooa.design import complementary_membership  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "audit_stats_regression.npz"
 FIXTURE_JSON = FIXTURE.with_suffix(".json")
@@ -52,7 +53,7 @@ def build_inputs() -> dict[str, np.ndarray]:
     out = {}
     # A: the PA-ALOOA pair design
     n, R = 2000, 20
-    m = new.complementary_membership(n, R, seed=5)
+    m = complementary_membership(n, R, seed=5)
     groups = rng.choice(np.array(["F", "M", "X"]), size=n, p=[0.55, 0.4, 0.05])
     effect = {"F": 0.3, "M": 0.7, "X": 1.2}
     eff = np.array([effect[g] for g in groups]) * rng.gamma(2.0, 0.5, size=n)
@@ -102,7 +103,7 @@ def random_inputs(seed: int, paired: bool, ties: bool) -> dict:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(50, 400))
     if paired:
-        m = new.complementary_membership(n, int(rng.integers(2, 12)), seed=seed)
+        m = complementary_membership(n, int(rng.integers(2, 12)), seed=seed)
     else:
         M = int(rng.integers(4, 25))
         m = rng.random((M, n)) < rng.uniform(0.0, 1.0, size=n)[None, :]
@@ -304,7 +305,7 @@ def test_small_and_degenerate_inputs_match_the_reference():
                     f(new)
             else:
                 assert_same(_norm(f(new)), _norm(exp))
-    paired = new.complementary_membership(3, 1, seed=0)  # one pair: no held-out split
+    paired = complementary_membership(3, 1, seed=0)  # one pair: no held-out split
     with pytest.raises(ValueError, match="2 complementary pairs"):
         new.sample_advantage(np.zeros(paired.shape), paired, threshold="held_out")
     with pytest.raises(ValueError, match="threshold"):
@@ -347,7 +348,7 @@ def time_side_by_side(real: str | None = None) -> None:
              "tiers": f["tiers"], "conf": np.asarray(f["confs"], np.float64)}
     else:  # Adult-sized: 2R = 400, n = 30 162, two groups
         rng = np.random.default_rng(0)
-        m = new.complementary_membership(30162, 200, seed=0)
+        m = complementary_membership(30162, 200, seed=0)
         g = np.where(rng.random(30162) < 0.32, "Female", "Male")
         s = rng.standard_normal(m.shape) + 0.2 * m
         d = {"scores": s, "membership": m, "groups": g, "tiers": np.zeros(30162, np.int64), "conf": s}
@@ -799,7 +800,7 @@ def test_the_numbers_do_not_depend_on_the_number_of_threads():
 
     rng = np.random.default_rng(17)
     n = 60_000
-    m = new.complementary_membership(n, 6, seed=3)
+    m = complementary_membership(n, 6, seed=3)
     s = np.round(rng.standard_normal(m.shape) + rng.uniform(0, 1.5, size=n)[None, :] * m, 2)  # ties too
     g = rng.integers(0, 2, size=n)
     x = {"scores": s, "membership": m, "groups": g, "tiers": rng.integers(0, 2, size=n), "conf": s}
@@ -826,7 +827,7 @@ def test_the_kept_sort_is_not_reused_for_an_array_changed_in_place(layout):
     """The last sort is kept for the same array; after an in-place change (here in the last block only) the
     statistics sort again and equal those of a fresh copy."""
     rng = np.random.default_rng(5)
-    m = new.complementary_membership(30_000, 6, seed=1)
+    m = complementary_membership(30_000, 6, seed=1)
     s = rng.standard_normal(m.shape) + m
     f = (lambda x: new.sample_advantage(x, m)) if layout == "samples" else (lambda x: new.pa_gba(x, m, m[0]))
     before = f(s)

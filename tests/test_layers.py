@@ -204,3 +204,91 @@ def test_the_two_audits_import_nothing_of_each_other():
     crossing = [f"{m} imports {t}" for m in pa for t, _, _ in GRAPH[m] if t in one]
     crossing += [f"{m} imports {t}" for m in one for t, _, _ in GRAPH[m] if t in pa]
     assert not crossing, "\n".join(crossing)
+
+
+# --- the engine's clients: experiments/, bench/ and the pages -------------------------------------------------------
+CLIENTS = ("experiments", "bench", "app_pages")
+
+
+def top_names(module: str) -> set[str]:
+    """The names an engine module binds at its top (definitions, assignments, imports; inside a top-level
+    ``if`` / ``try`` too) and its sub-modules: what ``from module import name`` can find."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    names = {m.rpartition(".")[2] for m in MODULES if m.rpartition(".")[0] == module}
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *[s for h in getattr(node, "handlers", []) for s in h.body]]
+    return names
+
+
+def client_imports(path: Path) -> list[tuple[str, str | None, int, bool]]:
+    """(engine module, imported name or None, line, at module top) for every engine import of a client file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "engine":
+            out += [(node.module, a.name, node.lineno, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno, id(node) in top) for a in node.names if a.name.split(".")[0] == "engine"]
+    return out
+
+
+def client_files() -> list[Path]:
+    return [p for folder in CLIENTS for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def wrong_client_imports(label: str, imports) -> list[str]:
+    """What is wrong with a client file's engine imports (``label``: the file, as the messages name it)."""
+    wrong = []
+    for module, name, line, _ in imports:
+        where = f"{label}:{line}"
+        if module not in MODULES:
+            wrong.append(f"{where} imports {module}: no such engine module")
+        elif name is not None and name not in top_names(module):
+            wrong.append(f"{where} imports {name} from {module}, which has no such name")
+        elif name is not None and name.startswith("_"):
+            wrong.append(f"{where} imports {module}.{name}: a module's private name")
+    return wrong
+
+
+def test_the_engines_clients_import_what_the_engine_has():
+    """experiments/, bench/ and the pages stand above the engine's top layer (cli): any engine package is below
+    them, and what they import of it must be there: a public name of an existing module. A module that moved
+    fails here, not hours into an experiment or a bench."""
+    files = client_files()
+    assert len(files) >= 30
+    wrong = [w for p in files for w in wrong_client_imports(str(p.relative_to(ROOT)), client_imports(p))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_client_check_finds_a_moved_module(tmp_path):
+    stale = tmp_path / "stale.py"
+    stale.write_text("from engine.audit.stats import sample_advantage\nfrom engine.dp.step import dp_step, nothing\n"
+                     "from engine.dp.accountants import _RTOL\nfrom engine.audit.pa_alooa.stats import sample_advantage\n"
+                     "import engine.dp.nowhere\n")
+    assert wrong_client_imports("stale.py", client_imports(stale)) == [
+        "stale.py:1 imports engine.audit.stats: no such engine module",
+        "stale.py:2 imports nothing from engine.dp.step, which has no such name",
+        "stale.py:3 imports engine.dp.accountants._RTOL: a module's private name",
+        "stale.py:5 imports engine.dp.nowhere: no such engine module"]
+
+
+def test_experiments_import_the_engine_at_their_top():
+    """An experiment imports the engine at its top, so a broken import stops it before its first run. (Benches
+    may import it later, after setting thread counts that must precede torch; pages, to degrade when an optional
+    part is missing.)"""
+    local = [f"{p.relative_to(ROOT)}:{line} imports {module} inside a function"
+             for p in sorted((ROOT / "experiments").rglob("*.py")) for module, _, line, top in client_imports(p)
+             if not top]
+    assert not local, "\n".join(local)

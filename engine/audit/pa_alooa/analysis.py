@@ -11,7 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from engine.audit.pa_alooa import compare, stats
+from engine.audit.pa_alooa import stats
+from engine.audit.pa_alooa.controls import compare
 from engine.audit.pa_alooa.design import group_sizes
 from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport, json_clean
 from engine.train.records import PlanRecord
@@ -65,10 +66,11 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
     mem = setup.membership
     scores = membership_scores(cfg.score, losses, confs)
     groups = setup.groups
-    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed)
+    pairs = cfg.R  # the design's complementary pairs, handed to every statistic that splits the models
+    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed, pairs=pairs)
     boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
     null = stats.null_distribution(scores, mem, groups, threshold=cfg.threshold, n_perm=cfg.null_perms,
-                                   ci=cfg.confidence, seed=run.seed + 1)
+                                   ci=cfg.confidence, seed=run.seed + 1, pairs=pairs)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a),
            "info": {**a.info, **({} if a.formal_dp else {"formal_dp_reason": a.privacy.formal_dp_reason})},
@@ -108,7 +110,7 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
     # per-tier empirical ε lower bound (threshold attack on the scores, selection and counting on disjoint models)
     tier_lab = np.asarray(setup.tiers.train)
     lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
-                                             seed=run.seed)
+                                             seed=run.seed, pairs=pairs)
     tiers = []
     for k, name in enumerate(setup.tiers.names):
         r = lb.get(k, {})

@@ -1,6 +1,7 @@
 """The audit's membership design: who trains on what, who is grouped how, which seed drives what.
 
-    complementary halves    model 2r trains on one random half, model 2r+1 on the other (``stats``)
+    complementary halves    model 2r trains on one random half, model 2r+1 on the other: R pairs, 2R models;
+                            the statistics are handed R (``pairs=``), never left to find the pairs themselves
     group_labels            the GPR group (class / tier / sensitive attribute) of every sample
     looa_targets            PA-LOOA: the records audited one at a time, and the models with / without each
     derived_seed            one independent seed per (purpose, model or chunk) — resumes are bit-identical
@@ -27,6 +28,27 @@ def group_labels(config, dataset, tiers, by: str, field_name: str):
     train, names, test = sample_groups(by, dataset, tiers, attribute=config.group_attribute, field=field_name)
     labels = np.asarray(names + [""], dtype=object)  # index −1 → ""
     return labels[train].astype(str), names, None if test is None else labels[test].astype(str)
+
+
+def complementary_membership(n_samples: int, R: int, *, seed) -> np.ndarray:
+    """PA-ALOOA membership matrix, bool of shape ``(2R, n_samples)``.
+
+    For each ``r``, a fresh random permutation splits the samples into two
+    complementary halves: row ``2r`` and row ``2r+1``.  For odd ``n_samples``
+    the extra sample goes to row ``2r`` for even ``r`` and to row ``2r+1`` for
+    odd ``r``.  Every sample is a member of exactly ``R`` models.
+    """
+    n, R = int(n_samples), int(R)
+    if n < 1 or R < 1:
+        raise ValueError("n_samples and R must be >= 1")
+    rng = np.random.default_rng(seed)
+    out = np.zeros((2 * R, n), dtype=bool)
+    for r in range(R):
+        k = n // 2 + (n % 2 if r % 2 == 0 else 0)
+        idx = rng.permutation(n)[:k]
+        out[2 * r, idx] = True
+        out[2 * r + 1] = ~out[2 * r]
+    return out
 
 
 def derived_seed(*parts) -> int:

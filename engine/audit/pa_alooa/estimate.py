@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from engine.audit.pa_alooa import controls
+from engine.audit.pa_alooa.controls import plan as controls
 from engine.audit.pa_alooa.chunks import on_device
 from engine.dp.mechanisms import build_mechanism
 from engine.dp.stacked import StackedModels, sgd_train

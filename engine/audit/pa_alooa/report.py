@@ -10,7 +10,7 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
                             control (ControlInfo: a noise- or accuracy-matched DP-SGD control of DP-SGD-S);
                             DP-SGD-S's realised noise multiplier and noise_ratio vs DP-SGD at the same ε
       .comparisons          PairedComparison: DP-SGD-S − DP-SGD / − each control, Δ, GPR and accuracy
-                            differences with paired bootstrap CIs (engine.audit.pa_alooa.compare)
+                            differences with paired bootstrap CIs (engine.audit.pa_alooa.controls.compare)
       .gpr_frame() …        tidy pandas frames (engine.audit.pa_alooa.frames): gpr, delta, accuracy, epsilon, roc,
                             histogram, baselines, comparison
       .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
@@ -146,7 +146,7 @@ class ControlInfo:
 class PairedComparison:
     """Algorithm ``a`` against algorithm ``b`` of the same audit, paired: both trained on the same membership
     splits from the same initialisations, so every difference is resampled with the same draws (the paired
-    bootstrap of ``engine.audit.pa_alooa.compare``). Differences are a − b; Δ and GPR in percentage points, accuracy
+    bootstrap of ``engine.audit.pa_alooa.controls.compare``). Differences are a − b; Δ and GPR in percentage points, accuracy
     in points."""
 
     a: str  # algorithm keys

@@ -9,7 +9,7 @@ The worker (``python -m engine worker RUN_ID``) reaches ``run_audit`` through ``
 registry (kind "audit"), which also keeps the run's status in the store.
 
 Method. For r = 1..R the training set is split into two complementary random halves; model 2r
-trains on one, model 2r+1 on the other (``stats.complementary_membership``), with each
+trains on one, model 2r+1 on the other (``design.complementary_membership``), with each
 algorithm and the same tiers. Every sample is a member of exactly R of the 2R models. Each
 sample's score under a model is, in float64, its logit-scaled confidence log p_y − log(1 − p_y)
 (``score="logit_confidence"``, the default) or −loss (``score="loss"``). Per-sample advantage, GPR per group with bootstrap CIs,
@@ -43,18 +43,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit.pa_alooa import compare, controls, stats
+from engine.audit.pa_alooa import stats
 from engine.audit.pa_alooa.analysis import (algorithm_report, correct_predictions, empty_report, membership_scores,
                                    plan_table)
 from engine.audit.pa_alooa.config import AuditConfig
-from engine.audit.pa_alooa.design import chunk_layout, chunks, derived_seed, init_seeds, looa_membership, looa_targets
+from engine.audit.pa_alooa.controls.compare import comparisons
+from engine.audit.pa_alooa.controls.runs import resolve_control
+from engine.audit.pa_alooa.design import chunk_layout, derived_seed, init_seeds, looa_membership, looa_targets
 from engine.audit.pa_alooa.executor import ChunkTask, LocalChunks
-from engine.audit.pa_alooa.executor import train_chunk as _train_chunk
 from engine.audit.pa_alooa.report import AuditReport, Baselines, LooaRecord
 from engine.audit.pa_alooa.setup import AlgoSetup, AuditSetup, prepare_audit
 from engine.config.schema import ConfigError
-from engine.dp import accounting
-from engine.dp.prepare import PrivacyPlan, prepare_privacy
 from engine.store.artifacts import npy_bytes
 from engine.store.lifecycle import NO_STORE, RunLifecycle
 
@@ -173,7 +172,7 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     try:
         for k, a in enumerate(setup.algos):
             if not a.resolved:
-                a = setup.algos[k] = _resolve_control(setup, a, results, ckpt, should_stop)
+                a = setup.algos[k] = resolve_control(setup, a, results, ckpt, should_stop)
             results[a.key] = got = _audit_algorithm(setup, a, layout, ckpt, prog, should_stop, executor)
             report = dataclasses.replace(report, algorithms=report.algorithms + (got.report,),
                                          seconds=time.time() - started)
@@ -183,81 +182,12 @@ def run_audit(config: AuditConfig, *, life: RunLifecycle = NO_STORE, progress: b
     finally:  # also when stopped (Cancel, Ctrl-C): the terminal's bar line is cleared for the CLI's message
         if bar is not None:
             bar.close()
-    report = dataclasses.replace(report, comparisons=_comparisons(setup, results))
+    report = dataclasses.replace(report, comparisons=comparisons(setup, results))
     report = dataclasses.replace(report, seconds=time.time() - started,
                                  train_seconds=sum(r.train_seconds for r in report.algorithms),
                                  stats_seconds=sum(r.stats_seconds for r in report.algorithms))
     life.finish(report.to_dict())
     return report
-
-
-def _resolve_control(setup: AuditSetup, a: AlgoSetup, results: dict, ckpt, should_stop) -> AlgoSetup:
-    """Plan the control ``a`` from what DP-SGD-S (already trained: the controls come last) realised."""
-    s = next(x for x in setup.algos if x.algo.name == "dpsgd_s" and x.control is None)
-    dpsgd = next(x for x in setup.algos if x.algo.name == "dpsgd" and x.control is None)
-    if a.control == "noise_matched":
-        realised = results[s.key].realised_noise
-        privacy, info = controls.noise_matched(dpsgd.privacy, float(np.mean(realised)) if realised is not None
-                                               else math.nan, of=s.key)
-    else:
-        privacy, info = _accuracy_match(setup, s, dpsgd, results, ckpt, should_stop)
-    return dataclasses.replace(a, privacy=privacy, claimed=[float(e) for e in privacy.plan.epsilons], resolved=True,
-                               control_info=info)
-
-
-def _dpsgd_at(setup: AuditSetup, epsilon: float) -> PrivacyPlan:
-    """DP-SGD's privacy preparation with every tier at ``epsilon`` (the accuracy-matched control's candidates)."""
-    rc = setup.config.run_for(controls.ALGORITHM, controls.tiers_at(setup.tiers_config, epsilon))
-    try:
-        return prepare_privacy(rc, setup.data, steps=setup.steps, tier_sizes=setup.half_tier_sizes, field="controls")
-    except ConfigError as e:
-        raise ConfigError("controls", f"accuracy-matched DP-SGD at ε = {epsilon:.4g}: {e.message}") from None
-
-
-def _accuracy_match(setup: AuditSetup, s: AlgoSetup, dpsgd: AlgoSetup, results: dict, ckpt, should_stop):
-    """The accuracy-matched control: the ε search on the pilot models (``controls.search_accuracy_match``),
-    kept as an artifact so that a resumed audit trains the same control."""
-    cfg = setup.config
-    pilot = controls.pilot_models(setup.n_models)
-    target = float(results[s.key].accuracy[:pilot].mean())
-    eps0 = float(min(dpsgd.privacy.plan.target_epsilons))
-    seeds = init_seeds(cfg.run.seed, 0, pilot)  # the audit's first models' initialisations
-
-    def accuracy_at(epsilon: float) -> float:
-        candidate = dataclasses.replace(dpsgd, privacy=_dpsgd_at(setup, epsilon))
-        preds = []
-        for c, (lo, hi) in enumerate(chunks(pilot, setup.chunk_models)):  # within the audit's memory budget
-            gen_seed = derived_seed(cfg.run.seed, 5) if c == 0 else derived_seed(cfg.run.seed, 5, c)
-            _, _, pred, _ = _train_chunk(setup, candidate, setup.membership[lo:hi], seeds[lo:hi], gen_seed, None,
-                                         should_stop)
-            preds.append(pred)
-        return float(correct_predictions(setup, np.concatenate(preds)).mean())
-
-    saved = ckpt.get_json("control/accuracy_matched/search")
-    if saved is None:
-        eps, trace, matched = controls.search_accuracy_match(
-            accuracy_at, target, eps0, floor=2 * accounting.epsilon_floor(cfg.run.delta))
-        ckpt.put_json("control/accuracy_matched/search", {"epsilon": eps, "trace": trace, "matched": matched})
-    else:
-        eps, trace, matched = saved["epsilon"], saved["trace"], saved["matched"]
-    privacy = _dpsgd_at(setup, eps)
-    return privacy, controls.accuracy_matched_info(privacy, of=s.key, target_epsilon=eps0, target_accuracy=target,
-                                                   trace=trace, matched=matched, pilot=pilot)
-
-
-def _comparisons(setup: AuditSetup, results: dict) -> tuple:
-    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (``engine.audit.pa_alooa.compare``)."""
-    cfg = setup.config
-    base = [a for a in setup.algos if a.algo.name == "dpsgd" and a.control is None][:1]
-    out = []
-    for i, s in enumerate(a for a in setup.algos if a.algo.name == "dpsgd_s"):
-        refs = base + [a for a in setup.algos if a.control_info is not None and a.control_info.of == s.key]
-        for j, b in enumerate(refs):
-            ra, rb = results[s.key], results[b.key]
-            out.append(compare.compare(ra.report, rb.report, ra.advantage, rb.advantage, ra.accuracy, rb.accuracy,
-                                       setup.groups, n_boot=cfg.n_boot, ci=cfg.confidence,
-                                       seed=derived_seed(cfg.run.seed, 6, i, j)))
-    return tuple(out)
 
 
 def _bar(total):

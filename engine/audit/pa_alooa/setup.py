@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.audit.pa_alooa import controls, stats
+from engine.audit.pa_alooa.controls import plan as controls
 from engine.audit.pa_alooa.analysis import plan_table
 from engine.audit.pa_alooa.chunks import CACHE_TARGET_BYTES, DEFAULT_BUDGET_BYTES, chunk_step_bytes, models_per_chunk
 from engine.audit.pa_alooa.config import AuditConfig
-from engine.audit.pa_alooa.design import group_labels, group_sizes, resolved_tiers
+from engine.audit.pa_alooa.design import complementary_membership, group_labels, group_sizes, resolved_tiers
 from engine.audit.pa_alooa.estimate import estimate_runtime
 from engine.config.job import algorithm_keys
 from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
@@ -36,7 +36,7 @@ class AlgoSetup:
     label: str
     privacy: PrivacyPlan  # engine.dp.prepare's plan and what derives from it (the same as a run's)
     claimed: list  # per tier: ε the plan guarantees (None when non-private)
-    control: str | None = None  # a control of DP-SGD-S (engine.audit.pa_alooa.controls.KINDS)
+    control: str | None = None  # a control of DP-SGD-S (engine.audit.pa_alooa.controls.plan.KINDS)
     # a control is planned once DP-SGD-S has trained (until then ``privacy`` is DP-SGD's, for the estimate only)
     resolved: bool = True
     control_info: object = None  # the ControlInfo of a resolved control
@@ -55,7 +55,7 @@ class AuditSetup:
     groups: np.ndarray  # GPR group label (str) per training sample
     group_names: list
     test_groups: np.ndarray | None
-    membership: np.ndarray  # (2R, n) bool
+    membership: np.ndarray  # (2R, n) bool: config.R complementary pairs (design.complementary_membership)
     steps: int
     half_tier_sizes: list
     algos: list
@@ -106,7 +106,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     check_work(((config.n_models + looa) * n_algos + pilot) * steps, "R", limit=MAX_AUDIT_MODEL_STEPS,
                allow_large=run.allow_large, what="model-steps")
     half_sizes = [max(1, int(round(s / 2))) for s in tiers.sizes]
-    membership = stats.complementary_membership(n, config.R, seed=run.seed)
+    membership = complementary_membership(n, config.R, seed=run.seed)
     algos = []
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes))

@@ -2,7 +2,7 @@
 in four modules by concern:
 
     thresholds.py  each sample's scores sorted once, the in-sample and held-out best rules, the halves of the models
-    advantage.py   the complementary design, per-sample advantage, GPR and its bootstrap, the null floor and null Δ
+    advantage.py   per-sample advantage, GPR and its bootstrap, the null floor and null Δ
     baselines.py   PA-GA, PA-GBA, PA-LOOA, LiRA, ROC / AUC / TPR at low FPR
     epsilon.py     empirical ε lower bounds (Clopper-Pearson), overall and per group
 
@@ -15,12 +15,14 @@ Conventions used throughout
 * The attack family is the one-sided threshold rule "member if score >= t".
   Only thresholds that separate *distinct* score values are considered, so
   tied scores are always classified together.
-* PA-ALOOA design (:func:`complementary_membership`): rows ``2r`` and ``2r+1``
-  are complementary random halves of the data, so every sample is a member of
-  exactly ``R`` of the ``2R`` models.  Functions that need to split models in
-  two (``threshold="held_out"``, :func:`per_group_epsilon_lower_bound`) detect
-  this pair structure and split whole pairs, which stratifies every sample
-  (each half holds the same number of members and non-members for it).
+* PA-ALOOA design (``engine.audit.pa_alooa.design.complementary_membership``): rows
+  ``2r`` and ``2r+1`` are complementary random halves of the data, so every sample is
+  a member of exactly ``R`` of the ``2R`` models.  Functions that split models in two
+  (``threshold="held_out"``, the null's permutations, :func:`per_group_epsilon_lower_bound`)
+  take the design's ``pairs=R`` and split whole pairs, which stratifies every sample
+  (each half holds the same number of members and non-members for it); the audit hands
+  R down, and a matrix that does not match it is refused.  ``pairs=None`` (a bare matrix
+  from elsewhere) reads the pairs off its rows.
 
 Implementation: the threshold searches sort each sample's scores once (``_Sorted``) and reuse that order
 for both held-out halves and for every permutation of the null (a subset's best rule is found on the full
@@ -36,14 +38,13 @@ threads (a test checks 1 against 3).
 from __future__ import annotations
 
 from engine.audit.pa_alooa.parallel import set_threads
-from engine.audit.pa_alooa.stats.advantage import (bootstrap_gpr, complementary_membership, delta_resolved, gpr_delta,
+from engine.audit.pa_alooa.stats.advantage import (bootstrap_gpr, delta_resolved, gpr_delta,
                                           group_privacy_risk, null_distribution, null_floor, sample_advantage)
 from engine.audit.pa_alooa.stats.baselines import (auc, lira_by_group, lira_scores, logit_confidence, pa_ga, pa_gba, pa_looa,
                                           roc_curve_points, tpr_at_fpr)
 from engine.audit.pa_alooa.stats.epsilon import epsilon_lower_bound, per_group_epsilon_lower_bound
 
 __all__ = [
-    "complementary_membership",
     "sample_advantage",
     "group_privacy_risk",
     "gpr_delta",

@@ -1,5 +1,6 @@
-"""The PA-ALOOA membership design, the per-sample advantage, group privacy risk (GPR) with its bootstrap CIs, and
-the null: the floor a group's GPR has without any signal and the spread of Δ under permuted memberships."""
+"""The per-sample advantage on the PA-ALOOA membership design (``design.complementary_membership``), group privacy
+risk (GPR) with its bootstrap CIs, and the null: the floor a group's GPR has without any signal and the spread of Δ
+under permuted memberships."""
 
 from __future__ import annotations
 
@@ -11,38 +12,14 @@ from engine.audit.pa_alooa.parallel import each_block as _each_block
 from engine.audit.pa_alooa.parallel import one_ahead as _one_ahead
 from engine.audit.pa_alooa.parallel import then as _then
 from engine.audit.pa_alooa.stats.thresholds import (_BLOCK_ELEMS, _CHUNK_ELEMS, _as_pair, _group_index, _held_out,
-                                           _held_out_rules, _held_out_scored, _in_sample, _is_paired, _sorted_of,
+                                           _held_out_rules, _held_out_scored, _in_sample, _pairs_of, _sorted_of,
                                            _split_models, _split_pairs)
 
 
 # --------------------------------------------------------------------------- #
-# 1. design
+# 1. per-sample advantage
 # --------------------------------------------------------------------------- #
-def complementary_membership(n_samples: int, R: int, *, seed) -> np.ndarray:
-    """PA-ALOOA membership matrix, bool of shape ``(2R, n_samples)``.
-
-    For each ``r``, a fresh random permutation splits the samples into two
-    complementary halves: row ``2r`` and row ``2r+1``.  For odd ``n_samples``
-    the extra sample goes to row ``2r`` for even ``r`` and to row ``2r+1`` for
-    odd ``r``.  Every sample is a member of exactly ``R`` models.
-    """
-    n, R = int(n_samples), int(R)
-    if n < 1 or R < 1:
-        raise ValueError("n_samples and R must be >= 1")
-    rng = np.random.default_rng(seed)
-    out = np.zeros((2 * R, n), dtype=bool)
-    for r in range(R):
-        k = n // 2 + (n % 2 if r % 2 == 0 else 0)
-        idx = rng.permutation(n)[:k]
-        out[2 * r, idx] = True
-        out[2 * r + 1] = ~out[2 * r]
-    return out
-
-
-# --------------------------------------------------------------------------- #
-# 2. per-sample advantage
-# --------------------------------------------------------------------------- #
-def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0) -> np.ndarray:
+def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0, pairs: int | None = None) -> np.ndarray:
     """Per-sample membership advantage, shape ``(n_samples,)``.
 
     For sample ``i`` the attack is "member if ``scores[m, i] >= t``" over the
@@ -55,12 +32,15 @@ def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0
         it is the one-sided two-sample KS statistic (≈ 0.06 for 200 vs 200).
     threshold="held_out"
         Models are split into two halves (whole complementary pairs when the
-        membership has the PA-ALOOA pair structure, else a random split);
+        design has ``pairs`` of them, else a random split);
         ``t`` is chosen in-sample on one half and ``TPR - FPR`` is evaluated on
         the other, both ways, averaged.  This is an unbiased estimate of the
         advantage of the *selected* rule — so ≈ 0 under no signal and slightly
         conservative w.r.t. the best rule — and it is noisier, and **can be
         negative** for individual samples.
+
+    ``pairs``: the design's number of complementary pairs (rows ``2r``, ``2r+1``; the audit hands its R down,
+    0: none); ``None`` reads it off a bare matrix.
 
     Samples without any member or any non-member (in either half, for
     ``held_out``) get NaN.  Vectorised over samples (sort per sample, cumulative
@@ -72,15 +52,16 @@ def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0
         return _in_sample(srt, srt.rows_coder(m.T))
     if threshold != "held_out":
         raise ValueError(f"threshold must be 'in_sample' or 'held_out', got {threshold!r}")
-    ia, _ = _split_models(m, np.random.default_rng(seed))
+    pairs = _pairs_of(m, pairs)
+    ia, _ = _split_models(m, np.random.default_rng(seed), pairs)
     srt = _sorted_of(s, "samples")
     inA = np.zeros(m.shape[0], dtype=np.int8)
     inA[ia] = 2
-    return _held_out(srt, srt.rows_coder(m.T, inA), ia.size, balanced=_is_paired(m))
+    return _held_out(srt, srt.rows_coder(m.T, inA), ia.size, balanced=bool(pairs))
 
 
 # --------------------------------------------------------------------------- #
-# 3-4. group privacy risk
+# 2. group privacy risk
 # --------------------------------------------------------------------------- #
 def group_privacy_risk(advantage, groups) -> dict:
     """Mean per-sample advantage per group (NaN advantages ignored)."""
@@ -151,15 +132,15 @@ def bootstrap_gpr(advantage, groups, *, n_boot: int = 1000, ci: float = 0.95, se
 
 
 # --------------------------------------------------------------------------- #
-# 5. permutation null
+# 3. permutation null
 # --------------------------------------------------------------------------- #
-def _permute_membership(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _permute_membership(m: np.ndarray, rng: np.random.Generator, pairs: int) -> np.ndarray:
     M, n = m.shape
-    if _is_paired(m):
+    if pairs:
         # Re-draw which model of each complementary pair holds the sample: the
         # same randomisation as the design, keeps exactly R members and the
         # pair structure (so held_out stays stratified).
-        flip = rng.random((M // 2, n)) < 0.5
+        flip = rng.random((pairs, n)) < 0.5
         out = np.empty_like(m)
         out[0::2] = m[0::2] ^ flip
         out[1::2] = ~out[0::2]
@@ -168,7 +149,8 @@ def _permute_membership(m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.take_along_axis(m, order, axis=0)
 
 
-def null_floor(scores, membership, *, threshold: str = "in_sample", n_perm: int = 1, seed=0) -> float:
+def null_floor(scores, membership, *, threshold: str = "in_sample", n_perm: int = 1, seed=0,
+               pairs: int | None = None) -> float:
     """Mean advantage of the same estimator on permuted membership labels.
 
     Each sample's membership column is permuted independently (keeping its
@@ -180,11 +162,11 @@ def null_floor(scores, membership, *, threshold: str = "in_sample", n_perm: int 
     """
     s, m = _as_pair(scores, membership)
     return null_distribution(s, m, np.zeros(s.shape[1], np.int8), threshold=threshold, n_perm=n_perm,
-                             seed=seed)["floor"]
+                             seed=seed, pairs=pairs)["floor"]
 
 
 def null_distribution(scores, membership, groups, *, threshold: str = "in_sample", n_perm: int = 20,
-                      ci: float = 0.95, seed=0) -> dict:
+                      ci: float = 0.95, seed=0, pairs: int | None = None) -> dict:
     """The estimator under no signal, per group: ``n_perm`` permutations of the membership labels
     (as in :func:`null_floor`; a permutation of each sample's column is a permutation within its group).
 
@@ -200,7 +182,8 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
         raise ValueError(f"threshold must be 'in_sample' or 'held_out', got {threshold!r}")
     rng = np.random.default_rng(seed)
     M = m.shape[0]
-    paired = _is_paired(m)
+    pairs = _pairs_of(m, pairs)  # (as in sample_advantage)
+    paired = bool(pairs)
     if int(n_perm) > 0:  # one sort for every permutation
         srt = _sorted_of(s, "samples")
         if paired:  # a permutation swaps members within pairs: code it from m's own sorted order
@@ -208,33 +191,33 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
             fill = srt.rows_coder(m.T)
             _each_block(srt.blocks, lambda k, a, b, _: fill(k, a, b, m_sorted[a:b]))
             # two of each: the next permutation is drawn into one while the other is searched
-            flips = [np.empty((M // 2, m.shape[1]), dtype=bool) for _ in range(2)]
-            pairs_of = [np.empty((m.shape[1], M // 2), dtype=np.int8) for _ in range(2)]  # flip + 2 * (pair in A)
+            flips = [np.empty((pairs, m.shape[1]), dtype=bool) for _ in range(2)]
+            pairs_of = [np.empty((m.shape[1], pairs), dtype=np.int8) for _ in range(2)]  # flip + 2 * (pair in A)
             buf = np.empty((max(1, _BLOCK_ELEMS // max(m.shape[1], 1)), m.shape[1]))
 
     def prepare(p):
         """Permutation ``p``'s draws — those of _permute_membership(m, rng), then of sample_advantage(s, mp,
         seed=split_seed), in that order — and the coder of its membership (-> coder, models in half A)."""
-        if paired:  # rng.random((M // 2, n)) < 0.5, drawn a few rows at a time (the same numbers)
-            flip, pairs = flips[p % 2], pairs_of[p % 2]
-            for r0 in range(0, M // 2, buf.shape[0]):
-                r1 = min(M // 2, r0 + buf.shape[0])
+        if paired:  # rng.random((pairs, n)) < 0.5, drawn a few rows at a time (the same numbers)
+            flip, coded = flips[p % 2], pairs_of[p % 2]
+            for r0 in range(0, pairs, buf.shape[0]):
+                r1 = min(pairs, r0 + buf.shape[0])
                 np.less(rng.random(out=buf[: r1 - r0]), 0.5, out=flip[r0:r1])
         else:
-            mp = _permute_membership(m, rng)
+            mp = _permute_membership(m, rng, pairs)
         split_seed = int(rng.integers(2**63 - 1))
         if threshold == "in_sample":
             if paired:
-                np.copyto(pairs, flip.T.view(np.int8))
-                return srt.flip_coder(m_sorted, pairs), None
+                np.copyto(coded, flip.T.view(np.int8))
+                return srt.flip_coder(m_sorted, coded), None
             return srt.rows_coder(mp.T), None
         if paired:  # the permuted membership keeps the pairs: whole pairs go to one half
-            a_pairs, _ = _split_pairs(M // 2, np.random.default_rng(split_seed))
-            inA = np.zeros(M // 2, dtype=np.int8)
+            a_pairs, _ = _split_pairs(pairs, np.random.default_rng(split_seed))
+            inA = np.zeros(pairs, dtype=np.int8)
             inA[a_pairs] = 2
-            np.add(flip.T.view(np.int8), inA, out=pairs)
-            return srt.flip_coder(m_sorted, pairs), 2 * a_pairs.size
-        ia, _ = _split_models(mp, np.random.default_rng(split_seed))
+            np.add(flip.T.view(np.int8), inA, out=coded)
+            return srt.flip_coder(m_sorted, coded), 2 * a_pairs.size
+        ia, _ = _split_models(mp, np.random.default_rng(split_seed), pairs)
         inA = np.zeros(M, dtype=np.int8)
         inA[ia] = 2
         return srt.rows_coder(mp.T, inA), ia.size

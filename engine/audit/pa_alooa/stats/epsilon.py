@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as _sps
 
-from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _split_models
+from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _pairs_of, _split_models
 
 
 # --------------------------------------------------------------------------- #
@@ -55,12 +55,12 @@ def epsilon_lower_bound(tp, fn, fp, tn, *, delta: float, confidence: float = 0.9
 
 def per_group_epsilon_lower_bound(
     scores, membership, groups, *, delta: float, confidence: float = 0.95,
-    seed=0, max_thresholds: int = 512,
+    seed=0, max_thresholds: int = 512, pairs: int | None = None,
 ) -> dict:
     """Per-group empirical ε lower bound from the threshold attack.
 
     For each group all (model, sample) pairs of its samples are pooled.  The
-    models are split in two halves (pair-stratified, as for ``held_out``); the
+    models are split in two halves (the design's ``pairs`` whole, as for ``held_out``); the
     threshold is chosen on the first half (maximising the Clopper-Pearson ε
     bound over up to ``max_thresholds`` candidate thresholds) and the attack is
     *counted on the second half only*, so the selection does not invalidate the
@@ -71,7 +71,7 @@ def per_group_epsilon_lower_bound(
     s, m = _as_pair(scores, membership)
     values, idx = _group_index(groups, s.shape[1])
     rng = np.random.default_rng(seed)
-    ia, ib = _split_models(m, rng)
+    ia, ib = _split_models(m, rng, _pairs_of(m, pairs))
     alpha = (1.0 - confidence) / 2.0
     out = {}
     step = max(1, _BLOCK_ELEMS // max(s.shape[1], 1))

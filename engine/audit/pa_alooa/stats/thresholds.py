@@ -54,6 +54,19 @@ def _is_paired(membership: np.ndarray) -> bool:
     return M >= 2 and M % 2 == 0 and bool(np.all(membership[0::2] != membership[1::2]))
 
 
+def _pairs_of(membership: np.ndarray, pairs: int | None) -> int:
+    """How many complementary pairs (rows 2r, 2r+1) the membership holds: ``pairs`` as the design that made it
+    says (the audit hands its R down; a matrix that does not match is a bug upstream, refused), 0 for a design
+    without them, and for a bare matrix (``None``) what its rows show."""
+    M = membership.shape[0]
+    if pairs is None:
+        return M // 2 if _is_paired(membership) else 0
+    pairs = int(pairs)
+    if pairs and (M != 2 * pairs or not _is_paired(membership)):
+        raise ValueError(f"the membership's {M} rows are not the design's {pairs} complementary pairs")
+    return pairs
+
+
 def _split_pairs(R: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Random split of ``R`` complementary pairs into two halves (pair indices)."""
     if R < 2:
@@ -62,16 +75,15 @@ def _split_pairs(R: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
     return np.sort(perm[: R // 2]), np.sort(perm[R // 2:])
 
 
-def _split_models(membership: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _split_models(membership: np.ndarray, rng: np.random.Generator, pairs: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random split of model indices into two halves.
 
-    With complementary pairs, whole pairs go to one half (stratified: every
-    sample has equally many members and non-members in each half); otherwise a
-    plain random split of the models.
+    With ``pairs`` complementary pairs (:func:`_pairs_of`), whole pairs go to one half (stratified: every
+    sample has equally many members and non-members in each half); otherwise a plain random split of the models.
     """
     M = membership.shape[0]
-    if _is_paired(membership):
-        a, b = _split_pairs(M // 2, rng)
+    if pairs:
+        a, b = _split_pairs(pairs, rng)
         pa = np.stack([2 * a, 2 * a + 1], axis=1).ravel()
         pb = np.stack([2 * b, 2 * b + 1], axis=1).ravel()
         return pa, pb

@@ -1,19 +1,5 @@
-"""DP-SGD-S's controls: what DP-SGD would do with DP-SGD-S's noise, and at DP-SGD-S's accuracy.
-
-DP-SGD-S adds noise z_Δ · max_k C_k (a formal guarantee needs the largest clip), so it is partly DP-SGD with
-more noise. Whether its group-specific clipping lowers Δ beyond what that extra noise alone does is what
-these two DP-SGD runs, audited on the same splits as DP-SGD-S (so every comparison is paired), answer:
-
-* **noise-matched**: DP-SGD at z = z_Δ · mean over steps and models of max_k C_k / C — the multiplier DP-SGD-S
-  realised in this audit (``GroupAdaptive.realised_noise_multiplier``, kept in its chunk checkpoints) —, with
-  the ε the accountant gives that z (``accounting.plan_at_noise``): below the audit's target, since z > σ.
-* **accuracy-matched**: DP-SGD at the ε where its mean test accuracy equals DP-SGD-S's. The search
-  (:func:`search_accuracy_match`) is a bisection in log ε on ``PILOT_MODELS`` models (the audit's first
-  memberships and initialisations, one batch/noise stream for every ε tried, so accuracy(ε) is smooth),
-  against DP-SGD-S's accuracy on the same models; then the control's 2R models train at the found ε.
-
-The runner (``engine.audit.pa_alooa.runner``) trains and scores them like any algorithm; this module plans them.
-"""
+"""DP-SGD-S's two controls, planned (the package's head says what they are and why): the noise-matched plan
+(:func:`noise_matched`), the accuracy-matched search (:func:`search_accuracy_match`), their keys and labels."""
 from __future__ import annotations
 
 import dataclasses

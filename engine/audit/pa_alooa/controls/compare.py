@@ -14,6 +14,7 @@ for reference).
                                              over the complementary pairs (model 2r and 2r+1 are one unit)
     accuracy_interval(acc_models)            one algorithm's mean accuracy with the same t interval
     compare(...)                             a PairedComparison record from two algorithms' reports
+    comparisons(setup, results)              each DP-SGD-S against DP-SGD and against its own controls
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import math
 import numpy as np
 from scipy import stats as _sps
 
+from engine.audit.pa_alooa.design import derived_seed
 from engine.audit.pa_alooa.report import AlgorithmReport, Estimate, PairedComparison
 
 _CHUNK_ELEMS = 2_000_000  # index-matrix elements drawn at once (bounds memory like stats.bootstrap_gpr)
@@ -140,3 +142,18 @@ def compare(ra: AlgorithmReport, rb: AlgorithmReport, adv_a, adv_b, acc_a, acc_b
                             groups={k: _est(v) for k, v in paired["groups"].items()},
                             reference_gpr={k: e.value for k, e in rb.gpr.items()},
                             accuracy=accuracy_difference(acc_a, acc_b, ci=ci), n_boot=int(n_boot), ci=float(ci))
+
+
+def comparisons(setup, results: dict) -> tuple:
+    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (:func:`compare`)."""
+    cfg = setup.config
+    base = [a for a in setup.algos if a.algo.name == "dpsgd" and a.control is None][:1]
+    out = []
+    for i, s in enumerate(a for a in setup.algos if a.algo.name == "dpsgd_s"):
+        refs = base + [a for a in setup.algos if a.control_info is not None and a.control_info.of == s.key]
+        for j, b in enumerate(refs):
+            ra, rb = results[s.key], results[b.key]
+            out.append(compare(ra.report, rb.report, ra.advantage, rb.advantage, ra.accuracy, rb.accuracy,
+                                       setup.groups, n_boot=cfg.n_boot, ci=cfg.confidence,
+                                       seed=derived_seed(cfg.run.seed, 6, i, j)))
+    return tuple(out)

@@ -101,7 +101,7 @@ def test_a_finished_one_run_audit_shows_its_figure_table_and_verdicts():
     assert "Claimed vs empirical" in chart.proto.spec
     words = _text(at.markdown) + " " + _text(at.error)
     assert "DP-SGD: every tier's ε̂ stays below its claimed ε" in words
-    assert "IDP-SGD (SAMPLE) — BROKEN: tier ε=2's ε̂ 2.60 (white-box) exceeds its claimed 2.00" in words
+    assert "IDP-SGD (SAMPLE) — BROKEN: tier ε=2's ε̂ 2.65 (white-box, Steinke and f-DP) exceeds its claimed 2.00" in words
     assert "Non-private SGD: no formal DP (ε̂ shown without a claim)" in words
     assert len(at.error) == 1  # the broken algorithm, nothing else
     (table,) = [d.value for d in at.dataframe]

@@ -102,10 +102,11 @@ def test_bug_detector_a_tier_whose_noise_is_divided_by_4_is_caught():
     prep = prepare(cfg.run_for(algo))
     can = design_canaries(cfg, prep)
     broken, _, _ = run_one_algorithm(cfg, algo, "idp", can, fault=Fault(tier=0, sensitivity_factor=4.0))
-    assert broken.tiers[0].white.epsilon_hat > broken.tiers[0].epsilon
+    for method in ("steinke", "fdp"):  # both bounds catch it (issue 42), from the same guesses
+        assert broken.tiers[0].bound("white", method).epsilon_hat > broken.tiers[0].epsilon
     sound, _, _ = run_one_algorithm(cfg, algo, "idp", can)
     for t in sound.tiers:
-        assert t.white.epsilon_hat <= t.epsilon
+        assert t.white.epsilon_hat <= t.epsilon and t.white_fdp.epsilon_hat <= t.epsilon
     assert sound.tiers[0].white.epsilon_hat < broken.tiers[0].white.epsilon_hat
 
 
@@ -146,7 +147,8 @@ def test_soundness_every_formal_algorithm_stays_below_its_claim_and_non_formal_r
     formal = f[f.formal_dp]
     assert set(formal.algorithm) == {"dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s"}
     assert len(formal) == 5 * 3 * 2  # algorithms × tiers × kinds
-    assert (formal.epsilon_hat <= formal.epsilon).all()
+    assert (formal.epsilon_hat <= formal.epsilon).all() and (formal.epsilon_hat_fdp <= formal.epsilon).all()
+    assert formal.epsilon_hat_fdp.notna().all()  # the f-DP bound beside every Steinke bound
     assert not report.violations().shape[0]
     ref = f[f.algorithm == "nonprivate"]
     assert len(ref) == 6 and ref.epsilon.isna().all() and not ref.exceeds_claim.any()

@@ -27,12 +27,25 @@ def bound(eps_hat: float, m: int = 500) -> OneRunBound:
                        delta=1e-5, grid_size=12)
 
 
-def algorithm(key, name, label, claimed, white, black=None, formal=True, tiers=TIERS) -> AlgorithmOneRun:
+FDP_GAIN = 0.05  # the hand-built f-DP ε̂ sits this much above Steinke's (as it does at the lab's m and δ)
+
+
+def algorithm(key, name, label, claimed, white, black=None, formal=True, tiers=TIERS, fdp=True) -> AlgorithmOneRun:
     black = black or [None] * len(white)
+
+    def both(w, m):
+        if w is None:
+            return {}
+        return {"": bound(w, m), "_fdp": bound(round(w + FDP_GAIN, 3), m) if fdp else None}
+
+    def tier(t, e, w, b):
+        fields = {f"white{s}": v for s, v in both(w, 500).items()}
+        fields.update({f"black{s}": v for s, v in both(b, 60).items()})
+        return TierBound(t, e, **fields)
+
     return AlgorithmOneRun(key=key, algorithm=name, label=label, formal_dp=formal,
                            formal_dp_reason=None if formal else "no noise",
-                           tiers=tuple(TierBound(t, e, white=bound(w), black=None if b is None else bound(b, 60))
-                                       for t, e, w, b in zip(tiers, claimed, white, black)),
+                           tiers=tuple(tier(t, e, w, b) for t, e, w, b in zip(tiers, claimed, white, black)),
                            accuracy=0.9, steps=112, seconds=3.0)
 
 
@@ -102,8 +115,8 @@ def test_a_bar_above_its_claim_is_outlined_and_annotated():
     assert colors[1] == BROKEN_COLOR and widths[1] > max(widths[0], widths[2])
     assert BROKEN_COLOR not in list(b["dpsgd"].marker.line.color)
     (note,) = [a for a in fig.layout.annotations if "exceeds claim" in a.text]
-    assert note.x == pytest.approx(b["idp_sample"].x[1]) and note.y == pytest.approx(2.6)
-    assert "2.60 > 2.00" in note.text and note.showarrow
+    assert note.x == pytest.approx(b["idp_sample"].x[1]) and note.y == pytest.approx(2.6 + FDP_GAIN)
+    assert "2.65 > 2.00" in note.text and note.showarrow  # the larger of the two bounds
     sub = fig.layout.title.subtitle.text
     assert "BROKEN" in sub and "IDP-SGD (SAMPLE) ε=2" in sub
     assert fig.layout.yaxis.range[1] > 3.6  # room above the tallest bar for the annotation
@@ -154,7 +167,7 @@ def test_empty_and_partial_reports_and_escaped_tier_names():
     odd = claimed_vs_empirical(make_report(tiers=("<b>x</b>", "%{y}", "ε=3")))
     assert list(odd.layout.xaxis.ticktext)[:2] == ["&lt;b&gt;x&lt;/b&gt;", "%&#123;y}"]
     dark = claimed_vs_empirical(make_report(), theme="dark")
-    (claimed,) = [t for t in dark.data if t.type == "scatter"]
+    (claimed,) = [t for t in dark.data if t.type == "scatter" and t.meta.get("claimed")]
     assert claimed.line.color != "#1f2430"  # visible on the dark background
 
 
@@ -211,10 +224,43 @@ def test_the_verdict_words_are_the_reports_and_every_reader_says_them():
     assert list(f["verdict"]) == [row_verdict(x, d) for x, d in zip(f["exceeds_claim"], f["formal_dp"])]
     assert (f["verdict"] == "BROKEN: ε̂ exceeds the claim").sum() == 1
     line = report.broken_line()
-    assert line.startswith("BROKEN") and "IDP-SGD (SAMPLE) ε=2 (white: 2.60 > 2.00)" in line
+    assert line.startswith("BROKEN") and "IDP-SGD (SAMPLE) ε=2 (white, Steinke and f-DP: 2.65 > 2.00)" in line
     assert line in one_run_table(report.to_dict())
     sub = claimed_vs_empirical(report, kind="white").layout.title.subtitle.text
     assert report.broken_line(["white"]) in sub.replace("&gt;", ">")
     sentences = report.verdict_sentences()
     assert [s.split(":")[0].split(" — ")[0] for s in sentences] == ["DP-SGD", "IDP-SGD (SAMPLE)", "Non-private SGD"]
     assert make_report(broken=False).broken_line() is None
+
+
+def test_both_bounds_stand_side_by_side_and_either_one_breaks_a_claim():
+    """Issue 42: each tier carries ε̂ by Steinke's bound and by the f-DP bound from the same guesses; the frame, the
+    CLI table, the figure and the BROKEN line show both, and name which bound exceeded a claim."""
+    from engine.audit.one_run.report import one_run_table
+
+    only_fdp = AlgorithmOneRun(key="idp_sample", algorithm="idp_sample", label="IDP-SGD (SAMPLE)", formal_dp=True,
+                               formal_dp_reason=None, accuracy=0.9, steps=10, seconds=1.0,
+                               tiers=(TierBound("ε=1", 1.0, white=bound(0.97), white_fdp=bound(1.04)),
+                                      TierBound("ε=2", 2.0, white=bound(0.5), white_fdp=bound(0.6))))
+    report = OneRunReport(dataset="digits", delta=1e-5, beta=0.05, canaries=500, input_canaries=0,
+                          algorithms=(only_fdp,))
+    assert OneRunReport.from_dict(report.to_dict()) == report
+    f = report.frame()
+    assert list(f["epsilon_hat_fdp"]) == [1.04, 0.6] and list(f["exceeds_claim"]) == [True, False]
+    assert list(f["exceeded_by"]) == ["f-DP", ""]
+    assert f["ratio_fdp"].tolist() == pytest.approx([1.04, 0.3])
+    assert report.broken_line() == "BROKEN — ε̂ exceeds the claimed ε: IDP-SGD (SAMPLE) ε=1 (white, f-DP: 1.04 > 1.00)"
+    text = one_run_table(report.to_dict())
+    assert "Steinke" in text and "f-DP" in text
+    assert any("0.970" in line and "1.040" in line for line in text.splitlines())
+    fig = claimed_vs_empirical(report)
+    (diamonds,) = [t for t in fig.data if (t.meta or {}).get("fdp")]
+    assert list(diamonds.y) == [1.04, 0.6] and list(diamonds.x) == list(bars(fig)["idp_sample"].x)
+    assert any(a.text == "exceeds claim: 1.04 > 1.00" for a in fig.layout.annotations)
+    # a report stored before the f-DP bound: NaN there, nothing drawn for it, the verdict from Steinke's alone
+    old = {**report.to_dict()}
+    old["algorithms"] = [{**a, "tiers": [{k: v for k, v in t.items() if not k.endswith("_fdp")} for t in a["tiers"]]}
+                         for a in old["algorithms"]]
+    legacy = OneRunReport.from_dict(old)
+    assert legacy.frame()["epsilon_hat_fdp"].isna().all() and legacy.broken_line() is None
+    assert not [t for t in claimed_vs_empirical(legacy).data if (t.meta or {}).get("fdp")]

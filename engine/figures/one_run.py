@@ -69,8 +69,13 @@ def _subtitle(report: OneRunReport, kinds: list[str]) -> str:
         counts.append(f"{report.canaries} gradient canaries")
     if "black" in kinds:
         counts.append(f"{report.input_canaries} input canaries")
-    return (f"ε̂: lower bound at {conf} confidence (β = {report.beta:g}, δ = {report.delta:g}) · "
-            f"{' and '.join(counts) or 'no canaries'} per tier · line: the claimed ε (bar ≤ line: consistent)")
+    return (f"ε̂: lower bounds at {conf} confidence each (β = {report.beta:g}, δ = {report.delta:g}), bar: "
+            f"Steinke et al.'s, ◆: f-DP's from the same guesses · {' and '.join(counts) or 'no canaries'} per tier · "
+            f"line: the claimed ε (bar and ◆ ≤ line: consistent)")
+
+
+def _fmt(v: float) -> str:
+    return "–" if not np.isfinite(v) else f"{v:.3f}"
 
 
 def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", title: str | None = None) -> go.Figure:
@@ -99,6 +104,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
         fig = base_figure(title, theme)
     tier_index = {t: j for j, t in enumerate(tiers)}
     notes = []
+    fdp_shown = False
     for r, k in enumerate(kinds, start=1):
         loc = {"row": r, "col": 1} if rows > 1 else {}
         d = frame[frame["kind"] == k]
@@ -109,6 +115,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
                 continue
             x = [float(centres[i, tier_index[t]]) for t in g["tier"]]
             eps_hat = g["epsilon_hat"].astype(float).to_numpy()
+            eps_fdp = g["epsilon_hat_fdp"].astype(float).to_numpy()  # NaN: a report stored before the f-DP bound
             claimed = [None if e is None or e != e else float(e) for e in g["epsilon"]]
             broken = g["exceeds_claim"].astype(bool).to_numpy()
             label = esc(a.label) + ("" if a.formal_dp else f" — {NO_FORMAL_DP}")
@@ -124,12 +131,23 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
                 text=text, texttemplate="%{text}", textposition="outside", textangle=0, cliponaxis=False,
                 constraintext="none", textfont=dict(size=11),
                 customdata=np.stack([[esc(t) for t in g["tier"]], claim_words, g["guesses"], g["correct"],
-                                     g["canaries"]], axis=1),
+                                     g["canaries"], [_fmt(v) for v in eps_fdp]], axis=1),
                 meta={"algorithm": a.key, "kind": k, "formal_dp": a.formal_dp},
-                hovertemplate="%{customdata[0]}: ε̂ ≥ %{y:.3f} (%{customdata[1]})<br>%{customdata[3]} of "
-                              "%{customdata[2]} guesses correct, %{customdata[4]} canaries<extra>" + esc(a.label)
-                              + "</extra>"), **loc)
-            for xc, c, v, b, t in zip(x, claimed, eps_hat, broken, g["tier"]):
+                hovertemplate="%{customdata[0]}: ε̂ ≥ %{y:.3f} (Steinke), ≥ %{customdata[5]} (f-DP); "
+                              "%{customdata[1]}<br>%{customdata[3]} of %{customdata[2]} guesses correct, "
+                              "%{customdata[4]} canaries<extra>" + esc(a.label) + "</extra>"), **loc)
+            has_fdp = np.isfinite(eps_fdp)
+            if has_fdp.any():  # the f-DP bound from the same guesses: a diamond on the bar
+                fig.add_trace(go.Scatter(
+                    x=np.asarray(x)[has_fdp], y=eps_fdp[has_fdp], mode="markers", name="◆ f-DP ε̂ (same guesses)",
+                    legendgroup="fdp", showlegend=r == 1 and not fdp_shown,
+                    marker=dict(symbol="diamond", size=10, color=colors[a.key],
+                                line=dict(color="#e8eaf0" if theme == "dark" else "#1f2430", width=1.5)),
+                    meta={"fdp": True, "algorithm": a.key, "kind": k},
+                    hovertemplate="f-DP: ε̂ ≥ %{y:.3f}<extra>" + esc(a.label) + "</extra>"), **loc)
+                fdp_shown = True
+            top_hat = np.fmax(eps_hat, eps_fdp)  # the annotation names the larger ε̂ of a broken bar
+            for xc, c, v, b, t in zip(x, claimed, top_hat, broken, g["tier"]):
                 if c is not None:  # a segment across the bar at the claimed ε
                     claimed_x += [xc - SEGMENT * width / 2, xc, xc + SEGMENT * width / 2, None]
                     claimed_y += [c, c, c, None]
@@ -156,7 +174,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
     if report.partial:
         lines.append("partial: the other algorithms are still training")
     fig.update_layout(title_subtitle=dict(text="<br>".join(lines), font=dict(size=12 if theme != "presentation" else 16)))
-    top = max(float(np.nanmax(frame["epsilon_hat"].astype(float))),
+    top = max(float(np.nanmax(frame[["epsilon_hat", "epsilon_hat_fdp"]].astype(float).to_numpy())),
               float(np.nanmax(frame["epsilon"].astype(float))) if frame["epsilon"].notna().any() else 0.0)
     y_range = [0.0, (top if top > 0 else 1.0) * (1.35 if broken else 1.2)]
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(tiers))), ticktext=[esc(t) for t in tiers],

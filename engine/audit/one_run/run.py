@@ -10,7 +10,8 @@ are ordinary members of their tier.
             white-box score_j += noisy update_t at canary j's coordinate (the auditor sees every update; by
                 default a spare slot no input's gradient reaches: OneRunConfig.canary_slots)
         black-box score_j = logit-scaled confidence of input canary j's (wrong) label on the final model
-        per tier: ε̂ (engine.audit.one_run.bound.epsilon_lower_bound) next to the accountant's ε_k after T steps
+        per tier: ε̂ from the same guesses, by Steinke et al.'s bound (engine.audit.one_run.bound) and by the f-DP
+            bound (engine.audit.one_run.fdp), next to the accountant's ε_k after T steps
 
 The divisor of the noisy sum is public: the training set's Σ q_i plus ½ Σ q_j over the canaries (the
 expected batch whatever the canaries' coin flips were). Input canaries are test examples with a label of their
@@ -29,6 +30,7 @@ import torch
 
 from engine.config.job import algorithm_keys
 from engine.audit.one_run.bound import epsilon_lower_bound
+from engine.audit.one_run.fdp import fdp_epsilon_lower_bound
 from engine.audit.one_run.config import OneRunConfig
 from engine.audit.one_run.report import AlgorithmOneRun, OneRunReport, TierBound
 from engine.config.run import ALGORITHM_LABELS
@@ -232,18 +234,22 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
         claimed = [float(e) for e in accountant.epsilons()]
     tiers = []
     for k, name in enumerate(prep.tiers.names):
-        w = b = None
-        if can.n_grad:
-            sel = can.grad_tier == k
-            w = epsilon_lower_bound(white[sel], can.grad_in[sel], delta=run.delta, beta=config.beta)
-        if can.n_input and np.any(can.input_tier == k):
-            sel = can.input_tier == k
-            b = epsilon_lower_bound(black[sel], can.input_in[sel], delta=run.delta, beta=config.beta)
-        tiers.append(TierBound(tier=str(name), epsilon=None if claimed is None else claimed[k], white=w, black=b))
+        bounds = {}  # TierBound's fields: kind + "" (Steinke's bound) or "_fdp" → this tier's OneRunBound
+        for kind, scores, tier_of, included in (("white", white, can.grad_tier, can.grad_in),
+                                                 ("black", black, can.input_tier, can.input_in)):
+            sel = tier_of == k
+            if len(scores) and np.any(sel):
+                for suffix, bound in (("", epsilon_lower_bound), ("_fdp", fdp_epsilon_lower_bound)):
+                    bounds[kind + suffix] = bound(scores[sel], included[sel], delta=run.delta, beta=config.beta)
+        tiers.append(TierBound(tier=str(name), epsilon=None if claimed is None else claimed[k], **bounds))
     result = AlgorithmOneRun(key=key, algorithm=algorithm.name, label=ALGORITHM_LABELS.get(algorithm.name, key),
                              formal_dp=bool(prep.privacy.formal_dp), formal_dp_reason=prep.privacy.formal_dp_reason,
                              tiers=tuple(tiers), accuracy=acc, steps=steps, seconds=seconds)
     return result, white, black
+
+
+def _hat(bound) -> str:
+    return "–" if bound is None else f"{bound.epsilon_hat:.2f}"
 
 
 @torch.no_grad()
@@ -315,7 +321,7 @@ def run_one_run_audit(config: OneRunConfig, *, life: RunLifecycle = NO_STORE, pr
         done[0] += steps
         report = dataclasses.replace(report, algorithms=tuple(results))
         if progress:
-            print(f"{got.label}: " + ", ".join(f"{t.tier} ε̂ {t.white.epsilon_hat if t.white else float('nan'):.2f}"
+            print(f"{got.label}: " + ", ".join(f"{t.tier} ε̂ {_hat(t.white)} (f-DP {_hat(t.white_fdp)})"
                                                for t in got.tiers), flush=True)
         if life.active:
             life.progress(done[0])

@@ -4,9 +4,11 @@ the cost against a plain run, and the tightness of the white-box bound.
     python bench/one_run_audit.py --json        # one JSON line; about 10 minutes alone on 2 cores
 
 * ``tiers``: IDP-SGD (SAMPLE), Papernot CNN, tiers ε 1/2/3 by class, white-box: [{"tier", "epsilon",
-  "epsilon_hat"}] (``--canaries`` per tier, the likelihood-ratio score, confidence 1 − β);
+  "epsilon_hat", "epsilon_hat_fdp"}] (``--canaries`` per tier, the likelihood-ratio score, confidence 1 − β; ε̂ by
+  Steinke et al.'s bound and, from the same guesses, by the f-DP bound: ``engine.audit.one_run.fdp``);
 * ``broken_detected``: the same run with the ε = 1 tier's noise divided by 4 (its clip × 4 under the same
-  noise, unaccounted: ``engine.audit.one_run.run.Fault``) — true when that tier's ε̂ exceeds its claimed 1.0;
+  noise, unaccounted: ``engine.audit.one_run.run.Fault``) — true when that tier's ε̂ exceeds its claimed 1.0
+  (``broken_detected_by``: by each bound);
   ``broken_rate_x4`` / ``broken_rate_x4_detected``: the same for its sampling rate × 4;
 * ``seconds`` (the IDP-SGD one-run audit) and ``overhead_vs_plain_run`` (its seconds over a plain
   ``engine.train.loop.train`` of the same config, timed in this process just before and just after it: the
@@ -15,7 +17,8 @@ the cost against a plain run, and the tightness of the white-box bound.
   ``gaussian_ceiling``: the mean ε̂ this estimator reaches at the same m on the Gaussian mechanism that is exactly
   (ε, δ)-DP (``engine.audit.one_run.bound.expected_gaussian_bound``), and ``mechanism_ceiling``: the mean ε̂ on
   the subsampled Gaussian mechanism this run composes (its q, σ and T; ``expected_subsampled_bound``): what a
-  perfect white-box attack on this run could show.
+  perfect white-box attack on this run could show. Each again by the f-DP bound (``epsilon_hat_fdp``,
+  ``ratio_fdp``, ``gaussian_ceiling_fdp``, ``mechanism_ceiling_fdp``: the same scores, the same seeds).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from datadir import use_shared_data  # noqa: E402
 
 from engine.audit.one_run.run import Fault, design_canaries, run_one_algorithm  # noqa: E402
 from engine.audit.one_run.bound import expected_gaussian_bound, expected_subsampled_bound  # noqa: E402
+from engine.audit.one_run.fdp import expected_gaussian_bound_fdp, expected_subsampled_bound_fdp  # noqa: E402
 from engine.audit.one_run.config import OneRunConfig  # noqa: E402
 from engine.config.run import AlgorithmConfig, TierConfig, TiersConfig  # noqa: E402
 from engine.train.loop import prepare, train  # noqa: E402
@@ -83,19 +87,28 @@ def main():
                                        "algorithms": ["dpsgd"]}).validate()
         tprep = prepare(tcfg.run_for(AlgorithmConfig(name="dpsgd")))
         got, _, _ = run_one_algorithm(tcfg, AlgorithmConfig(name="dpsgd"), "dpsgd", prep=tprep)
-        b = got.tiers[0].white
+        t0 = got.tiers[0]
+        b, f, eps = t0.white, t0.white_fdp, t0.epsilon
         plan = tprep.privacy.plan
-        tight.append({"epsilon": got.tiers[0].epsilon, "epsilon_hat": b.epsilon_hat,
-                      "ratio": b.epsilon_hat / got.tiers[0].epsilon, "canaries": b.m,
-                      "gaussian_ceiling": expected_gaussian_bound(got.tiers[0].epsilon, run["delta"], b.m, trials=10),
-                      "mechanism_ceiling": expected_subsampled_bound(
-                          float(plan.sample_rates[0]), float(plan.noise_multiplier), got.steps, b.m,
-                          delta=run["delta"], beta=cfg.beta, trials=10)})
+        mech = (float(plan.sample_rates[0]), float(plan.noise_multiplier), got.steps, b.m)
+        tight.append({"epsilon": eps, "epsilon_hat": b.epsilon_hat, "ratio": b.epsilon_hat / eps,
+                      "epsilon_hat_fdp": f.epsilon_hat, "ratio_fdp": f.epsilon_hat / eps, "canaries": b.m,
+                      "gaussian_ceiling": expected_gaussian_bound(eps, run["delta"], b.m, trials=10),
+                      "gaussian_ceiling_fdp": expected_gaussian_bound_fdp(eps, run["delta"], b.m, trials=10),
+                      "mechanism_ceiling": expected_subsampled_bound(*mech, delta=run["delta"], beta=cfg.beta,
+                                                                     trials=10),
+                      "mechanism_ceiling_fdp": expected_subsampled_bound_fdp(*mech, delta=run["delta"],
+                                                                             beta=cfg.beta, trials=10)})
 
     def rows(r):
-        return [{"tier": x.tier, "epsilon": x.epsilon, "epsilon_hat": x.white.epsilon_hat} for x in r.tiers]
+        return [{"tier": x.tier, "epsilon": x.epsilon, "epsilon_hat": x.white.epsilon_hat,
+                 "epsilon_hat_fdp": x.white_fdp.epsilon_hat} for x in r.tiers]
+
+    def caught(r):
+        return {m: bool(r.tiers[0].bound("white", m).epsilon_hat > r.tiers[0].epsilon) for m in ("steinke", "fdp")}
 
     out = {"tiers": rows(sound), "broken_detected": bool(broken.tiers[0].white.epsilon_hat > broken.tiers[0].epsilon),
+           "broken_detected_by": caught(broken), "broken_rate_x4_detected_by": caught(rate),
            "broken_tiers": rows(broken), "broken_rate_x4": rows(rate),
            "broken_rate_x4_detected": bool(rate.tiers[0].white.epsilon_hat > rate.tiers[0].epsilon),
            "seconds": seconds, "plain_seconds": plain, "overhead_vs_plain_run": seconds / plain,

@@ -4,19 +4,21 @@ The quick and full runs are not run here (they take minutes to hours)."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from in_process import main_here
 
 from engine.config.run import ModelConfig, RunConfig, total_steps
 from engine.config.schema import ConfigError
+from engine.figures.experiments import COLLUSION_COLUMNS, collusion_sentence, fig_collusion
 from engine.models.nets import build_model
 from engine.store.db import RunStore
-from experiments import accountants, group_risk, ino_vs_idp, pareto, tif_search
+from experiments import accountants, collusion, group_risk, ino_vs_idp, pareto, tif_search
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_MAINS = {"ino_vs_idp.py": ino_vs_idp.main, "pareto.py": pareto.main, "group_risk.py": group_risk.main,
-                "tif_search.py": tif_search.main, "accountants.py": accountants.main}
+                "tif_search.py": tif_search.main, "accountants.py": accountants.main, "collusion.py": collusion.main}
 SCRIPTS = tuple(SCRIPT_MAINS)
 
 
@@ -252,3 +254,28 @@ def test_group_risk_smoke(tmp_path, capsys, one_thread):
     assert [t["epsilon"] for t in tiers] == [1.0, 2.0, 3.0]
     fair = d["fairness"]["eps10"]["dpsgd"]
     assert fair["demographic_parity_difference"]["n"] == 1 and 0 <= fair["equalized_odds_difference"]["mean"] <= 1
+
+
+def test_collusion_smoke(tmp_path, capsys, one_thread):
+    """The collusion test (issue 42): per setting of the other tiers' budgets, the fixed tier's one-run ε̂ by both
+    bounds and its GPR, from a one-run audit and a PA-ALOOA audit stored as runs; the figure and the sentence."""
+    d = _main(collusion, ["--smoke", "--json", "--no-figures", "--store", str(tmp_path / "c.sqlite")], capsys)
+    rows = d["rows"]
+    assert [r["others"] for r in rows] == ["1, 1", "2, 3", "4, 8", "10, 30"]
+    for r in rows:
+        assert r["tier"] == "ε=1" and r["epsilon"] == pytest.approx(1.0, rel=1e-5)  # the fixed tier keeps its claim
+        assert 0 <= r["epsilon_hat"] <= r["epsilon"] and 0 <= r["epsilon_hat_fdp"] <= r["epsilon"]
+        assert r["gpr_low"] <= r["gpr"] <= r["gpr_high"] and r["null_floor"] is not None
+    # the planner pays for the others' larger rates with a smaller σ, and the fixed tier's rate falls to keep ε = 1
+    sigmas, rates = [r["noise_multiplier"] for r in rows], [r["sample_rate"] for r in rows]
+    assert sigmas == sorted(sigmas, reverse=True) and rates == sorted(rates, reverse=True)
+    store = RunStore(tmp_path / "c.sqlite")
+    kinds = sorted(store.get_run(r[key])["kind"] for r in rows for key in ("one_run_id", "audit_id"))
+    assert kinds == ["audit"] * 4 + ["one_run"] * 4
+    assert d["sentence"].startswith("The ε=1 tier (claimed ε = 1 in every setting) has a one-run ε̂ from")
+    frame = pd.DataFrame(rows, columns=COLLUSION_COLUMNS)
+    assert collusion_sentence(frame) == d["sentence"]
+    fig = fig_collusion(frame)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["ε̂ f-DP"].y) == [r["epsilon_hat_fdp"] for r in rows]
+    assert list(by_name["GPR"].y) == [r["gpr"] for r in rows] and d["sentence"] in fig.layout.title.subtitle.text

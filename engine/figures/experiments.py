@@ -4,6 +4,8 @@ pure functions, a tidy frame in, a plotly figure out (themed by ``engine.figures
     gain_frame(gains, labels, tiers, epochs)   the per-tier gains of experiments.tiered.tier_gains as a frame
     fig_gain_by_tier(frame)                    recall gain per tier vs epoch, mean ± s.e. over seeds (+ seeds)
     fig_pareto(frame)                          imbalance vs overall accuracy, ± s.e. both ways, one point per setting
+    fig_collusion(frame), collusion_sentence   the collusion test: one tier's ε̂ (both bounds) and GPR as the others'
+                                               budgets change, and what it found in one sentence
 
 The tiered audit's GPR per tier vs its ε is the talk figure ``engine.figures.talk.fig_audit_tiers`` (one owner).
 """
@@ -84,4 +86,56 @@ def fig_pareto(frame: pd.DataFrame, *, theme: str = "light",
                                  marker=dict(size=12, color="black", symbol="x")), row=1, col=c)
         fig.update_xaxes(title_text="overall test accuracy (%)", row=1, col=c)
     fig.update_layout(title=title)
+    return apply_theme(fig, theme)
+
+
+# --- the collusion test (experiments/collusion.py) ------------------------------------------------------------------
+COLLUSION_COLUMNS = ["setting", "others", "tier", "epsilon", "sample_rate", "noise_multiplier", "epsilon_hat",
+                     "epsilon_hat_fdp", "gpr", "gpr_low", "gpr_high", "null_floor", "accuracy"]
+
+
+def collusion_sentence(frame: pd.DataFrame) -> str:
+    """What the collusion test found, in one sentence: how far the fixed tier's empirical risk (both one-run bounds,
+    and its GPR) moves across the settings of the other tiers' budgets, and whether the GPR's CIs separate."""
+    if frame.empty:
+        return "No collusion-test settings finished yet."
+    tier, eps = frame["tier"].iloc[0], frame["epsilon"].iloc[0]
+
+    def span(col: str, digits: int = 2) -> str:
+        lo, hi = frame.loc[frame[col].idxmin()], frame.loc[frame[col].idxmax()]
+        return (f"{lo[col]:.{digits}f} ({lo['setting']}) to {hi[col]:.{digits}f} ({hi['setting']})"
+                if lo["setting"] != hi["setting"] else f"{lo[col]:.{digits}f} in every setting")
+
+    lo, hi = frame.loc[frame["gpr"].idxmin()], frame.loc[frame["gpr"].idxmax()]
+    apart = "apart beyond their CIs" if hi["gpr_low"] > lo["gpr_high"] else "within each other's CIs"
+    return (f"The {tier} tier (claimed ε = {eps:.3g} in every setting) has a one-run ε̂ from {span('epsilon_hat')} "
+            f"(f-DP: {span('epsilon_hat_fdp')}) and a GPR from {span('gpr', 3)} ({apart}) as the other tiers' "
+            f"budgets change.")
+
+
+def fig_collusion(frame: pd.DataFrame, *, theme: str = "light",
+                  title: str = "Does one tier's risk depend on the others' budgets?") -> go.Figure:
+    """Per setting of the other tiers' budgets (x): the fixed tier's one-run ε̂ by both bounds with its claimed ε
+    (left), and its PA-ALOOA GPR with its CI and null floor (right)."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("one-run ε̂ (white-box, 95 %)", "PA-ALOOA GPR (CI; ×: null floor)"))
+    x = [f"{s}<br>({o})" for s, o in zip(frame["setting"], frame["others"])]
+    colors = EXTRA_COLORS
+    fig.add_trace(go.Bar(x=x, y=frame["epsilon_hat"], name="ε̂ Steinke et al.", marker_color=colors[0],
+                         offsetgroup="steinke"), row=1, col=1)
+    fig.add_trace(go.Bar(x=x, y=frame["epsilon_hat_fdp"], name="ε̂ f-DP", marker_color=colors[1], offsetgroup="fdp"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=frame["epsilon"], mode="lines+markers", name="claimed ε",
+                             line=dict(color=TIER_COLORS[0], dash="dash")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=frame["gpr"], mode="markers", name="GPR", marker=dict(size=10, color=colors[2]),
+                             error_y=dict(type="data", symmetric=False, array=frame["gpr_high"] - frame["gpr"],
+                                          arrayminus=frame["gpr"] - frame["gpr_low"])), row=1, col=2)
+    fig.add_trace(go.Scatter(x=x, y=frame["null_floor"], mode="markers", name="null floor",
+                             marker=dict(symbol="x", size=9, color="#888888")), row=1, col=2)
+    fig.update_yaxes(title_text="ε", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="GPR (mean advantage)", row=1, col=2)
+    fig.update_xaxes(title_text="the other tiers' budgets", row=1, col=1)
+    fig.update_xaxes(title_text="the other tiers' budgets", row=1, col=2)
+    fig.update_layout(title=dict(text=title, subtitle=dict(text=collusion_sentence(frame))), barmode="group",
+                      height=480, margin=dict(t=110))
     return apply_theme(fig, theme)

@@ -7,7 +7,8 @@ sampling-based individualized DP one person's risk depends on the other people's
 
 The MNIST paper tiers under IDP-SGD SAMPLE: the ε = 1 tier (digits 2, 5, 9) is fixed, the other two tiers' budgets
 change from setting to setting (``collusion.json``'s ``settings``). Per setting the fixed tier's rate q and the
-run's σ (what its ε = 1 is made of: the planner trades one against the other as the others' rates move), its
+run's σ in each of the two runs (what its ε = 1 is made of: the shared σ falls as the others' budgets grow, and the
+planner lowers the fixed tier's rate to keep its ε), its
 empirical risk from the one-run audit (white-box gradient canaries in spare slots; ε̂ by Steinke et al.'s bound and
 by the f-DP bound, ``engine.audit.one_run``) and its PA-ALOOA GPR with CI and null floor (``engine.audit.pa_alooa``,
 GPR by tier). The figure and the sentence are ``engine.figures.experiments.fig_collusion`` /
@@ -75,6 +76,7 @@ def run_experiment(args) -> tuple[dict, str]:
         tier = next(t for t in one.algorithms[0].tiers if t.tier == fixed)
         a = audit.algorithms[0]
         g = a.gpr[fixed]
+        audit_plan = next(p for p in a.plan if p["tier"] == fixed)  # the audit's own plan (its n, batch and steps)
         rows.append({"setting": label, "others": ", ".join(f"{e:g}" for e in setting["epsilons"]), "tier": fixed,
                      "epsilon": finite(tier.epsilon), "sample_rate": finite(plan.sample_rates[k]),
                      "noise_multiplier": finite(plan.noise_multiplier), "epsilon_hat": finite(tier.white.epsilon_hat),
@@ -82,7 +84,8 @@ def run_experiment(args) -> tuple[dict, str]:
                      "gpr_low": finite(g.low), "gpr_high": finite(g.high),
                      "null_floor": finite(a.null_groups.get(fixed, a.null_floor)),
                      "accuracy": finite(one.algorithms[0].accuracy), "audit_accuracy": finite(a.accuracy.mean),
-                     "canaries": tier.white.m, "n_models": audit_cfg.n_models, "one_run_id": rid, "audit_id": aid})
+                     "audit_sample_rate": finite(audit_plan["sample_rate"]),
+                     "audit_noise_multiplier": finite(audit_plan["noise_multiplier"]), "canaries": tier.white.m, "n_models": audit_cfg.n_models, "one_run_id": rid, "audit_id": aid})
         sys.stderr.write(f"[{time.time() - started:7.1f}s] {label}: ε̂ {tier.white.epsilon_hat:.3f} "
                          f"(f-DP {tier.white_fdp.epsilon_hat:.3f}), GPR {g.value:.4f}\n")
     import pandas as pd
@@ -99,11 +102,12 @@ def run_experiment(args) -> tuple[dict, str]:
 
 def markdown(r: dict) -> str:
     lines = [r["sentence"], "",
-             "| the others' ε | q (fixed tier) | σ | ε̂ Steinke | ε̂ f-DP | GPR [CI] | null floor | accuracy (one-run) | "
-             "accuracy (audit) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| the others' ε | one-run q, σ | ε̂ Steinke | ε̂ f-DP | audit q, σ | GPR [CI] | null floor | "
+             "accuracy (one-run) | accuracy (audit) |", "|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
-        lines.append(f"| {row['setting']} ({row['others']}) | {row['sample_rate']:.3g} | {row['noise_multiplier']:.3f} | "
-                     f"{row['epsilon_hat']:.3f} | {row['epsilon_hat_fdp']:.3f} | {row['gpr']:.4f} "
+        lines.append(f"| {row['setting']} ({row['others']}) | {row['sample_rate']:.3g}, {row['noise_multiplier']:.3f} | "
+                     f"{row['epsilon_hat']:.3f} | {row['epsilon_hat_fdp']:.3f} | "
+                     f"{row['audit_sample_rate']:.3g}, {row['audit_noise_multiplier']:.3f} | {row['gpr']:.4f} "
                      f"[{row['gpr_low']:.4f}, {row['gpr_high']:.4f}] | {row['null_floor']:.4f} | "
                      f"{row['accuracy']:.3f} | {row['audit_accuracy']:.3f} |")
     return "\n".join(lines) + "\n"

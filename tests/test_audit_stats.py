@@ -30,7 +30,8 @@ from engine.audit.pa_alooa.stats import (
     sample_advantage,
     tpr_at_fpr,
 )
-from engine.audit.pa_alooa.stats.thresholds import _best_threshold, _split_models
+from engine.audit.pa_alooa.stats.inputs import _split_models
+from engine.audit.pa_alooa.stats.thresholds import _best_threshold
 
 R = 200  # 2R = 400 models
 N_SAMPLES = 2000

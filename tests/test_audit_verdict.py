@@ -3,7 +3,8 @@ the null Δ, the ranking by Δ, disjoint vs overlapping CIs, a paired comparison
 and no "-0.00"."""
 from __future__ import annotations
 
-from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport, Estimate, PairedComparison
+from engine.audit.pa_alooa.records import Estimate, PairedComparison
+from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport
 from engine.audit.pa_alooa.summary import compact_summary, summary_table
 from engine.audit.pa_alooa.verdict import delta_verdict, verdict_lines
 

@@ -51,7 +51,8 @@ from engine.audit.pa_alooa.controls.compare import comparisons
 from engine.audit.pa_alooa.controls.runs import resolve_control
 from engine.audit.pa_alooa.design import chunk_layout, derived_seed, init_seeds, looa_membership, looa_targets
 from engine.audit.pa_alooa.executor import ChunkTask, LocalChunks
-from engine.audit.pa_alooa.report import AuditReport, Baselines, LooaRecord
+from engine.audit.pa_alooa.records import Baselines, LooaRecord
+from engine.audit.pa_alooa.report import AuditReport
 from engine.audit.pa_alooa.setup import AlgoSetup, AuditSetup, prepare_audit
 from engine.config.schema import ConfigError
 from engine.store.artifacts import npy_bytes

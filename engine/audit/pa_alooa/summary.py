@@ -2,7 +2,8 @@
 with the verdict sentences (``engine.audit.pa_alooa.verdict``) under the table."""
 from __future__ import annotations
 
-from engine.audit.pa_alooa.report import AlgorithmReport, Estimate, as_report
+from engine.audit.pa_alooa.records import Estimate
+from engine.audit.pa_alooa.report import AlgorithmReport, as_report
 from engine.audit.pa_alooa.verdict import verdict_lines
 
 

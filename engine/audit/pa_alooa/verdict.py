@@ -24,7 +24,8 @@ opposite; the sentence says which test it used.
 """
 from __future__ import annotations
 
-from engine.audit.pa_alooa.report import AuditReport, Estimate, PairedComparison
+from engine.audit.pa_alooa.records import Estimate, PairedComparison
+from engine.audit.pa_alooa.report import AuditReport
 
 
 def _n(x, spec=".2f") -> str:

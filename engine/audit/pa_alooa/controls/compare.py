@@ -24,7 +24,8 @@ import numpy as np
 from scipy import stats as _sps
 
 from engine.audit.pa_alooa.design import derived_seed
-from engine.audit.pa_alooa.report import AlgorithmReport, Estimate, PairedComparison
+from engine.audit.pa_alooa.records import Estimate, PairedComparison
+from engine.audit.pa_alooa.report import AlgorithmReport
 
 _CHUNK_ELEMS = 2_000_000  # index-matrix elements drawn at once (bounds memory like stats.bootstrap_gpr)
 

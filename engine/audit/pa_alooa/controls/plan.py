@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from engine.audit.pa_alooa.report import ControlInfo
+from engine.audit.pa_alooa.records import ControlInfo
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.dp import accounting

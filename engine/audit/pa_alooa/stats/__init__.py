@@ -1,7 +1,8 @@
 """Membership-audit statistics (numpy / scipy; torch only for the in-place cumulative sums, see _best_run_end),
-in four modules by concern:
+in five modules by concern:
 
-    thresholds.py  each sample's scores sorted once, the in-sample and held-out best rules, the halves of the models
+    inputs.py      the checked (scores, membership) pair, the groups, the models' halves (the design's pairs whole)
+    thresholds.py  each sample's scores sorted once, the in-sample and held-out best rules
     advantage.py   per-sample advantage, GPR and its bootstrap, the null floor and null Δ
     baselines.py   PA-GA, PA-GBA, PA-LOOA, LiRA, ROC / AUC / TPR at low FPR
     epsilon.py     empirical ε lower bounds (Clopper-Pearson), overall and per group

@@ -11,9 +11,9 @@ import numpy as np
 from engine.audit.pa_alooa.parallel import each_block as _each_block
 from engine.audit.pa_alooa.parallel import one_ahead as _one_ahead
 from engine.audit.pa_alooa.parallel import then as _then
-from engine.audit.pa_alooa.stats.thresholds import (_BLOCK_ELEMS, _CHUNK_ELEMS, _as_pair, _group_index, _held_out,
-                                           _held_out_rules, _held_out_scored, _in_sample, _pairs_of, _sorted_of,
-                                           _split_models, _split_pairs)
+from engine.audit.pa_alooa.stats.inputs import _as_pair, _group_index, _pairs_of, _split_models, _split_pairs
+from engine.audit.pa_alooa.stats.thresholds import (_BLOCK_ELEMS, _CHUNK_ELEMS, _held_out, _held_out_rules,
+                                                    _held_out_scored, _in_sample, _sorted_of)
 
 
 # --------------------------------------------------------------------------- #

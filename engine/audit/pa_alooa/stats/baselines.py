@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.audit.pa_alooa.parallel import each_block as _each_block
-from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _in_sample, _sorted_of
+from engine.audit.pa_alooa.stats.inputs import _as_pair, _group_index
+from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _in_sample, _sorted_of
 from engine.audit.pa_alooa.stats.advantage import sample_advantage
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as _sps
 
-from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS, _as_pair, _group_index, _pairs_of, _split_models
+from engine.audit.pa_alooa.stats.inputs import _as_pair, _group_index, _pairs_of, _split_models
+from engine.audit.pa_alooa.stats.thresholds import _BLOCK_ELEMS
 
 
 # --------------------------------------------------------------------------- #

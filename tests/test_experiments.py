@@ -272,10 +272,12 @@ def test_collusion_smoke(tmp_path, capsys, one_thread):
     store = RunStore(tmp_path / "c.sqlite")
     kinds = sorted(store.get_run(r[key])["kind"] for r in rows for key in ("one_run_id", "audit_id"))
     assert kinds == ["audit"] * 4 + ["one_run"] * 4
-    assert d["sentence"].startswith("The ε=1 tier (claimed ε = 1 in every setting) has a one-run ε̂ from")
+    assert d["sentence"].startswith("As the other tiers' budgets go from (1, 1) to (4, 8), the ε=1 tier's GPR moves from")
+    assert d["sentence"].endswith("its claimed ε = 1 holding in every setting.")
     frame = pd.DataFrame(rows, columns=COLLUSION_COLUMNS)
     assert collusion_sentence(frame) == d["sentence"]
     fig = fig_collusion(frame)
     by_name = {t.name: t for t in fig.data}
     assert list(by_name["ε̂ f-DP"].y) == [r["epsilon_hat_fdp"] for r in rows]
-    assert list(by_name["GPR"].y) == [r["gpr"] for r in rows] and d["sentence"] in fig.layout.title.subtitle.text
+    assert list(by_name["GPR"].y) == [r["gpr"] for r in rows]
+    assert fig.layout.title.subtitle.text.replace("<br>", " ") == d["sentence"]

@@ -11,6 +11,8 @@ The tiered audit's GPR per tier vs its ε is the talk figure ``engine.figures.ta
 """
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -95,22 +97,19 @@ COLLUSION_COLUMNS = ["setting", "others", "tier", "epsilon", "sample_rate", "noi
 
 
 def collusion_sentence(frame: pd.DataFrame) -> str:
-    """What the collusion test found, in one sentence: how far the fixed tier's empirical risk (both one-run bounds,
-    and its GPR) moves across the settings of the other tiers' budgets, and whether the GPR's CIs separate."""
+    """What the collusion test found, in one sentence: the fixed tier's empirical risk (its GPR and its one-run ε̂ by
+    both bounds) from the first setting of the other tiers' budgets to the last, the GPR's range over all of them and
+    whether its extremes are apart beyond their CIs."""
     if frame.empty:
         return "No collusion-test settings finished yet."
-    tier, eps = frame["tier"].iloc[0], frame["epsilon"].iloc[0]
-
-    def span(col: str, digits: int = 2) -> str:
-        lo, hi = frame.loc[frame[col].idxmin()], frame.loc[frame[col].idxmax()]
-        return (f"{lo[col]:.{digits}f} ({lo['setting']}) to {hi[col]:.{digits}f} ({hi['setting']})"
-                if lo["setting"] != hi["setting"] else f"{lo[col]:.{digits}f} in every setting")
-
+    first, last = frame.iloc[0], frame.iloc[-1]
     lo, hi = frame.loc[frame["gpr"].idxmin()], frame.loc[frame["gpr"].idxmax()]
     apart = "apart beyond their CIs" if hi["gpr_low"] > lo["gpr_high"] else "within each other's CIs"
-    return (f"The {tier} tier (claimed ε = {eps:.3g} in every setting) has a one-run ε̂ from {span('epsilon_hat')} "
-            f"(f-DP: {span('epsilon_hat_fdp')}) and a GPR from {span('gpr', 3)} ({apart}) as the other tiers' "
-            f"budgets change.")
+    return (f"As the other tiers' budgets go from ({first['others']}) to ({last['others']}), the {first['tier']} tier's "
+            f"GPR moves from {first['gpr']:.3f} to {last['gpr']:.3f} (range {lo['gpr']:.3f}–{hi['gpr']:.3f}, the "
+            f"extremes {apart}) and its one-run ε̂ from {first['epsilon_hat']:.2f} to {last['epsilon_hat']:.2f} "
+            f"(f-DP: {first['epsilon_hat_fdp']:.2f} to {last['epsilon_hat_fdp']:.2f}), its claimed ε = "
+            f"{first['epsilon']:.3g} holding in every setting.")
 
 
 def fig_collusion(frame: pd.DataFrame, *, theme: str = "light",
@@ -136,6 +135,7 @@ def fig_collusion(frame: pd.DataFrame, *, theme: str = "light",
     fig.update_yaxes(title_text="GPR (mean advantage)", row=1, col=2)
     fig.update_xaxes(title_text="the other tiers' budgets", row=1, col=1)
     fig.update_xaxes(title_text="the other tiers' budgets", row=1, col=2)
-    fig.update_layout(title=dict(text=title, subtitle=dict(text=collusion_sentence(frame))), barmode="group",
-                      height=480, margin=dict(t=110))
+    sentence = "<br>".join(textwrap.wrap(collusion_sentence(frame), 150))  # a subtitle does not wrap by itself
+    fig.update_layout(title=dict(text=title, subtitle=dict(text=sentence)), barmode="group", height=500,
+                      margin=dict(t=125 + 22 * sentence.count("<br>")))
     return apply_theme(fig, theme)

@@ -110,6 +110,8 @@ def test_a_finished_one_run_audit_shows_its_figure_table_and_verdicts():
     assert len(table) == len(report.frame())
     broken = table[table["verdict"].str.startswith("BROKEN")]
     assert list(zip(broken["label"], broken["tier"], broken["epsilon_hat"])) == [("IDP-SGD (SAMPLE)", "ε=2", 2.6)]
+    assert list(broken["epsilon_hat_fdp"]) == [2.65]  # the f-DP bound beside Steinke's, from the same guesses
+    assert table["epsilon_hat_fdp"].notna().all()
     assert table[table["label"] == "Non-private SGD"]["epsilon"].isna().all()
     assert any(b.label == "Results (JSON)" for b in at.get("download_button"))
 

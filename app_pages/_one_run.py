@@ -24,6 +24,7 @@ from engine.config.run import ACCOUNTANTS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS, DataError, dataset_names
 from engine.dp.accountants import DESCRIPTIONS
+from engine.dp.algorithms import ALGORITHM_REGISTRY
 from engine.dp.tiers import preset, preset_names
 from engine.figures import export
 from engine.figures.one_run import build_one_run_figures
@@ -32,7 +33,8 @@ from engine.jobs.runs import algorithm_label, run_config
 PA_ALOOA, ONE_RUN = "PA-ALOOA audit", "One-run audit (per-tier ε̂)"
 SECTIONS = {PA_ALOOA: "pa_alooa", ONE_RUN: "one_run"}  # label → the URL's ?section= value
 PARAM = "one_run"  # ?one_run=<id>: the one-run audit shown
-ALGORITHM_CHOICES = ["dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s", "nonprivate"]
+# the registry's order, the non-private reference last (it has no ε to audit)
+ALGORITHM_CHOICES = sorted(ALGORITHM_REGISTRY, key=lambda name: not ALGORITHM_REGISTRY[name].private)
 DEFAULT_ALGOS = [a.name for a in ONE_RUN_ALGORITHMS]
 EXPLAINER = ("**One-run audit** (Steinke, Nasr & Jagielski, NeurIPS 2023): each tier gets m canaries, each included in "
              "training with probability ½ and treated as a member of its tier (its sampling rate, its clip). After ONE "
@@ -79,10 +81,11 @@ def build_config(*, dataset: str, tiers, epochs: float, canaries: int, input_can
     """The validated one-run audit of the form's values (raises ConfigError naming the field)."""
     if not algorithms:
         raise ConfigError("algorithms", "choose at least one algorithm")
-    extra = {"dpsgd_s": {"group_by": "tier"}}  # DP-SGD-S clips per privacy tier
     run = DEFAULT_ONE_RUN.replace(**{"data.name": dataset, "tiers": tiers, "epochs": float(epochs),
                                      "accountant": accountant})
-    return OneRunConfig(run=run, algorithms=tuple(AlgorithmConfig(name=a, **extra.get(a, {})) for a in algorithms),
+    # DP-SGD-S (an algorithm that clips per group) clips per privacy tier
+    algos = tuple(AlgorithmConfig(name=a, **widgets.algorithm_fields(a, group_by="tier")) for a in algorithms)
+    return OneRunConfig(run=run, algorithms=algos,
                         canaries=int(canaries), input_canaries=int(input_canaries), beta=float(beta)).validate()
 
 

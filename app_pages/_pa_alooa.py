@@ -242,8 +242,9 @@ def page(mgr, store, url) -> None:
         st.info("Choose at least one algorithm.")
     elif not errors:
         try:
-            extra = {"ino": {"tail_fraction": tail_pct / 100.0}, "dpsgd_s": {"group_by": group_by}}  # (clips per group)
-            algo_cfgs = [AlgorithmConfig(name=a, **extra.get(a, {})) for a in algos]
+            algo_cfgs = [AlgorithmConfig(name=a, **widgets.algorithm_fields(a, group_by=group_by,  # (clips per group)
+                                                                            tail_fraction=tail_pct / 100.0))
+                         for a in algos]
             run = DEFAULT_RUN.replace(**{"data.name": dataset_name, "data.max_train": int(max_train) or None,
                                          "model.name": model, "tiers": tiers_cfg, "optimizer.lr": float(train["lr"]),
                                          "epochs": float(train["epochs"]), "batch_size": int(train["batch"]),

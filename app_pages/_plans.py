@@ -17,6 +17,7 @@ from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import DataError
 from engine.dp.accounting import noise_saved_sentence
+from engine.dp.algorithms import algorithm
 from engine.jobs.estimates import format_seconds
 from engine.jobs.runs import algorithm_label
 from engine.train.loop import preview
@@ -104,7 +105,7 @@ def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[s
                     st.caption(md(_plan_caption(p)))
                     for note in p.notes or ():  # (the engine counts tiers from 0: the table's numbers)
                         st.caption(md(f"note: {user_message(note, labels=getattr(slots, 'tier_labels', None))}"))
-                if not p.formal_dp and cfg.algorithm.name != "nonprivate":
+                if not p.formal_dp and algorithm(cfg.algorithm.name).private:  # the reference: said above
                     st.warning(md(f"No formal DP guarantee: {p.formal_dp_reason or 'see the plan'} "
                                   f"(ε spent is not reported)."))
                 rdp = _beside_rdp(p, cfg)

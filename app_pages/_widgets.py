@@ -15,10 +15,24 @@ from app_pages._look import field_label, md, user_error
 from engine.config.run import ACCOUNTANTS
 from engine.config.schema import ConfigError
 from engine.dp.accountants import DESCRIPTIONS
+from engine.dp.algorithms import ALGORITHM_REGISTRY, find_algorithm
 from engine.jobs.runs import run_config
 
-# the algorithms in the order the pickers (Train, Audit) list them
-ALGORITHM_CHOICES = ["idp_sample", "ino", "idp_scale", "dpsgd", "dpsgd_s", "nonprivate"]
+# the algorithms in the order the pickers (Train, Audit) list them: their registry entries' ``picker_rank``
+ALGORITHM_CHOICES = sorted(ALGORITHM_REGISTRY, key=lambda name: ALGORITHM_REGISTRY[name].picker_rank)
+
+
+def algorithm_fields(name: str, *, group_by: str | None = None, tail_fraction: float | None = None) -> dict:
+    """A form's values for the config fields the algorithm ``name`` uses (its registry entry): ``group_by`` for
+    one that clips per group (DP-SGD-S), ``tail_fraction`` for one with a tail length γ (INO-SGD); None: not set."""
+    entry = find_algorithm(name)
+    out = {}
+    if entry is not None and entry.grouped and group_by is not None:
+        out["group_by"] = group_by
+    if entry is not None and entry.tail_length is not None and tail_fraction is not None:
+        out["tail_fraction"] = tail_fraction
+    return out
+
 
 # ``persist_state`` of the settings widgets that are not bound to the URL. Streamlit drops the value of a widget
 # that a run does not draw (the Audit page's form while a preset is shown, the attribute while the groups are the

@@ -16,6 +16,7 @@ from app_pages import _handles as handles
 from app_pages import _widgets as widgets
 from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
 from engine.audit.pa_alooa.report import as_report
+from engine.dp.algorithms import draws
 from engine.figures import export, frames
 from engine.figures.common_span import common_span
 from engine.figures.headline import undersampled_note
@@ -201,9 +202,9 @@ with st.container(key="talk-table"):
     st.markdown(f"**{md(talk_table.title)}**")
     st.dataframe(talk_table.data, hide_index=True, width="stretch", column_config=TALK_TABLE_COLUMNS)
     charts.export_menu(talk_table, key="e-table")
-if any(r.get("algorithm") == "ino" for r in runs):
+if any(draws(r.get("algorithm"), "ino_internals") for r in runs):  # INO-SGD's (its registry entry's figures)
     charts.chart(talk["ino_internals"], key="res-ino", export_key="e-ino")
-if any(r.get("algorithm") == "dpsgd_s" for r in runs):
+if any(draws(r.get("algorithm"), "group_clip") for r in runs):  # DP-SGD-S's
     charts.chart(talk["group_clip"], key="res-clip", export_key="e-clip")
 if sweep:
     charts.chart(talk["tif_sweep"], key="res-sweep", export_key="e-sweep")

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments import common  # noqa: E402
 from experiments.common import ConfigError, finite, mean_se, pm  # noqa: E402
 from engine.audit.pa_alooa.config import AuditConfig
+from engine.config.run import AlgorithmConfig
+from engine.dp.algorithms import algorithm
 from engine.figures.audit import fig_gpr_bars
 from engine.figures.talk import fig_audit_tiers
 from engine.figures.talk_frames import audit_tier_frame
@@ -29,6 +31,12 @@ from engine.jobs.kinds import execute
 
 NAME = "group_risk"
 SECTIONS = ("adult", "mnist10k", "tiered", "fairness")
+
+
+def _private(algo: dict) -> bool:
+    """Whether the algorithm (a spec's dict) trains under an ε (its registry entry): the non-private reference
+    has none, so it is audited once, with the largest ε."""
+    return algorithm(algo.get("name", AlgorithmConfig.name)).private
 
 
 def _mode(spec: dict, mode: str) -> dict:
@@ -103,7 +111,7 @@ def run_experiment(args) -> tuple[dict, str]:
         per = {}
         for i, eps in enumerate(eps_list):
             # the non-private reference has no ε: audited once, with the largest ε's audit
-            chosen = {k: a for k, a in algos.items() if a.get("name") != "nonprivate" or eps == max(eps_list)}
+            chosen = {k: a for k, a in algos.items() if _private(a) or eps == max(eps_list)}
             cfg = audit_config(section, over, algorithms=chosen, epsilon=float(eps), device=args.device,
                                threads=args.threads)
             t0 = time.time()
@@ -146,7 +154,7 @@ def fairness(section: dict, over: dict, store, args, log) -> dict:
         tiers = {"assign": "class", "tiers": [{"epsilon": float(eps), "classes": [0, 1], "name": f"all (ε={eps:g})"}]}
         per = {}
         for key, algo in section["algorithms"].items():
-            if algo.get("name") == "nonprivate" and eps != max(section["epsilons"]):
+            if not _private(algo) and eps != max(section["epsilons"]):  # (no ε: once)
                 continue
             vals = {"demographic_parity_difference": [], "equalized_odds_difference": [], "accuracy": []}
             runs = [(common.run_config(common.with_overrides(section["base"], {"tiers": tiers}), over, algorithm=algo,

@@ -22,29 +22,17 @@ import math
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from engine.config.algorithms import (ALGORITHM_LABELS, ALGORITHM_SPECS, ALGORITHMS, CLIP_RULES, GROUP_BY,  # noqa: F401
+                                      MAX_GROUPS, NO_DP_REASONS, TIF_SHAPES, algorithm_spec, no_formal_dp_reason,
+                                      tif_knots_problem)
 from engine.config.schema import (ConfigError, _show, check_choice, check_int, check_list, check_number, check_positive,
                                   check_section, check_str, parse_config_json, parse_section, read_config_text,
                                   replace_dotted)
 from engine.data import dataset_names
 
 
-ALGORITHMS = ("nonprivate", "dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s")
-ALGORITHM_LABELS = {
-    "nonprivate": "Non-private SGD",
-    "dpsgd": "DP-SGD",
-    "idp_sample": "IDP-SGD (SAMPLE)",
-    "idp_scale": "IDP-SGD (SCALE)",
-    "ino": "INO-SGD",
-    "dpsgd_s": "DP-SGD-S",
-}
 MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
-TIF_SHAPES = ("beta", "linear", "power", "step", "piecewise")
 TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
-GROUP_BY = ("tier", "class", "attribute")
-CLIP_RULES = ("quantile", "reference")  # DP-SGD-S: the lab's bounded relative quantile rule; fair-privacy's rule
-MAX_GROUPS = 100_000
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -221,45 +209,6 @@ def check_hidden(hidden, field: str, *, required: bool = True) -> tuple[int, ...
     return hidden
 
 
-NO_DP_REASONS = {
-    "nonprivate": "non-private SGD (no clipping, no noise)",
-    "nonprivate_quantile": "DP-SGD-S with a non-private quantile (the exact batch quantile of gradient norms)",
-    "reference": "DP-SGD-S with the reference clip rule (clips from the batch's gradients, not privatised)",
-}
-
-
-def no_formal_dp_reason(algorithm: str, *, private_quantile: bool = True, clip_rule: str = "quantile") -> str | None:
-    """Why ``algorithm`` (with DP-SGD-S's quantile and clip rule) has no formal DP guarantee; None when it has one.
-    The one rule: a run's plan, its mechanism, the audit and the run records all ask here."""
-    if algorithm == "nonprivate":
-        return NO_DP_REASONS["nonprivate"]
-    if algorithm == "dpsgd_s":
-        if clip_rule == "reference":
-            return NO_DP_REASONS["reference"]
-        if not private_quantile:
-            return NO_DP_REASONS["nonprivate_quantile"]
-    return None
-
-
-def tif_knots_problem(knots) -> str | None:
-    """Why ``knots`` (u, TIF(u)) are no valid piecewise-linear TIF, or None: they must start at u = 0, end at
-    u = 1, have strictly increasing u and non-decreasing values inside [0, 1] — otherwise INO-SGD's
-    sensitivity bound fails. The one rule (``engine.dp.importance.PiecewiseLinearTIF`` refuses the same)."""
-    pts = np.asarray(knots, dtype=float)
-    if pts.ndim != 2 or pts.shape[1] != 2 or len(pts) < 2:
-        return "a piecewise TIF needs at least two (u, value) knots"
-    u, y = pts[:, 0], pts[:, 1]
-    if not np.all(np.isfinite(pts)):
-        return "TIF knots must be finite"
-    if u[0] != 0.0 or u[-1] != 1.0 or np.any(np.diff(u) <= 0):
-        return "TIF knots must have strictly increasing u from 0 to 1"
-    if np.any(y < 0) or np.any(y > 1):
-        return "TIF values must stay inside [0, 1]"
-    if np.any(np.diff(y) < 0):
-        return "TIF must be non-decreasing (a decreasing TIF breaks the sensitivity bound)"
-    return None
-
-
 @dataclass(frozen=True)
 class AlgorithmConfig:
     name: str = "ino"
@@ -295,60 +244,21 @@ class AlgorithmConfig:
 
     @property
     def no_formal_dp_reason(self) -> str | None:
-        """Why this algorithm has no formal DP guarantee (None: it has one): :func:`no_formal_dp_reason`."""
-        return no_formal_dp_reason(self.name, private_quantile=self.private_quantile, clip_rule=self.clip_rule)
+        """Why this algorithm has no formal DP guarantee (None: it has one): its spec's formal-DP rule
+        (engine.config.algorithms; :func:`no_formal_dp_reason` by name)."""
+        spec = ALGORITHM_SPECS.get(self.name)
+        return None if spec is None else spec.no_formal_dp_reason(self)
 
     def validate(self, prefix: str = "algorithm.") -> None:
-        """Types of every field always; ranges of the fields this algorithm uses. ``prefix`` names
-        the fields (an audit passes ``algorithms[k].``)."""
+        """Types of every field always; ranges of the fields this algorithm uses (its spec's ``check``).
+        ``prefix`` names the fields (an audit passes ``algorithms[k].``)."""
         p = prefix
         check_section(self, p)
         check_choice(self.name, p + "name", ALGORITHMS)
         check_list(self.knots, p + "knots", max_len=MAX_KNOTS)
-        if self.name == "ino":
-            check_choice(self.idp_mode, p + "idp_mode", ("sample", "scale"))
-            check_choice(self.tif, p + "tif", TIF_SHAPES)
-            if self.tail_length is None and self.tail_fraction is None:
-                raise ConfigError(p + "tail_length", "INO-SGD needs tail_length or tail_fraction")
-            if self.tail_length is not None:
-                check_positive(self.tail_length, p + "tail_length")
-            elif self.tail_fraction is not None:
-                check_positive(self.tail_fraction, p + "tail_fraction")
-            if self.tif == "beta":
-                check_positive(self.alpha, p + "alpha")
-                check_positive(self.beta, p + "beta")
-            if self.tif == "power":
-                check_positive(self.power, p + "power")
-            if self.tif == "step":
-                check_number(self.step_cut, p + "step_cut", 0, 1)
-            if self.tif == "piecewise":
-                try:
-                    problem = tif_knots_problem(self.knots)
-                except (ValueError, TypeError) as e:  # not numbers at all
-                    problem = str(e)
-                if problem is not None:
-                    raise ConfigError(p + "knots", problem)
-        if self.name == "dpsgd_s":
-            check_choice(self.clip_rule, p + "clip_rule", CLIP_RULES)
-            check_positive(self.tau, p + "tau")
-            check_number(self.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
-            check_number(self.ema, p + "ema", 0, 1, high_open=True)
-            check_positive(self.c_min, p + "c_min")
-            check_positive(self.c_max, p + "c_max")
-            if self.c_min > self.c_max:
-                raise ConfigError(p + "c_min", f"must be at most c_max = {_show(self.c_max)}, got {_show(self.c_min)}")
-            check_positive(self.quantile_lr, p + "quantile_lr")
-            if self.group_sizes is not None:
-                check_list(self.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
-                for k, n in enumerate(self.group_sizes):
-                    check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
-            if self.group_size_noise_std is not None:
-                check_positive(self.group_size_noise_std, p + "group_size_noise_std")
-            if self.initial_clip is not None:
-                check_positive(self.initial_clip, p + "initial_clip")
-            if self.count_noise_std is not None:
-                check_positive(self.count_noise_std, p + "count_noise_std")
-            check_choice(self.group_by, p + "group_by", GROUP_BY)
+        spec = algorithm_spec(self.name)
+        if spec.check is not None:  # the fields this algorithm uses (engine.config.algorithms)
+            spec.check(self, p)
 
 
 # The learning rates each optimizer trains the lab's models with (the presets and the papers: SGD 0.05–4 on

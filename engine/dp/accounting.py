@@ -36,15 +36,18 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dataclasses_replace
 
 import numpy as np
+from engine.config.schema import ConfigError
 from engine.dp import accountants, fast_rdp
 
 __all__ = [
     "Plan",
     "PlanError",
+    "plan_errors",
     "MODES",
     "ORDERS",
     "plan",
@@ -74,6 +77,16 @@ _Q_MIN = 1e-12
 
 class PlanError(ValueError):
     """Infeasible or invalid planning/accounting arguments."""
+
+
+@contextmanager
+def plan_errors(field: str, prefix: str = ""):
+    """Inside the block, ``PlanError`` becomes ``ConfigError(field, prefix + message)``: the one place planning
+    failures become configuration errors."""
+    try:
+        yield
+    except PlanError as e:
+        raise ConfigError(field, f"{prefix}{e}") from None
 
 
 # --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import betainc
 
-from engine.config.run import tif_knots_problem
+from engine.config.algorithms import tif_knots_problem
 
 
 class TIF:

@@ -13,8 +13,9 @@ take and return torch tensors on the run's device, one row per model:
 Hooks: ``see_batch(idx, work, mask)`` (before clipping; only the non-private reference rule reads it),
 ``clip_norms(idx (M, L)) → (M, L)``, ``weights(losses, clip, mask) → (M, L) or None``
 (None: ρ ≡ 1), ``noise_std() → (M,)``, ``observe(idx, norms, mask, gen)`` — called after EVERY
-step, an empty Poisson batch included — and ``state()``. :func:`build_mechanism` is the one
-factory; the privacy preparation (``engine.dp.prepare.prepare_privacy``) gives it its inputs.
+step, an empty Poisson batch included — and ``state()``. Each class builds itself from the privacy
+preparation (``from_privacy``: ``engine.dp.prepare.prepare_privacy`` gives its inputs); the algorithm registry
+(``engine.dp.algorithms``) names which one an algorithm uses, and :func:`build_mechanism` is the one factory.
 
 Invariant every private mechanism keeps: adding one sample z changes Σ ρ_i clip(g_i, C_i)
 by at most C_z, and the noise std is noise_multiplier × (the largest C any sample can get).
@@ -26,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from engine.config.run import no_formal_dp_reason
+from engine.config.algorithms import group_clip_no_dp_reason
 from engine.dp.importance import ino_weights, make_tif
 
 
@@ -65,6 +66,10 @@ class NonPrivate(Mechanism):
     private = False
     formal_dp = False
 
+    @classmethod
+    def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "NonPrivate":
+        return cls(n_models, device)
+
     def clip_norms(self, idx):
         return torch.full(idx.shape, math.inf, dtype=torch.float64, device=idx.device)
 
@@ -79,6 +84,11 @@ class Clipped(Mechanism):
         super().__init__(n_models, device)
         self._clip = torch.as_tensor(np.asarray(sample_clip_norms, dtype=np.float64), device=self.device)
         self._std = torch.full((self.n_models,), float(noise_std), dtype=torch.float64, device=self.device)
+
+    @classmethod
+    def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "Clipped":
+        return cls(sample_clip_norms=privacy.sample_clips, noise_std=privacy.plan.noise_std, n_models=n_models,
+                   device=device)
 
     def clip_norms(self, idx):
         return self._clip[idx]
@@ -103,6 +113,12 @@ class Importance(Clipped):
         k = 0 if self._tiers is None else int(n_tiers if n_tiers is not None else self._tiers.max() + 1)
         self._rho_sum, self._rho_n = np.zeros((self.n_models, k)), np.zeros((self.n_models, k))
         self._mass = np.zeros((self.n_models, 2))  # Σ (1 − ρ) C, Σ C
+
+    @classmethod
+    def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "Importance":
+        return cls(sample_clip_norms=privacy.sample_clips, noise_std=privacy.plan.noise_std,
+                   tail_length=privacy.tail_length, tif=build_tif(privacy.algorithm), n_models=n_models, device=device,
+                   sample_tiers=sample_tiers, n_tiers=None if sample_tiers is None else len(privacy.plan.sample_rates))
 
     def weights(self, losses, clip, mask):
         clip_np, mask_np = clip.detach().cpu().numpy(), mask.cpu().numpy()
@@ -182,7 +198,7 @@ class GroupAdaptive(Mechanism):
         self.clip_rule = clip_rule
         self.private_quantile = bool(private)
         # the gradient release is always noised; the clips are private only from a privately tracked quantile
-        self.formal_dp = no_formal_dp_reason("dpsgd_s", private_quantile=bool(private), clip_rule=clip_rule) is None
+        self.formal_dp = group_clip_no_dp_reason(private_quantile=bool(private), clip_rule=clip_rule) is None
         self.quantile_lr, self.count_noise_std = float(quantile_lr), float(count_noise_std)
         self._batch_clips = None  # the reference rule's clips of the current batch
         self._counts_gen = None  # the count release's noise stream (``_count_generator``)
@@ -190,6 +206,15 @@ class GroupAdaptive(Mechanism):
         # steps counted: what the noise-matched control of DP-SGD-S is matched to (``realised_noise_multiplier``)
         self._max_clip_sum = torch.zeros(self.n_models, dtype=torch.float64, device=self.device)
         self._steps_seen = 0
+
+    @classmethod
+    def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "GroupAdaptive":
+        a, s = privacy.algorithm, privacy.dpsgd_s
+        return cls(groups=s.groups, n_groups=len(s.group_names), noise_multiplier=s.noise_multiplier,
+                   expected_group_batch=s.expected_group_batch, initial=s.initial_clip, tau=a.tau, quantile=a.quantile,
+                   ema=a.ema, c_min=a.c_min, c_max=a.c_max, base_clip=s.base_clip, private=a.private_quantile,
+                   quantile_lr=a.quantile_lr, count_noise_std=s.count_noise_std, clip_rule=a.clip_rule,
+                   n_models=n_models, device=device)
 
     def group_clips(self) -> torch.Tensor:
         """(M, K) current clip norm of each group."""
@@ -307,25 +332,8 @@ def default_count_noise_std(expected_batch: float, noise_multiplier: float) -> f
 
 def build_mechanism(*, privacy, members, device, sample_tiers=None) -> Mechanism:
     """The mechanism of ``privacy`` (an ``engine.dp.prepare.PrivacyPlan``) for M models whose training
-    sets are the rows of ``members`` ((M, n) bool; a dashboard run: one row, all True). ``sample_tiers``
-    (tier index per training sample) lets INO-SGD record its mean ρ per tier for the figures."""
-    members = np.atleast_2d(np.asarray(members, dtype=bool))
-    m = members.shape[0]
-    algo = privacy.algorithm
-    if privacy.plan is None:
-        return NonPrivate(m, device)
-    clips = privacy.sample_clips
-    if algo.name in ("dpsgd", "idp_sample", "idp_scale"):
-        return Clipped(sample_clip_norms=clips, noise_std=privacy.plan.noise_std, n_models=m, device=device)
-    if algo.name == "ino":
-        return Importance(sample_clip_norms=clips, noise_std=privacy.plan.noise_std, tail_length=privacy.tail_length,
-                          tif=build_tif(algo), n_models=m, device=device, sample_tiers=sample_tiers,
-                          n_tiers=None if sample_tiers is None else len(privacy.plan.sample_rates))
-    if algo.name == "dpsgd_s":
-        s = privacy.dpsgd_s
-        return GroupAdaptive(groups=s.groups, n_groups=len(s.group_names), noise_multiplier=s.noise_multiplier,
-                             expected_group_batch=s.expected_group_batch, initial=s.initial_clip, tau=algo.tau,
-                             quantile=algo.quantile, ema=algo.ema, c_min=algo.c_min, c_max=algo.c_max,
-                             base_clip=s.base_clip, private=algo.private_quantile, quantile_lr=algo.quantile_lr,
-                             count_noise_std=s.count_noise_std, clip_rule=algo.clip_rule, n_models=m, device=device)
-    raise ValueError(f"no mechanism for algorithm {algo.name!r}")
+    sets are the rows of ``members`` ((M, n) bool; a dashboard run: one row, all True): its algorithm's
+    registered factory (``privacy.entry.mechanism``, engine.dp.algorithms). ``sample_tiers`` (tier index per
+    training sample) lets INO-SGD record its mean ρ per tier for the figures."""
+    m = np.atleast_2d(np.asarray(members, dtype=bool)).shape[0]
+    return privacy.entry.mechanism(privacy, n_models=m, device=device, sample_tiers=sample_tiers)

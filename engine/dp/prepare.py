@@ -2,16 +2,17 @@
 
     prepare_data(config)                  device, dataset, tiers                        → PreparedData
     total_steps(config, n_train)          T = round(epochs · n_train / batch) (the audit: n_train = n/2)
-    prepare_privacy(config, data, steps)  plan (per-tier q, C, σ), per-sample q_i and C_i, the INO tail
-                                          length γ (fixed once), the DP-SGD-S set-up     → PrivacyPlan
+    prepare_privacy(config, data, steps)  plan (per-tier q, C, σ) in the algorithm's planner mode, per-sample
+                                          q_i and C_i, and what its registry entry fixes beyond the plan
+                                          (engine.dp.algorithms: INO's tail length γ, DP-SGD-S's set-up,
+                                          engine.dp.groups)                             → PrivacyPlan
     engine.dp.mechanisms.build_mechanism(privacy=…, members=…, device=…)   the step's mechanism
 
-Planning failures (``accounting.PlanError``) become ``ConfigError`` in one place, :func:`plan_errors`.
+Planning failures (``accounting.PlanError``) become ``ConfigError`` in one place, ``accounting.plan_errors``
+(used here as :func:`plan_errors`).
 """
 from __future__ import annotations
 
-import secrets
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,12 +22,11 @@ from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
 from engine.dp import accounting
-from engine.dp.importance import resolve_tail_length
-from engine.dp.mechanisms import default_count_noise_std
+from engine.dp.accounting import plan_errors
+from engine.dp.algorithms import Algorithm, algorithm
+from engine.dp.groups import GroupClipSetup
 from engine.dp.tiers import assign_tiers
 from engine.models.nets import build_model
-
-PLAN_MODES = {"dpsgd": "dpsgd", "idp_sample": "sample", "idp_scale": "scale", "dpsgd_s": "dpsgd"}
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -80,44 +80,16 @@ def total_steps(config, n_train: float) -> int:
 
 # --- privacy ----------------------------------------------------------------------------------
 
-@contextmanager
-def plan_errors(field: str, prefix: str = ""):
-    """Inside the block, ``accounting.PlanError`` becomes ``ConfigError(field, prefix + message)``."""
-    try:
-        yield
-    except accounting.PlanError as e:
-        raise ConfigError(field, f"{prefix}{e}") from None
-
-
 def make_plan(config: RunConfig, tier_sizes, steps: int):
-    """The privacy plan (per-tier q, C, σ) this configuration trains with; None if non-private."""
-    algo = config.algorithm.name
-    if algo == "nonprivate":
+    """The privacy plan (per-tier q, C, σ) this configuration trains with, in its algorithm's planner mode
+    (``Algorithm.mode``, engine.dp.algorithms); None if it plans nothing (non-private)."""
+    mode = algorithm(config.algorithm.name).mode(config.algorithm)
+    if mode is None:
         return None
-    mode = config.algorithm.idp_mode if algo == "ino" else PLAN_MODES[algo]
     with plan_errors("tiers", "no privacy plan: "):
         return accounting.plan(mode=mode, epsilons=[t.epsilon for t in config.tiers.tiers], delta=config.delta,
                                tier_sizes=list(tier_sizes), batch_size=config.batch_size,
                                clip_norm=config.clip_norm, steps=steps, accountant=config.accountant)
-
-
-@dataclass
-class GroupClipSetup:
-    """DP-SGD-S: clip groups, the public group sizes that normalise the counts, and the noise of its
-    releases (the gradient sum, the clipped counts, once: the group sizes unless declared)."""
-
-    groups: np.ndarray  # group index per training sample
-    group_names: list
-    noise_multiplier: float  # gradient noise multiplier: z_Δ (private quantile) or the plan's z
-    count_noise_std: float  # σ_b of the clipped-count release
-    initial_clip: float
-    base_clip: float  # the run's clip_norm C: C_k = C · clamp(τ S_k / S̄, c_min, c_max)
-    group_sizes: np.ndarray  # (K,) public sizes: declared, or released with noise (float)
-    group_size_source: str  # "declared" | "released"
-    group_size_noise_std: float | None  # σ of the one-off release (None: declared)
-    expected_group_batch: np.ndarray  # (K,) public expected count of group k in one model's batch
-    dpsgd_noise_multiplier: float  # σ of plain DP-SGD at the same ε (its plan before the releases raise it):
-    #                                DP-SGD adds σ·C, DP-SGD-S z_Δ · max_k C_k (engine.train.records.GroupClipPlan)
 
 
 @dataclass
@@ -144,6 +116,11 @@ class PrivacyPlan:
     def accountant_releases(self) -> tuple:
         """Noise multipliers of the one-off releases composed with the steps (``Plan.release_noise_multipliers``)."""
         return () if self.plan is None else tuple(self.plan.release_noise_multipliers)
+
+    @property
+    def entry(self) -> Algorithm:
+        """Its algorithm's registry entry (engine.dp.algorithms): the mechanism ``build_mechanism`` builds."""
+        return algorithm(self.algorithm.name)
 
     def accountant(self, delta: float):
         """The live per-tier accountant of this plan; None without a formal guarantee (nothing to account)."""
@@ -176,6 +153,7 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
     for its expected half-size tiers) and derive the per-sample rates and clips, γ and DP-SGD-S's set-up.
     ``field``: the config path errors about the algorithm name (the audit: ``algorithms[k]``)."""
     algo = config.algorithm
+    entry = algorithm(algo.name)
     sizes = list(data.tiers.sizes if tier_sizes is None else tier_sizes)
     plan = make_plan(config, sizes, steps)
     tier_of = np.asarray(data.tiers.train)
@@ -185,90 +163,14 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
                            expected_batch=float(config.batch_size), expected_clip_mass=None, tail_length=None,
                            dpsgd_s=None, formal_dp=False, formal_dp_reason=algo.no_formal_dp_reason)
     dpsgd_s = None
-    if algo.name == "dpsgd_s":
-        plan, dpsgd_s = group_clip_setup(config, data, plan, tier_sizes=sizes, group_attribute=group_attribute,
-                                         field=field)
+    if entry.setup is not None:  # what the algorithm fixes beyond the plan (DP-SGD-S: its groups, z_Δ, σ_b)
+        plan, dpsgd_s = entry.setup(config, data, plan, tier_sizes=sizes, group_attribute=group_attribute, field=field)
     rates, clips = np.asarray(plan.sample_rates, dtype=float), np.asarray(plan.clip_norms, dtype=float)
     mass = float(np.sum(rates * clips * np.asarray(plan.tier_sizes, dtype=float)))
     reason = algo.no_formal_dp_reason
     return PrivacyPlan(algorithm=algo, plan=plan, sample_rates=rates[tier_of], sample_clips=clips[tier_of],
                        expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
-                       tail_length=resolve_tail_length(algo, mass) if algo.name == "ino" else None,
+                       tail_length=entry.tail_length(algo, mass) if entry.tail_length is not None else None,
                        dpsgd_s=dpsgd_s, formal_dp=reason is None, formal_dp_reason=reason)
 
 
-def group_clip_setup(config: RunConfig, data: PreparedData, plan, *, tier_sizes, group_attribute=None,
-                     field: str = "algorithm"):
-    """DP-SGD-S's set-up (runs and audits): its groups; the public group sizes (declared in
-    ``group_sizes``, else released once with Gaussian noise of std σ_N and composed into the plan, whose
-    noise multiplier is raised so the total still meets ε); each group's public expected per-step count
-    q · N_k · (planned size / training-set size) — refused below 1 —; z_Δ (Andrew et al. 2021) and the
-    count noise σ_b (default: max(expected batch / 20, 1.64 z, 1), so z_Δ ≤ 1.05 z). ``plan`` is plain DP-SGD's
-    plan at the same ε: its noise multiplier σ is kept (``dpsgd_noise_multiplier``), the yardstick of DP-SGD-S's
-    noise. Returns (the plan it trains with, the set-up)."""
-    algo = config.algorithm
-    dpsgd_sigma = float(plan.noise_multiplier)  # before plan_with_release raises it
-    groups, names, _ = sample_groups(algo.group_by, data.dataset, data.tiers, attribute=group_attribute,
-                                     field=f"{field}.group_by")
-    if algo.group_sizes is not None:
-        if len(algo.group_sizes) != len(names):
-            raise ConfigError(f"{field}.group_sizes", f"needs one size per group ({len(names)}: "
-                                                       f"{', '.join(names[:20])}), got {len(algo.group_sizes)}")
-        public, source, sigma_n = np.asarray(algo.group_sizes, dtype=float), "declared", None
-    else:
-        q0, steps = float(plan.sample_rates[0]), int(plan.steps)
-        sigma_n = float(algo.group_size_noise_std or accounting.release_noise_multiplier_default(
-            noise_multiplier=plan.noise_multiplier, sample_rate=q0, steps=steps))
-        with plan_errors(f"{field}.group_size_noise_std"):
-            plan = accounting.plan_with_release(plan, sigma_n)
-        exact = np.bincount(groups, minlength=len(names)).astype(float)
-        rng = np.random.default_rng(secrets.randbits(63) if config.secure_rng else [int(config.seed), 0x5e7])
-        public, source = exact + sigma_n * rng.standard_normal(len(names)), "released"
-    share = float(sum(tier_sizes)) / float(len(groups))  # the audit trains each model on about half the data
-    expected = float(plan.sample_rates[0]) * share * public
-    for name, e, size in zip(names, expected, public):
-        if not e >= 1.0:
-            raise ConfigError(f"{field}.group_by", f"group {name!r} expects {e:.3g} samples per step (< 1; "
-                                                   f"{source} size {size:.4g}): too small "
-                                                   f"to track its clip; group differently or raise batch_size")
-    sigma_b = algo.count_noise_std or default_count_noise_std(float(plan.expected_batch_size), plan.noise_multiplier)
-    z = plan.noise_multiplier
-    if algo.private_quantile and algo.clip_rule == "quantile":
-        with plan_errors(f"{field}.count_noise_std"):
-            z = accounting.adaptive_clipping_noise_multiplier(noise_multiplier=z, count_noise_std=sigma_b)
-    return plan, GroupClipSetup(groups=groups, group_names=names, noise_multiplier=float(z),
-                                count_noise_std=float(sigma_b), initial_clip=float(algo.initial_clip or config.clip_norm),
-                                base_clip=float(config.clip_norm), group_sizes=public, group_size_source=source,
-                                group_size_noise_std=sigma_n, expected_group_batch=expected,
-                                dpsgd_noise_multiplier=dpsgd_sigma)
-
-
-def sample_groups(group_by: str, dataset, tiers, *, attribute: str | None = None, field: str = "algorithm.group_by"):
-    """The one grouping of samples by "tier", "class" or "attribute" (the dataset's default sensitive attribute
-    unless ``attribute`` names one; values sorted): (group index per training sample, group names, group index
-    per test sample or None when the test set has no such label; −1 for a test sample in no group). DP-SGD-S's
-    clip groups and the audit's GPR groups are both this."""
-    if group_by == "tier":
-        test = None if tiers.test is None else np.asarray(tiers.test, dtype=np.int64)
-        return np.asarray(tiers.train, dtype=np.int64), list(tiers.names), test
-    if group_by == "class":
-        return (dataset.y_train.numpy().astype(np.int64), [str(c) for c in dataset.class_names],
-                dataset.y_test.numpy().astype(np.int64))
-    names, inv = np.unique(sensitive_values(dataset, attribute, field), return_inverse=True)
-    names = [str(v) for v in names]
-    attr = attribute or dataset.default_sensitive
-    test = None
-    if attr in dataset.sensitive_test:
-        place = {v: k for k, v in enumerate(names)}
-        test = np.array([place.get(v, -1) for v in np.asarray(dataset.sensitive_test[attr]).astype(str)], dtype=np.int64)
-    return inv.astype(np.int64), names, test
-
-
-def sensitive_values(ds, attribute: str | None, field: str) -> np.ndarray:
-    """The training samples' values (str) of ``attribute`` (None: the dataset's default sensitive attribute);
-    ConfigError naming ``field`` when the dataset has no such attribute."""
-    attr = attribute or ds.default_sensitive
-    if attr is None or attr not in ds.sensitive_train:
-        known = ", ".join(ds.sensitive_train) or "none"
-        raise ConfigError(field, f"{ds.name} has no sensitive attribute {attr!r} to group by; known: {known}")
-    return np.asarray(ds.sensitive_train[attr]).astype(str)

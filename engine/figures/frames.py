@@ -19,6 +19,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from engine.config.run import AlgorithmConfig
+from engine.dp.algorithms import find_algorithm
 from engine.figures.common_span import Span, common_span
 from engine.jobs.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
                               series_label)
@@ -336,14 +338,18 @@ def pearson_by_run(owners: pd.DataFrame) -> pd.DataFrame:
 
 
 def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
-    """(INO-SGD run, IDP-SGD run it builds on) pairs: same IDP mode; same group preferred, and within it the
+    """(INO-SGD run, IDP-SGD run it builds on) pairs — a run of an algorithm whose gains are measured against
+    others (its registry entry's ``gain_against``, engine.dp.algorithms) with one of those: the one of the same
+    planner mode preferred (``gain_reference``: IDP-SGD of INO's mode); same group preferred, and within it the
     same ``seed_index`` and seed (replicate j of INO pairs with replicate j of IDP: same batches and noise)."""
     pairs = []
-    idps = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale")]
-    for ino in (r for r in runs if r.get("algorithm") == "ino"):
+    for ino in runs:
+        entry = find_algorithm(ino.get("algorithm"))
+        if entry is None or not entry.gain_against:
+            continue
         cfg = run_config(ino)
-        mode = cfg.algorithm.idp_mode if cfg is not None else "sample"
-        want = "idp_scale" if mode == "scale" else "idp_sample"
+        want = entry.gain_reference(cfg.algorithm if cfg is not None else AlgorithmConfig(name=entry.name))
+        idps = [r for r in runs if r.get("algorithm") in entry.gain_against]
         cands = [r for r in idps if r["algorithm"] == want] or idps
         if not cands:
             continue

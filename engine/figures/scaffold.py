@@ -22,27 +22,19 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from engine.dp.algorithms import ALGORITHM_REGISTRY
+
 THEMES = ("light", "dark", "presentation")
 
-# Algorithms / runs, each also with its own marker (ALGORITHM_SYMBOLS). Picked from Okabe–Ito and Paul Tol's
-# bright, vibrant, muted and high-contrast sets so that every two of the six algorithms stay apart (CIEDE2000
-# ΔE ≥ 17) in normal vision and under simulated protanopia, deuteranopia and tritanopia (Machado et al. 2009,
-# severity 1), and so that INO-SGD, light amber, is a light line against IDP-SGD's dark blue (SAMPLE) or wine
-# (SCALE) in greyscale too (CIELAB L* 72 vs 48 / 32): the pair the lab compares reads apart for everyone.
-# tests/test_live_gain.py checks both.
+# Algorithms / runs, each also with its own marker (ALGORITHM_SYMBOLS): each algorithm's colour and marker are
+# its registry entry's (engine.dp.algorithms; how they were picked: engine.config.algorithms).
 ALGORITHM_COLORS = {
-    "nonprivate": "#999999",
-    "dpsgd": "#CC3311",
-    "idp_sample": "#0077BB",
-    "idp_scale": "#882255",
-    "ino": "#DDAA33",
-    "dpsgd_s": "#33BBEE",
+    **{name: a.colour for name, a in ALGORITHM_REGISTRY.items()},
     # DP-SGD-S's controls (audits): DP-SGD re-planned at DP-SGD-S's noise / accuracy (ΔE ≥ 11 from the above)
     "dpsgd_noise_matched": "#004488",
     "dpsgd_accuracy_matched": "#CC6677",
 }
-ALGORITHM_SYMBOLS = {"nonprivate": "x", "dpsgd": "diamond", "idp_sample": "circle", "idp_scale": "triangle-up",
-                     "ino": "square", "dpsgd_s": "star"}
+ALGORITHM_SYMBOLS = {name: a.symbol for name, a in ALGORITHM_REGISTRY.items()}
 EXTRA_COLORS = ("#AA4499", "#88CCEE", "#DDCC77", "#CC6677", "#4B0082", "#2F4F4F", "#8B4513", "#5F9EA0")
 # Tiers sorted by ε, the most private first and most salient: Okabe–Ito (colour-blind safe), a set apart
 # from the algorithm colours.

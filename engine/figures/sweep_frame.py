@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from engine.dp.algorithms import GAIN_REFERENCES, find_algorithm
 from engine.figures import frames as fr
 from engine.figures.common_span import Span, common_span
 from engine.models.metrics import recall_auc
@@ -36,6 +37,13 @@ def axes_from_group(group_id) -> tuple[str, str] | None:
     return None
 
 
+def gains_measured(run: dict) -> bool:
+    """A sweep's cell: a run of an algorithm whose gain is measured against a reference (INO-SGD against IDP-SGD,
+    its registry entry's ``gain_against``); the references are :data:`GAIN_REFERENCES`' runs."""
+    entry = find_algorithm(run.get("algorithm"))
+    return entry is not None and bool(entry.gain_against)
+
+
 def param_value(run: dict, param: str):
     """The swept parameter's value in a run's stored config (None when absent)."""
     algo = (run.get("config") or {}).get("algorithm") or {}
@@ -50,7 +58,7 @@ def sweep_axes(runs: list[dict]) -> tuple[str, str] | None:
         axes = axes_from_group(r.get("group_id"))
         if axes is not None:
             return axes
-    ino = [r for r in runs if r.get("algorithm") == "ino"]
+    ino = [r for r in runs if gains_measured(r)]
     varying = [p for p in SWEEP_PARAMS if len({param_value(r, p) for r in ino}) > 1]
     if len(varying) == 2:
         return varying[0], varying[1]
@@ -88,8 +96,8 @@ def sweep_frame(runs: list[dict], *, x_param: str | None = None, y_param: str | 
         if axes is None:
             return pd.DataFrame(columns=SWEEP_COLUMNS)
         x_param, y_param = axes
-    refs = [r for r in runs if r.get("algorithm") in ("idp_sample", "idp_scale") and r.get("evals")]
-    cells = [r for r in runs if r.get("algorithm") == "ino" and r.get("evals")]
+    refs = [r for r in runs if r.get("algorithm") in GAIN_REFERENCES and r.get("evals")]
+    cells = [r for r in runs if gains_measured(r) and r.get("evals")]
     if not refs or not cells:
         return pd.DataFrame(columns=SWEEP_COLUMNS)
     ref = sorted(refs, key=lambda r: r["id"])[0]

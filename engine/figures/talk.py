@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.dp.algorithms import draws
 from engine.figures import talk_frames as tf
 from engine.figures.bands import seed_mean
 from engine.figures.common_span import common_span, span_title
@@ -277,7 +278,7 @@ def build_talk_figures(runs: list[dict], *, theme: str = "light", names=None, au
             spec = FigureSpec(name, TITLES[name], fig_results_table(t, theme=theme, title=span_title("Results", span)), t)
         elif name == "ino_internals":
             f = tf.ino_internals_frame(runs)
-            has_ino = any(r.get("algorithm") == "ino" for r in runs)
+            has_ino = any(draws(r.get("algorithm"), name) for r in runs)
             spec = FigureSpec(name, TITLES[name], fig_ino_internals(f, theme=theme, has_ino=has_ino), f)
         elif name == "group_clip":
             f = tf.group_clip_frame(runs)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engine.audit.pa_alooa.report import as_report
+from engine.dp.algorithms import draws
 from engine.figures import frames as fr
 from engine.figures.bands import mean_se
 from engine.figures.common_span import common_span
@@ -147,7 +148,7 @@ def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
-        if run.get("algorithm") != "ino":
+        if not draws(run.get("algorithm"), "ino_internals"):  # INO-SGD's (its registry entry's figures)
             continue
         base = {"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]], "seed_index": seed_index(run)}
         for e in fr.run_evals(run):
@@ -180,7 +181,7 @@ def group_clip_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
-        if run.get("algorithm") != "dpsgd_s":
+        if not draws(run.get("algorithm"), "group_clip"):  # DP-SGD-S's (its registry entry's figures)
             continue
         setup = PlanRecord.of(run.get("plan")).group_clip
         names = list(setup.clip_groups or ()) if setup is not None else []

@@ -12,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.dp.algorithms import draws
 from engine.figures import bands as bd
 from engine.figures import curves as cv
 from engine.figures import frames as fr
@@ -39,10 +40,10 @@ def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
     first (``private_gain``) when the comparison pairs an INO-SGD run with an IDP-SGD one
     (:func:`engine.figures.frames.pair_runs`), :data:`LIVE_FIGURES`, and DP-SGD-S's group clips and noise vs
     DP-SGD at the same ε (``group_clip``, :func:`engine.figures.talk.fig_group_clip`) when one of its runs is
-    DP-SGD-S."""
-    has_dpsgd_s = any(r.get("algorithm") == "dpsgd_s" for r in runs)
+    DP-SGD-S (an algorithm that draws it: ``engine.dp.algorithms.draws``)."""
+    drawn = tuple(f for f in DPSGD_S_LIVE_FIGURES if any(draws(r.get("algorithm"), f) for r in runs))
     gain = GAIN_LIVE_FIGURES if fr.pair_runs(runs) else ()
-    return gain + LIVE_FIGURES + (DPSGD_S_LIVE_FIGURES if has_dpsgd_s else ())
+    return gain + LIVE_FIGURES + drawn
 
 
 # --- live training: the curves (plans in engine.figures.curves) -----------------------------------------

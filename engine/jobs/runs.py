@@ -11,6 +11,7 @@ import json
 
 from engine.config.run import ALGORITHM_LABELS
 from engine.config.schema import ConfigError
+from engine.dp.algorithms import find_algorithm
 from engine.jobs.kinds import job_kind
 from engine.models.metrics import DIVERGENCE_FACTOR
 
@@ -120,7 +121,8 @@ def without_formal_dp(run: dict) -> list[str] | None:
 def dp_note(run: dict) -> str:
     """'' for a run with a formal DP guarantee; otherwise a short warning for labels and tables ("no formal DP
     guarantee: <why>"; an audit: which of its algorithms have none). Its ε spent is null."""
-    if run.get("algorithm") == "nonprivate":
+    entry = find_algorithm(run.get("algorithm"))
+    if entry is not None and not entry.private:
         return "non-private reference (no DP)"
     if formal_dp(run) is not False:
         return ""

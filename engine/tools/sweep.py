@@ -12,6 +12,7 @@ import math
 
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
+from engine.dp.algorithms import algorithm
 from engine.figures.sweep_frame import GROUP_PREFIX  # noqa: F401
 from engine.figures.sweep_frame import PARAM_LABELS, SWEEP_PARAMS, group_prefix, is_sweep_group, sweep_axes, sweep_frame
 
@@ -65,7 +66,8 @@ def sweep_configs(base: RunConfig, x_param: str, x_values, y_param: str, y_value
         ino = ino.replace(**{"algorithm.tail_length": None,
                              "algorithm.tail_fraction": ino.algorithm.tail_fraction or 0.5})
     mode = ino.algorithm.idp_mode
-    ref = base.replace(**{"algorithm.name": "idp_scale" if mode == "scale" else "idp_sample", "name": ""})
+    reference = algorithm(ino.algorithm.name).gain_reference(ino.algorithm)  # IDP-SGD of INO's planner mode
+    ref = base.replace(**{"algorithm.name": reference, "name": ""})
     configs, names = [ref.validate()], [f"sweep reference ({'SCALE' if mode == 'scale' else 'SAMPLE'})"]
     for y in ys:
         for x in xs:

@@ -295,9 +295,9 @@ def run_one_run_audit(config: OneRunConfig, *, life: RunLifecycle = NO_STORE, pr
     total = steps * len(config.algorithms)
     keys = algorithm_keys(config)
     plan = {"kind": "one_run", "steps_per_run": steps, "tier_names": list(first.tiers.names),
-            "formal_dp": all(a.no_formal_dp_reason is None and a.name != "nonprivate" for a in config.algorithms),
+            "formal_dp": all(a.no_formal_dp_reason is None for a in config.algorithms),  # the registry's rule
             "no_formal_dp": [ALGORITHM_LABELS.get(a.name, a.name) for a in config.algorithms
-                             if a.no_formal_dp_reason is not None or a.name == "nonprivate"]}
+                             if a.no_formal_dp_reason is not None]}
     life.start(total_steps=total, plan=plan)
     per_tier_inputs = can.n_input // max(len(first.tiers.names), 1)
     report = OneRunReport(dataset=config.run.data.name, delta=config.run.delta, beta=config.beta,

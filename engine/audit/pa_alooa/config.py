@@ -34,6 +34,7 @@ from engine.config.run import (GROUP_BY, MAX_CHUNK_MODELS, AlgorithmConfig, Data
                                RunConfig, TierConfig, TiersConfig)
 from engine.config.schema import (ConfigError, check_choice, check_int, check_number, check_positive, check_section,
                                   check_str, parse_config_json, parse_section, read_config_text, replace_dotted)
+from engine.dp.algorithms import WITH_CONTROLS
 
 AUDIT_MODELS = ("lr", "mlp", "cnn")
 THRESHOLDS = ("in_sample", "held_out")
@@ -125,7 +126,8 @@ class AuditConfig:
         check_positive(self.memory_budget_gib, "memory_budget_gib")
         if self.controls:
             names = [a.name for a in self.algorithms]
-            missing = [n for n in ("dpsgd_s", "dpsgd") if n not in names]
+            s = WITH_CONTROLS[0]  # DP-SGD-S, and DP-SGD that its controls are (engine.dp.algorithms)
+            missing = [n for n in (s.name, s.controls) if n not in names]
             if missing:
                 raise ConfigError("controls", "the controls compare DP-SGD-S with DP-SGD at its noise and at its "
                                               f"accuracy: add {' and '.join(repr(n) for n in missing)} to algorithms")

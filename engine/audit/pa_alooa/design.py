@@ -13,7 +13,7 @@ import numpy as np
 
 from engine.audit.pa_alooa.config import AuditConfig, single_tier
 from engine.config.run import TiersConfig
-from engine.dp.prepare import sample_groups
+from engine.dp.groups import sample_groups
 
 
 def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
@@ -24,7 +24,7 @@ def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
 
 def group_labels(config, dataset, tiers, by: str, field_name: str):
     """(GPR group label per training sample, ordered label names, label per test sample or None; "" for a test
-    sample in no group): the labels of :func:`engine.dp.prepare.sample_groups`."""
+    sample in no group): the labels of :func:`engine.dp.groups.sample_groups`."""
     train, names, test = sample_groups(by, dataset, tiers, attribute=config.group_attribute, field=field_name)
     labels = np.asarray(names + [""], dtype=object)  # index −1 → ""
     return labels[train].astype(str), names, None if test is None else labels[test].astype(str)

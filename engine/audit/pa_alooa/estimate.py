@@ -62,7 +62,7 @@ def estimate_runtime(setup, *, probe_steps: int = _PROBE_STEPS, method: str = "a
     train = total
     pilot = ""
     if cfg.controls:  # the accuracy-matched control's ε search: at most max_pilot_runs() trainings of a few models
-        dpsgd = next(a for a in setup.algos if a.algo.name == "dpsgd")
+        dpsgd = next(a for a in setup.algos if a.algo.name == controls.ALGORITHM.name)
         pilot_steps = controls.max_pilot_runs() * controls.pilot_models(setup.n_models) * setup.steps
         model_steps += pilot_steps
         train += per_step[dpsgd.key] * pilot_steps

@@ -14,10 +14,13 @@ Each is an :class:`~engine.audit.pa_alooa.config.AuditConfig` (change it with ``
 """
 from __future__ import annotations
 
+import dataclasses
+
 from engine.audit.pa_alooa.config import DEFAULT_RUN, AuditConfig
 from engine.config.run import ALGORITHM_LABELS, AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.data import DATASETS
+from engine.dp.algorithms import algorithm
 
 _QUICK_RUN = DEFAULT_RUN.replace(**{"data.name": "digits", "epochs": 30.0, "batch_size": 64, "optimizer.lr": 0.5})
 _PAPER_RUN = DEFAULT_RUN.replace(**{"epochs": 20.0, "batch_size": 256, "optimizer.lr": 0.1, "clip_norm": 5.0})
@@ -35,9 +38,8 @@ PRESETS: dict[str, AuditConfig] = {
                                name="adult-paper (Adult LR, sex)"),
     "mnist-paper": AuditConfig(run=_PAPER_RUN.replace(**{"data.name": "mnist", "data.max_train": 10_000}),
                                epsilon=10.0, R=200, group_by="class",
-                               algorithms=tuple(a if a.name != "dpsgd_s" else AlgorithmConfig(name="dpsgd_s",
-                                                                                               group_by="class")
-                                                for a in _COMPARE),
+                               algorithms=tuple(dataclasses.replace(a, group_by="class")  # clips per digit
+                                                if algorithm(a.name).grouped else a for a in _COMPARE),
                                name="mnist-paper (MNIST-10k LR, digits)"),
 }
 

@@ -55,6 +55,7 @@ from engine.audit.pa_alooa.records import Baselines, LooaRecord
 from engine.audit.pa_alooa.report import AuditReport
 from engine.audit.pa_alooa.setup import AlgoSetup, AuditSetup, prepare_audit
 from engine.config.schema import ConfigError
+from engine.dp.algorithms import algorithm
 from engine.store.artifacts import npy_bytes
 from engine.store.lifecycle import NO_STORE, RunLifecycle
 
@@ -230,7 +231,7 @@ def _audit_algorithm(setup: AuditSetup, a: AlgoSetup, layout: dict, ckpt: _Check
     confs = np.empty((M, n), dtype=np.float64)
     spans = layout[f"{a.key}/aloo"]
     preds, noise = [None] * len(spans), [None] * len(spans)
-    tracks_noise = a.algo.name == "dpsgd_s"
+    tracks_noise = algorithm(a.algo.name).controls is not None  # its noise-matched control needs what it realised
     at = {}  # chunk key → its index in the layout (results are placed by index, whatever order they finish in)
 
     def place(c, got):

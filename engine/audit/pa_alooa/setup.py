@@ -19,9 +19,10 @@ from engine.audit.pa_alooa.config import AuditConfig
 from engine.audit.pa_alooa.design import complementary_membership, group_labels, group_sizes, resolved_tiers
 from engine.audit.pa_alooa.estimate import estimate_runtime
 from engine.config.job import algorithm_keys
-from engine.config.run import ALGORITHM_LABELS, MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
+from engine.config.run import MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
+from engine.dp.algorithms import algorithm
 from engine.dp.prepare import PrivacyPlan, prepare_data, prepare_privacy, total_steps
 
 
@@ -111,7 +112,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     for k, (key, algo) in enumerate(zip(algorithm_keys(config), config.algorithms)):
         algos.append(_algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes))
     if config.controls:  # planned after DP-SGD-S has trained (resolve_control); DP-SGD's plan stands in until then
-        dpsgd = next(a for a in algos if a.algo.name == "dpsgd")
+        dpsgd = next(a for a in algos if a.algo.name == controls.ALGORITHM.name)
         for kind in controls.KINDS:
             algos.append(dataclasses.replace(dpsgd, key=controls.KEYS[kind], algo=controls.ALGORITHM,
                                              label=controls.LABELS[kind], control=kind, resolved=False))
@@ -132,9 +133,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
 def _algo_setup(config, k, key, algo, tiers_cfg, data, steps, half_sizes, *, label=None) -> AlgoSetup:
     """One algorithm's privacy preparation: engine.dp.prepare's, planned once for the half-size tiers."""
     field_prefix = f"algorithms[{k}]"
-    label = label or ALGORITHM_LABELS.get(algo.name, algo.name)
-    if algo.name == "ino":
-        label += f" ({algo.tif}, {algo.idp_mode.upper()})" if algo.tif != "beta" or algo.idp_mode != "sample" else ""
+    label = algorithm(algo.name).label_for(algo, label)  # INO-SGD's names a TIF or planner other than the paper's
     rc = config.run_for(algo, tiers_cfg)
     try:
         privacy = prepare_privacy(rc, data, steps=steps, tier_sizes=half_sizes, group_attribute=config.group_attribute,

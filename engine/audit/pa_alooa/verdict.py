@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from engine.audit.pa_alooa.records import Estimate, PairedComparison
 from engine.audit.pa_alooa.report import AuditReport
+from engine.dp.algorithms import find_algorithm
 
 
 def _n(x, spec=".2f") -> str:
@@ -178,9 +179,11 @@ def delta_verdict(report: AuditReport) -> list[str]:
 
 
 def verdict_lines(report: AuditReport) -> list[str]:
-    """The Δ verdict (every audit), then every DP-SGD-S algorithm's sentences, in the audit's order."""
+    """The Δ verdict (every audit), then every DP-SGD-S algorithm's sentences (an algorithm with controls,
+    engine.dp.algorithms), in the audit's order."""
     out = delta_verdict(report)
     for a in report.algorithms:
-        if a.name == "dpsgd_s" and a.control is None:
+        entry = find_algorithm(a.name)
+        if entry is not None and entry.controls is not None and a.control is None:
             out += dpsgd_s_verdict(report, a.key)
     return out

@@ -26,6 +26,7 @@ from scipy import stats as _sps
 from engine.audit.pa_alooa.design import derived_seed
 from engine.audit.pa_alooa.records import Estimate, PairedComparison
 from engine.audit.pa_alooa.report import AlgorithmReport
+from engine.dp.algorithms import algorithm
 
 _CHUNK_ELEMS = 2_000_000  # index-matrix elements drawn at once (bounds memory like stats.bootstrap_gpr)
 
@@ -146,11 +147,13 @@ def compare(ra: AlgorithmReport, rb: AlgorithmReport, adv_a, adv_b, acc_a, acc_b
 
 
 def comparisons(setup, results: dict) -> tuple:
-    """Each DP-SGD-S against the first DP-SGD and against its controls, paired (:func:`compare`)."""
+    """Each algorithm with controls (DP-SGD-S) against the first of the algorithm its controls are (DP-SGD) and
+    against its controls, paired (:func:`compare`)."""
     cfg = setup.config
-    base = [a for a in setup.algos if a.algo.name == "dpsgd" and a.control is None][:1]
     out = []
-    for i, s in enumerate(a for a in setup.algos if a.algo.name == "dpsgd_s"):
+    for i, s in enumerate(a for a in setup.algos if a.control is None and algorithm(a.algo.name).controls):
+        want = algorithm(s.algo.name).controls
+        base = [a for a in setup.algos if a.algo.name == want and a.control is None][:1]
         refs = base + [a for a in setup.algos if a.control_info is not None and a.control_info.of == s.key]
         for j, b in enumerate(refs):
             ra, rb = results[s.key], results[b.key]

@@ -9,12 +9,14 @@ from engine.audit.pa_alooa.records import ControlInfo
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.dp import accounting
+from engine.dp.algorithms import WITH_CONTROLS
 from engine.dp.prepare import PrivacyPlan
 
 KINDS = ("noise_matched", "accuracy_matched")
 KEYS = {"noise_matched": "dpsgd_noise_matched", "accuracy_matched": "dpsgd_accuracy_matched"}
 LABELS = {"noise_matched": "DP-SGD (noise-matched)", "accuracy_matched": "DP-SGD (accuracy-matched)"}
-ALGORITHM = AlgorithmConfig(name="dpsgd")
+CONTROLLED = WITH_CONTROLS[0]  # the algorithm the controls are of: DP-SGD-S (its registry entry, engine.dp.algorithms)
+ALGORITHM = AlgorithmConfig(name=CONTROLLED.controls)  # what each control trains: DP-SGD (the entry's ``controls``)
 PILOT_MODELS = 16  # models per accuracy evaluation of the search (at most 2R)
 SEARCH_SPAN = 64.0  # the search looks for the crossing within [ε / span, ε] (or [ε, ε · span])
 SEARCH_STEPS = 8  # bisection halvings in log ε after the bracket: the found ε is within span^(1/2^8) ≈ 1.6 %

@@ -23,8 +23,8 @@ from engine.dp.prepare import PrivacyPlan, prepare_privacy
 
 def resolve_control(setup: AuditSetup, a: AlgoSetup, results: dict, ckpt, should_stop) -> AlgoSetup:
     """Plan the control ``a`` from what DP-SGD-S (already trained: the controls come last) realised."""
-    s = next(x for x in setup.algos if x.algo.name == "dpsgd_s" and x.control is None)
-    dpsgd = next(x for x in setup.algos if x.algo.name == "dpsgd" and x.control is None)
+    s = next(x for x in setup.algos if x.algo.name == plan.CONTROLLED.name and x.control is None)
+    dpsgd = next(x for x in setup.algos if x.algo.name == plan.ALGORITHM.name and x.control is None)
     if a.control == "noise_matched":
         realised = results[s.key].realised_noise
         privacy, info = plan.noise_matched(dpsgd.privacy, float(np.mean(realised)) if realised is not None

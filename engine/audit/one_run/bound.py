@@ -101,9 +101,12 @@ def count_correct(scores, included, k_plus: int, k_minus: int) -> int:
     return int(included[top].sum() + (~included[bottom]).sum())
 
 
-def epsilon_lower_bound(scores, included, *, delta: float, beta: float = 0.05, grid=None) -> OneRunBound:
-    """The one-run ε lower bound of canaries with ``scores`` (higher: more likely in) and their true
-    ``included`` flags: the largest ε̂ over the fixed guess grid (default :func:`guess_grid`), each pair at β/|grid|."""
+def best_over_grid(scores, included, *, delta: float, beta: float, grid, epsilon_of) -> OneRunBound:
+    """The largest ε̂ over the fixed guess grid (default :func:`guess_grid`), each pair tested at β/|grid|:
+    ``epsilon_of(m, r, v, level, best)`` is one analysis's ε̂ of v correct of r guesses at ``level`` (``best``: the
+    largest ε̂ so far, which an analysis may start its search from). The one owner of the inputs' checks, the grid,
+    the counts and the Bonferroni split, for Steinke et al.'s bound and the f-DP one
+    (:func:`engine.audit.one_run.fdp.fdp_epsilon_lower_bound`)."""
     scores = np.asarray(scores, dtype=np.float64)
     included = np.asarray(included, dtype=bool)
     m = len(scores)
@@ -115,12 +118,23 @@ def epsilon_lower_bound(scores, included, *, delta: float, beta: float = 0.05, g
     level = beta / len(pairs)
     best = None
     for kp, km in pairs:
+        if kp < 0 or km < 0:
+            raise ValueError(f"need k_plus, k_minus >= 0, got ({kp}, {km})")
+        if kp + km > m:
+            raise ValueError(f"need 0 <= v <= r <= m, got r={kp + km} guesses of m={m} canaries")
         v = count_correct(scores, included, kp, km)
-        eps = epsilon_from_count(m, kp + km, v, delta=delta, beta=level)
+        eps = epsilon_of(m, kp + km, v, level, 0.0 if best is None else best.epsilon_hat)
         if best is None or eps > best.epsilon_hat:
             best = OneRunBound(epsilon_hat=eps, m=m, guesses=kp + km, correct=v, k_plus=kp, k_minus=km,
                                beta=beta, delta=delta, grid_size=len(pairs))
     return best
+
+
+def epsilon_lower_bound(scores, included, *, delta: float, beta: float = 0.05, grid=None) -> OneRunBound:
+    """The one-run ε lower bound of canaries with ``scores`` (higher: more likely in) and their true
+    ``included`` flags: the largest ε̂ over the fixed guess grid (default :func:`guess_grid`), each pair at β/|grid|."""
+    return best_over_grid(scores, included, delta=delta, beta=beta, grid=grid,
+                          epsilon_of=lambda m, r, v, level, _: epsilon_from_count(m, r, v, delta=delta, beta=level))
 
 
 # --- the Gaussian mechanism's truth ---------------------------------------------------------------

@@ -58,8 +58,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy import special as _special
 
-from engine.audit.one_run.bound import (EPSILON_CAP, OneRunBound, count_correct, gaussian_mu, gaussian_scores,
-                                        guess_grid, subsampled_scores)
+from engine.audit.one_run.bound import (EPSILON_CAP, OneRunBound, best_over_grid, gaussian_mu, gaussian_scores,
+                                        subsampled_scores)
 
 MU_CAP = 40.0  # the search range of μ̂ (Φ(−μ/2) ≈ 1e-89 there: no count of guesses reaches beyond)
 _EPS_TOL = 1e-6  # ε̂ and μ̂ to this absolute precision (the returned value is the rejected end of the bracket)
@@ -228,29 +228,10 @@ def fdp_epsilon_lower_bound(scores, included, *, delta: float, beta: float = 0.0
     """The f-DP one-run ε lower bound of canaries with ``scores`` (higher: more likely in) and their true ``included``
     flags: the same fixed guess grid (default bound.guess_grid) and counts as bound.epsilon_lower_bound, each pair
     tested at β/|grid|, the largest ε̂ (the first pair reaching it)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    included = np.asarray(included, dtype=bool)
-    m = len(scores)
-    if m == 0 or len(included) != m:
-        raise ValueError(f"need one inclusion flag per score, got {len(included)} for {m}")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("canary scores must be finite")
-    pairs = guess_grid(m) if grid is None else [tuple(p) for p in grid]
     _check_levels(delta, beta)
-    level = beta / len(pairs)
-    best = None
-    for kp, km in pairs:
-        if kp < 0 or km < 0:
-            raise ValueError(f"need k_plus, k_minus >= 0, got ({kp}, {km})")
-        _check_counts(m, kp + km, 0)
-        v = count_correct(scores, included, kp, km)
-        floor = 0.0 if best is None else best.epsilon_hat
-        # a pair not rejected at the best ε so far cannot beat it (monotone): one loop, no search
-        eps = _search_epsilon(m, kp + km, v, delta, level, floor)
-        if best is None or eps > best.epsilon_hat:
-            best = OneRunBound(epsilon_hat=eps, m=m, guesses=kp + km, correct=v, k_plus=kp, k_minus=km,
-                               beta=beta, delta=delta, grid_size=len(pairs))
-    return best
+    # a pair not rejected at the best ε so far cannot beat it (monotone): each search starts from there
+    return best_over_grid(scores, included, delta=delta, beta=beta, grid=grid,
+                          epsilon_of=lambda m, r, v, level, best: _search_epsilon(m, r, v, delta, level, best))
 
 
 # --- ceilings: the mean ε̂ this estimator reaches on mechanisms whose ε is known --------------------------------

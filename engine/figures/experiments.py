@@ -137,5 +137,6 @@ def fig_collusion(frame: pd.DataFrame, *, theme: str = "light",
     fig.update_xaxes(title_text="the other tiers' budgets", row=1, col=2)
     sentence = "<br>".join(textwrap.wrap(collusion_sentence(frame), 150))  # a subtitle does not wrap by itself
     fig.update_layout(title=dict(text=title, subtitle=dict(text=sentence)), barmode="group", height=500,
-                      margin=dict(t=125 + 22 * sentence.count("<br>")))
+                      margin=dict(t=125 + 22 * sentence.count("<br>"), b=120),
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, x=0, xanchor="left"))
     return apply_theme(fig, theme)

@@ -146,7 +146,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
                     meta={"fdp": True, "algorithm": a.key, "kind": k},
                     hovertemplate="f-DP: ε̂ ≥ %{y:.3f}<extra>" + esc(a.label) + "</extra>"), **loc)
                 fdp_shown = True
-            top_hat = np.fmax(eps_hat, eps_fdp)  # the annotation names the larger ε̂ of a broken bar
+            top_hat = g["epsilon_hat_max"].astype(float).to_numpy()  # a broken bar's annotation: the larger ε̂
             for xc, c, v, b, t in zip(x, claimed, top_hat, broken, g["tier"]):
                 if c is not None:  # a segment across the bar at the claimed ε
                     claimed_x += [xc - SEGMENT * width / 2, xc, xc + SEGMENT * width / 2, None]
@@ -174,7 +174,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
     if report.partial:
         lines.append("partial: the other algorithms are still training")
     fig.update_layout(title_subtitle=dict(text="<br>".join(lines), font=dict(size=12 if theme != "presentation" else 16)))
-    top = max(float(np.nanmax(frame[["epsilon_hat", "epsilon_hat_fdp"]].astype(float).to_numpy())),
+    top = max(float(np.nanmax(frame["epsilon_hat_max"].astype(float))),
               float(np.nanmax(frame["epsilon"].astype(float))) if frame["epsilon"].notna().any() else 0.0)
     y_range = [0.0, (top if top > 0 else 1.0) * (1.35 if broken else 1.2)]
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(tiers))), ticktext=[esc(t) for t in tiers],

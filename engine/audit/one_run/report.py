@@ -124,8 +124,9 @@ class OneRunReport:
 
     def frame(self) -> pd.DataFrame:
         """One row per algorithm × tier × canary kind: claimed ε, ε̂ by each bound (confidence 1 − β each; the
-        f-DP one NaN in reports stored before it), ε̂/ε, whether either ε̂ exceeds the claim (a broken
-        implementation; ``exceeded_by`` names the bounds), and the guesses behind Steinke's ε̂."""
+        f-DP one NaN in reports stored before it) and the larger of them (``epsilon_hat_max``, what the claim is held
+        against), ε̂/ε, whether either ε̂ exceeds the claim (a broken implementation; ``exceeded_by`` names the
+        bounds), and the guesses behind Steinke's ε̂."""
         rows = []
         for a in self.algorithms:
             for t in a.tiers:
@@ -134,21 +135,23 @@ class OneRunReport:
                     if b is None:
                         continue
                     hats = {"steinke": b.epsilon_hat, "fdp": None if f is None else f.epsilon_hat}
+                    top = max(e for e in hats.values() if e is not None)  # what the claim is held against
                     over = [m for m, e in hats.items() if e is not None and t.epsilon is not None and e > t.epsilon]
                     rows.append({"algorithm": a.key, "label": a.label, "tier": t.tier, "kind": kind,
                                  "kind_label": KINDS[kind], "epsilon": t.epsilon, "epsilon_hat": b.epsilon_hat,
                                  "ratio": b.epsilon_hat / t.epsilon if t.epsilon else None,
                                  "epsilon_hat_fdp": hats["fdp"],
                                  "ratio_fdp": hats["fdp"] / t.epsilon if t.epsilon and f is not None else None,
+                                 "epsilon_hat_max": top,
                                  "exceeds_claim": bool(over), "exceeded_by": " and ".join(BOUND_WORDS[m] for m in over),
                                  "formal_dp": a.formal_dp, "verdict": row_verdict(bool(over), a.formal_dp),
                                  "canaries": b.m, "guesses": b.guesses, "correct": b.correct,
                                  "confidence": b.confidence, "accuracy": a.accuracy})
         frame = pd.DataFrame(rows, columns=["algorithm", "label", "tier", "kind", "kind_label", "epsilon",
-                                            "epsilon_hat", "ratio", "epsilon_hat_fdp", "ratio_fdp", "exceeds_claim",
-                                            "exceeded_by", "formal_dp", "verdict", "canaries", "guesses", "correct",
-                                            "confidence", "accuracy"])
-        return frame.astype({"epsilon_hat_fdp": float, "ratio_fdp": float})
+                                            "epsilon_hat", "ratio", "epsilon_hat_fdp", "ratio_fdp", "epsilon_hat_max",
+                                            "exceeds_claim", "exceeded_by", "formal_dp", "verdict", "canaries",
+                                            "guesses", "correct", "confidence", "accuracy"])
+        return frame.astype({"epsilon_hat_fdp": float, "ratio_fdp": float, "epsilon_hat_max": float})
 
     def violations(self) -> pd.DataFrame:
         """The rows whose ε̂ exceeds the claimed ε: with probability ≥ 1 − β the implementation breaks its claim."""
@@ -163,7 +166,7 @@ class OneRunReport:
         if bad.empty:
             return None
         return "BROKEN — ε̂ exceeds the claimed ε: " + "; ".join(
-            f"{r.label} {r.tier} ({r.kind}, {r.exceeded_by}: {_top_hat(r):.2f} > {r.epsilon:.2f})"
+            f"{r.label} {r.tier} ({r.kind}, {r.exceeded_by}: {r.epsilon_hat_max:.2f} > {r.epsilon:.2f})"
             for r in bad.itertuples())
 
     def verdict_sentences(self) -> list[str]:
@@ -176,8 +179,8 @@ class OneRunReport:
             if d.empty:
                 continue
             if not a.formal_dp:
-                top = d.loc[d[["epsilon_hat", "epsilon_hat_fdp"]].max(axis=1).idxmax()]
-                out.append(f"{a.label}: {NO_CLAIM} — its largest ε̂ is {_top_hat(top):.2f} (tier {top.tier}, "
+                top = d.loc[d["epsilon_hat_max"].idxmax()]
+                out.append(f"{a.label}: {NO_CLAIM} — its largest ε̂ is {top.epsilon_hat_max:.2f} (tier {top.tier}, "
                            f"{_kind_word(top.kind)}).")
                 continue
             bad = d[d["exceeds_claim"].astype(bool)]
@@ -188,15 +191,9 @@ class OneRunReport:
                            f"ε̂/ε = {d['ratio'].max():.2f}" + (f", f-DP {fdp:.2f}" if pd.notna(fdp) else "") + ").")
             else:
                 out.append(f"{a.label} — BROKEN: " + "; ".join(
-                    f"tier {r.tier}'s ε̂ {_top_hat(r):.2f} ({_kind_word(r.kind)}, {r.exceeded_by}) exceeds its "
+                    f"tier {r.tier}'s ε̂ {r.epsilon_hat_max:.2f} ({_kind_word(r.kind)}, {r.exceeded_by}) exceeds its "
                     f"claimed {r.epsilon:.2f}" for r in bad.itertuples()) + ".")
         return out
-
-
-def _top_hat(row) -> float:
-    """The larger of a frame row's two ε̂ (the f-DP one may be missing)."""
-    fdp = row.epsilon_hat_fdp
-    return float(row.epsilon_hat if pd.isna(fdp) else max(row.epsilon_hat, fdp))
 
 
 def _hat(b: OneRunBound | None) -> str:

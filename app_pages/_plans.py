@@ -59,9 +59,8 @@ def plan_frame(p: PlanRecord, rdp: PlanRecord | None = None) -> pd.DataFrame:
         if p.private:
             row.update({"ε planned": None if t.epsilon is None else round(t.epsilon, 4),
                         "q (sample rate)": round(t.sample_rate, 5)})
-            if p.group_clip is not None:  # DP-SGD-S
-                g = p.group_clip
-                row["C (clip)"] = f"per group, {g.c_min:g}–{g.c_max:g} × {g.base_clip:g}"
+            if p.group_clip is not None:  # moving clips (DP-SGD-S, DPSGD-F, Global-Adapt)
+                row["C (clip)"] = f"per group, {p.group_clip.clip_range}"
             else:
                 row["C (clip)"] = round(t.clip_norm, 4)
             row["σ (noise mult.)"] = round(t.noise_multiplier, 4)
@@ -78,11 +77,10 @@ def _plan_caption(p: PlanRecord) -> str:
     extra = f" · INO tail γ = {p.tail_length:.3g}" if p.tail_length else ""
     head = f"{p.steps} steps · expected batch {p.expected_batch_size:.1f}"
     g = p.group_clip
-    if g is not None:  # DP-SGD-S: noise z_Δ · max_k C_k, clips from the tracked quantiles
-        sizes = "declared" if g.group_size_source == "declared" else \
-            f"released with noise σ = {g.group_size_noise_std or 0:.3g}"
+    if g is not None:  # moving clips: noise z_Δ · max_k C_k, clips from noisy per-step counts
+        sizes = "" if g.sizes_phrase is None else f" · group sizes {g.sizes_phrase}"
         return (f"{head} · noise std z_Δ · max_k C_k per step, z_Δ = {g.gradient_noise_multiplier:.4g} · "
-                f"C_k in [{g.c_min:g}, {g.c_max:g}] × C = {g.base_clip:g} · group sizes {sizes}")
+                f"C_k in {g.clip_range}{sizes}")
     return f"{head} · noise std {p.noise_std:.4g} · σ* = {p.noise_multiplier:.4g}{extra}"
 
 

@@ -156,7 +156,7 @@ def test_every_mechanism_builds_and_steps_on_a_tiny_batch(tiny, name):
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(n, (2, 8), generator=gen)
     mask = torch.ones(2, 8, dtype=torch.bool)
-    mech.see_batch(idx, None, mask)
+    mech.see_batch(idx, None, mask, torch.Generator())
     clip = mech.clip_norms(idx)
     assert tuple(clip.shape) == (2, 8)
     assert torch.all(clip > 0) and (torch.all(torch.isfinite(clip)) == a.private)

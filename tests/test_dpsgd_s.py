@@ -151,7 +151,7 @@ def test_reference_rule_follows_group_mean_gradients():
     assert mech.formal_dp is False
     mech.see_batch(torch.arange(4)[None], _Vectors(grads).per_sample(None, None, torch.arange(4)[None],
                                                                       torch.ones(1, 4, dtype=torch.bool)),
-                   torch.ones(1, 4, dtype=torch.bool))
+                   torch.ones(1, 4, dtype=torch.bool), torch.Generator())
     whole = math.hypot(4.0, 1.0) / 4
     expect = [2.0 * whole / 2.0, 2.0 * min(4.0, whole / 0.5)]
     np.testing.assert_allclose(mech.group_clips()[0].numpy(), expect)

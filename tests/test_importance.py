@@ -250,7 +250,7 @@ def test_ino_diagnostics_are_the_windows_mean_rho_per_tier_and_down_weighted_mas
         idx = torch.as_tensor(rng.integers(0, n, (m, 12)))
         mask = torch.as_tensor(rng.random((m, 12)) < 0.8)
         losses = torch.as_tensor(rng.random((m, 12)), dtype=torch.float64)
-        mech.see_batch(idx, None, mask)
+        mech.see_batch(idx, None, mask, torch.Generator())
         clip = mech.clip_norms(idx)
         rho = mech.weights(losses, clip, mask).numpy()
         for r in range(m):

@@ -759,13 +759,18 @@ def plan_at_noise(p: Plan, noise_multiplier: float) -> Plan:
 # --------------------------------------------------------------------------------------
 
 
-def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_std: float) -> float:
-    """Gradient noise multiplier z_Δ = (z^-2 − (2σ_b)^-2)^(-1/2) (Andrew et al. 2021, Thm 1).
+def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_std: float,
+                                       count_sensitivity: float = 0.5) -> float:
+    """Gradient noise multiplier z_Δ = (z^-2 − (Δ_b/σ_b)^2)^(-1/2) (Andrew et al. 2021, Thm 1, with Δ_b = ½).
 
-    With z_Δ on the clipped-gradient sum and std σ_b on the clipped-count query, the pair has
-    the privacy of a single Gaussian mechanism with noise multiplier z.
+    A step that releases a count vector of L2 sensitivity Δ_b (``count_sensitivity``) with Gaussian noise of
+    std σ_b per entry, then the clipped-gradient sum with noise z_Δ times its sensitivity, both on the same
+    Poisson batch, is — as an adaptive composition of a (Δ_b/σ_b)- and a (1/z_Δ)-GDP mechanism on that batch —
+    (1/z)-GDP per batch, so each step is accounted as one subsampled Gaussian with noise multiplier z. Andrew
+    et al.'s centred count Σ (1[‖g‖ ≤ S] − ½) has Δ_b = ½ (DP-SGD-S, DPSGD-Global-Adapt); DPSGD-F's per-group
+    counts above and below C₀ have Δ_b = 1 (one sample moves one entry by one).
     """
-    z, sb = noise_multiplier, count_noise_std
+    z, sb, d = noise_multiplier, count_noise_std, count_sensitivity
     try:
         ok = math.isfinite(z) and z > 0
     except TypeError:
@@ -778,12 +783,14 @@ def adaptive_clipping_noise_multiplier(*, noise_multiplier: float, count_noise_s
         ok = False
     if not ok:
         raise PlanError(f"count_noise_std must be > 0, got {sb!r}")
-    if 2.0 * sb <= z:
+    if not (isinstance(d, (int, float)) and math.isfinite(d) and d > 0):
+        raise PlanError(f"count_sensitivity must be finite and > 0, got {d!r}")
+    if sb <= d * z:
         raise PlanError(
-            f"adaptive clipping infeasible: need 2*count_noise_std > noise_multiplier "
-            f"(got 2*{sb:g} <= {z:g}); raise count_noise_std above {z / 2:g}"
+            f"adaptive clipping infeasible: need count_noise_std > {d:g} * noise_multiplier "
+            f"(got {sb:g} <= {d * z:g}); raise count_noise_std above {d * z:g}"
         )
-    return float((z**-2 - (2.0 * sb) ** -2) ** -0.5)
+    return float((z**-2 - (d / sb) ** 2) ** -0.5)
 
 
 def clear_caches() -> None:

@@ -21,21 +21,45 @@ from engine.dp.mechanisms import default_count_noise_std
 
 @dataclass
 class GroupClipSetup:
-    """DP-SGD-S: clip groups, the public group sizes that normalise the counts, and the noise of its
-    releases (the gradient sum, the clipped counts, once: the group sizes unless declared)."""
+    """What an algorithm with moving clips fixes before step 1 beyond the plan (``PrivacyPlan.dpsgd_s``; DP-SGD-S,
+    DPSGD-F, DPSGD-Global-Adapt): its clip groups, the public sizes that normalise its counts, and the noise of
+    its releases (the gradient sum, the per-step counts, once: DP-SGD-S's group sizes unless declared)."""
 
-    groups: np.ndarray  # group index per training sample
+    groups: np.ndarray | None  # group index per training sample (None: one clip for every sample)
     group_names: list
-    noise_multiplier: float  # gradient noise multiplier: z_Δ (private quantile) or the plan's z
-    count_noise_std: float  # σ_b of the clipped-count release
+    noise_multiplier: float  # gradient noise multiplier after the count releases (z_Δ), or the plan's z
+    count_noise_std: float  # σ_b of the per-step count release
     initial_clip: float
-    base_clip: float  # the run's clip_norm C: C_k = C · clamp(τ S_k / S̄, c_min, c_max)
+    base_clip: float  # the run's clip_norm C (DP-SGD-S: C_k = C · clamp(τ S_k / S̄, c_min, c_max))
     group_sizes: np.ndarray  # (K,) public sizes: declared, or released with noise (float)
-    group_size_source: str  # "declared" | "released"
+    group_size_source: str  # "declared" | "released" | "planned" (the plan's public tier sizes)
     group_size_noise_std: float | None  # σ of the one-off release (None: declared)
     expected_group_batch: np.ndarray  # (K,) public expected count of group k in one model's batch
     dpsgd_noise_multiplier: float  # σ of plain DP-SGD at the same ε (its plan before the releases raise it):
     #                                DP-SGD adds σ·C, DP-SGD-S z_Δ · max_k C_k (engine.train.records.GroupClipPlan)
+    clip_rule: str = "quantile"  # how the clips move: DP-SGD-S's "quantile" | "reference"; "bias"; "global"
+    c_min: float | None = None  # the clips' range relative to C (None: unbounded on that side)
+    c_max: float | None = None
+    private_counts: bool = True  # the counts the clips move on are released with noise (False: no formal DP)
+    largest_contribution: float | None = None  # the largest norm one sample's term can have (None: c_max · C)
+
+    @property
+    def largest_clip(self) -> float:
+        """The largest norm one sample's weighted, clipped gradient can reach in any step (the one-run audit's
+        gradient canaries are at least this long)."""
+        if self.largest_contribution is not None:
+            return float(self.largest_contribution)
+        return float(self.c_max) * self.base_clip
+
+    def info(self) -> dict:
+        """The set-up as a run record's ``GroupClipPlan`` (``engine.train.records``) reads it."""
+        return {"gradient_noise_multiplier": self.noise_multiplier,
+                "dpsgd_noise_multiplier": self.dpsgd_noise_multiplier,
+                "count_noise_std": self.count_noise_std if self.private_counts else None,
+                "clip_rule": self.clip_rule, "base_clip": self.base_clip, "c_min": self.c_min, "c_max": self.c_max,
+                "clip_groups": list(self.group_names), "group_sizes": [float(v) for v in self.group_sizes],
+                "group_size_source": self.group_size_source, "group_size_noise_std": self.group_size_noise_std,
+                "expected_group_batch": [float(v) for v in self.expected_group_batch]}
 
 
 def group_clip_setup(config: RunConfig, data, plan, *, tier_sizes, group_attribute=None, field: str = "algorithm"):
@@ -80,7 +104,9 @@ def group_clip_setup(config: RunConfig, data, plan, *, tier_sizes, group_attribu
                                 count_noise_std=float(sigma_b), initial_clip=float(algo.initial_clip or config.clip_norm),
                                 base_clip=float(config.clip_norm), group_sizes=public, group_size_source=source,
                                 group_size_noise_std=sigma_n, expected_group_batch=expected,
-                                dpsgd_noise_multiplier=dpsgd_sigma)
+                                dpsgd_noise_multiplier=dpsgd_sigma, clip_rule=algo.clip_rule, c_min=float(algo.c_min),
+                                c_max=float(algo.c_max),
+                                private_counts=algo.clip_rule == "quantile" and bool(algo.private_quantile))
 
 
 def sample_groups(group_by: str, dataset, tiers, *, attribute: str | None = None, field: str = "algorithm.group_by"):

@@ -10,15 +10,19 @@ take and return torch tensors on the run's device, one row per model:
   c_max) from a (private) tracked quantile of the group's gradient norms; noise scales with max_k C_k.
 * :class:`NonPrivate` — the reference: no clipping, no noise.
 
-Hooks: ``see_batch(idx, work, mask)`` (before clipping; only the non-private reference rule reads it),
-``clip_norms(idx (M, L)) → (M, L)``, ``weights(losses, clip, mask) → (M, L) or None``
-(None: ρ ≡ 1), ``noise_std() → (M,)``, ``observe(idx, norms, mask, gen)`` — called after EVERY
-step, an empty Poisson batch included — and ``state()``. Each class builds itself from the privacy
-preparation (``from_privacy``: ``engine.dp.prepare.prepare_privacy`` gives its inputs); the algorithm registry
+Hooks: ``see_batch(idx, work, mask, gen)`` (before clipping, with this batch's per-sample work: DPSGD-F
+releases its counts here, the non-private reference rule reads the gradients), ``clip_norms(idx (M, L)) → (M, L)``,
+``weights(losses, clip, mask) → (M, L) or None`` (None: ρ ≡ 1), ``contribution_bounds(idx) → (M, L)`` (the
+largest norm entry i's ρ_i · clip(g_i, C_i) can have), ``noise_std() → (M,)``, ``observe(idx, norms, mask,
+gen)`` — called after EVERY step, an empty Poisson batch included — and ``state()``. Each class builds itself
+from the privacy preparation (``from_privacy``: ``engine.dp.prepare.prepare_privacy`` gives its inputs); the algorithm registry
 (``engine.dp.algorithms``) names which one an algorithm uses, and :func:`build_mechanism` is the one factory.
 
-Invariant every private mechanism keeps: adding one sample z changes Σ ρ_i clip(g_i, C_i)
-by at most C_z, and the noise std is noise_multiplier × (the largest C any sample can get).
+Invariant every private mechanism keeps: adding one sample z changes Σ ρ_i clip(g_i, C_i) by at most its
+contribution bound (``contribution_bounds``: C_z, except DPSGD-Global-Adapt's ρ · Z = C), and the noise std is
+noise_multiplier × (the largest contribution bound any sample can get). Every statistic of the batch a
+mechanism adapts to (a clip, a threshold) is released with Gaussian noise from its own stream
+(``count_generator``) and accounted (``engine.dp.accounting.adaptive_clipping_noise_multiplier``).
 """
 from __future__ import annotations
 
@@ -51,9 +55,24 @@ class Mechanism:
         """(M,) std of the Gaussian noise added to each model's clipped sum (float64)."""
         raise NotImplementedError
 
-    def see_batch(self, idx: torch.Tensor, work, mask: torch.Tensor) -> None:
-        """Called before ``clip_norms`` with the batch's per-sample work (only the reference DP-SGD-S rule,
-        which is not private, reads the gradients here)."""
+    def see_batch(self, idx: torch.Tensor, work, mask: torch.Tensor, gen: torch.Generator) -> None:
+        """Called before ``clip_norms`` with the batch's per-sample work (``work.norms``: the unclipped norms).
+        DPSGD-F releases this batch's noisy counts here; the reference DP-SGD-S rule (not private) reads the
+        gradients."""
+
+    def contribution_bounds(self, idx: torch.Tensor) -> torch.Tensor:
+        """(M, L) the largest norm batch entry i's ρ_i · clip(g_i, C_i) can have this step: C_i, as ρ ≤ 1 (the
+        sensitivity the noise is scaled to; the one-run audit's canaries contribute this much)."""
+        return self.clip_norms(idx)
+
+    def count_generator(self, gen: torch.Generator) -> torch.Generator:
+        """The noise stream of the mechanism's own releases (counts), seeded once from the step generator's seed
+        (as unpredictable as it: secure_rng seeds that from the OS): a run's batches and gradient noise stay
+        those of DP-SGD with the same seed, so the two are paired as IDP-SGD and INO-SGD are."""
+        if getattr(self, "_counts_gen", None) is None:
+            self._counts_gen = torch.Generator(device=gen.device).manual_seed(
+                (int(gen.initial_seed()) ^ 0x5EED_C0DE_D95) % (2**63))
+        return self._counts_gen
 
     def observe(self, idx: torch.Tensor, norms: torch.Tensor, mask: torch.Tensor, gen: torch.Generator) -> None:
         """Called after every step (empty batches too) with the unclipped per-sample gradient norms."""
@@ -126,7 +145,7 @@ class Importance(Clipped):
         self._record(rho, clip_np, mask_np)
         return torch.as_tensor(rho, dtype=losses.dtype, device=losses.device)
 
-    def see_batch(self, idx, work, mask):
+    def see_batch(self, idx, work, mask, gen):
         self._idx = idx  # the batch's sample indices, for the per-tier diagnostics of weights()
 
     def _record(self, rho, clip, mask) -> None:
@@ -163,7 +182,7 @@ class GroupAdaptive(Mechanism):
     c_min, c_max), S̄_k the EMA (momentum ``ema``) of a tracked quantile S_k of group k's gradient norms.
     Private mode (default) tracks S_k as Andrew et al. (2021): each step releases, per model and group,
     Σ_i (1[‖g_i‖ ≤ S_k] − ½) + N(0, σ_b²) (every sample is in one group, so the vector has L2 sensitivity
-    ½; its noise comes from a stream of its own, see ``_count_generator``) — also on an empty batch —, estimates the clipped fraction b̃_k by dividing by the group's PUBLIC
+    ½; its noise comes from a stream of its own, see ``count_generator``) — also on an empty batch —, estimates the clipped fraction b̃_k by dividing by the group's PUBLIC
     expected count per step (``expected_group_batch``: declared or noisily released sizes, never the exact
     N_k) and clamping to [0, 1], and updates S_k ← S_k · exp(−η (b̃_k − quantile)). The gradient noise
     multiplier is raised to z_Δ so both releases together cost what z alone would. Non-private mode
@@ -201,7 +220,6 @@ class GroupAdaptive(Mechanism):
         self.formal_dp = group_clip_no_dp_reason(private_quantile=bool(private), clip_rule=clip_rule) is None
         self.quantile_lr, self.count_noise_std = float(quantile_lr), float(count_noise_std)
         self._batch_clips = None  # the reference rule's clips of the current batch
-        self._counts_gen = None  # the count release's noise stream (``_count_generator``)
         # Σ over the steps so far of each model's max_k C_k (the noise std is noise_multiplier times it), and the
         # steps counted: what the noise-matched control of DP-SGD-S is matched to (``realised_noise_multiplier``)
         self._max_clip_sum = torch.zeros(self.n_models, dtype=torch.float64, device=self.device)
@@ -226,7 +244,7 @@ class GroupAdaptive(Mechanism):
         ratio = self.tau * self.smoothed / self.smoothed.mean(dim=1, keepdim=True)
         return self.base_clip * torch.clamp(ratio, min=self.c_min, max=self.c_max)
 
-    def see_batch(self, idx, work, mask):
+    def see_batch(self, idx, work, mask, gen):
         if self.clip_rule != "reference":
             return
         g = self.groups[idx]
@@ -272,7 +290,7 @@ class GroupAdaptive(Mechanism):
         if self.private_quantile:
             below = ((norms <= torch.gather(self.estimate, 1, g)).to(torch.float64) - 0.5) * mask
             counts = torch.zeros_like(self.estimate).scatter_add_(1, g, below)
-            noise = torch.randn(self.estimate.shape, generator=self._count_generator(gen), device=self.device,
+            noise = torch.randn(self.estimate.shape, generator=self.count_generator(gen), device=self.device,
                                 dtype=torch.float64)
             frac = torch.clamp((counts + self.count_noise_std * noise) / self.expected + 0.5, 0.0, 1.0)
             self.estimate = self.estimate * torch.exp(-self.quantile_lr * (frac - self.quantile))
@@ -288,15 +306,6 @@ class GroupAdaptive(Mechanism):
                 self.estimate[:, j] = torch.where((cnt > 0) & torch.isfinite(q), q, self.estimate[:, j])
         self.estimate = torch.clamp(self.estimate, *self._S_RANGE)
         self.smoothed = self.ema * self.smoothed + (1 - self.ema) * self.estimate
-
-    def _count_generator(self, gen: torch.Generator) -> torch.Generator:
-        """The count noise's own stream, seeded once from the step generator's seed (as unpredictable as it:
-        secure_rng seeds that from the OS): the batches and gradient noise of a seed stay those of DP-SGD
-        with the same seed, so the two are paired as IDP-SGD and INO-SGD are."""
-        if self._counts_gen is None:
-            self._counts_gen = torch.Generator(device=gen.device).manual_seed(
-                (int(gen.initial_seed()) ^ 0x5EED_C0DE_D95) % (2**63))
-        return self._counts_gen
 
     def state(self):
         clips = self.group_clips()

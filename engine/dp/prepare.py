@@ -103,7 +103,7 @@ class PrivacyPlan:
     expected_batch: float  # Σ q_k N_k over the planned tier sizes
     expected_clip_mass: float | None  # Σ q_k C_k N_k (INO-SGD's γ is a fraction of it)
     tail_length: float | None  # INO-SGD's γ, absolute clip-mass units
-    dpsgd_s: GroupClipSetup | None
+    dpsgd_s: GroupClipSetup | None  # the set-up of an algorithm whose clips move (DP-SGD-S, DPSGD-F, Global-Adapt)
     formal_dp: bool
     formal_dp_reason: str | None = None  # why there is no formal guarantee (None: there is one)
 
@@ -133,18 +133,9 @@ class PrivacyPlan:
 
     @property
     def info(self) -> dict:
-        """What DP-SGD-S uses instead of the plan's noise std and clip (those are per step: ``state()``)."""
-        s = self.dpsgd_s
-        if s is None:
-            return {}
-        a = self.algorithm
-        private_counts = a.clip_rule == "quantile" and a.private_quantile
-        return {"gradient_noise_multiplier": s.noise_multiplier, "dpsgd_noise_multiplier": s.dpsgd_noise_multiplier,
-                "count_noise_std": s.count_noise_std if private_counts else None,
-                "clip_rule": a.clip_rule, "base_clip": s.base_clip, "c_min": a.c_min, "c_max": a.c_max,
-                "clip_groups": list(s.group_names), "group_sizes": [float(v) for v in s.group_sizes],
-                "group_size_source": s.group_size_source, "group_size_noise_std": s.group_size_noise_std,
-                "expected_group_batch": [float(v) for v in s.expected_group_batch]}
+        """What an algorithm with moving clips uses instead of the plan's noise std and clips (those are per step:
+        ``state()``): its set-up's ``info()`` (engine.dp.groups.GroupClipSetup); {} for the others."""
+        return {} if self.dpsgd_s is None else self.dpsgd_s.info()
 
 
 def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_sizes=None,

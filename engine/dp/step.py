@@ -131,7 +131,7 @@ def dp_step(models, x: torch.Tensor, y: torch.Tensor, sampler: PoissonSampler, m
     else:
         work = models.per_sample(x, y, idx, mask)
         losses, norms = work.losses, work.norms
-        mechanism.see_batch(idx, work, mask)
+        mechanism.see_batch(idx, work, mask, gen)
         clip = mechanism.clip_norms(idx)
         rho = mechanism.weights(losses, clip, mask)
         coef = torch.clamp(clip.to(norms.dtype) / torch.clamp(norms, min=1e-12), max=1.0) * mask

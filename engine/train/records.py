@@ -363,7 +363,7 @@ class GroupClipPlan(_Flat):
     c_max: float | None = None
     clip_groups: tuple | None = None  # the clip groups' names
     group_sizes: tuple | None = None  # public sizes: declared, or released with noise
-    group_size_source: str | None = None  # "declared" | "released"
+    group_size_source: str | None = None  # "declared" | "released" | "planned" | None (no sizes used)
     group_size_noise_std: float | None = None  # σ of that release (None: declared)
     expected_group_batch: tuple | None = None  # public expected count of each group in a batch
     extra: dict = field(default_factory=dict)
@@ -388,6 +388,23 @@ class GroupClipPlan(_Flat):
         if noise_std is None or ref is None or not ref > 0:
             return None
         return float(noise_std) / ref
+
+    @property
+    def clip_range(self) -> str:
+        """The clips' range as the plan tables say it: "[0.5, 4] × C = 1" (C_k from c_min · C to c_max · C),
+        "[1, ∞) × C = 1" when unbounded above (DPSGD-Global-Adapt's threshold Z, its terms still at most C)."""
+        low = "?" if self.c_min is None else f"{self.c_min:g}"
+        high = "∞)" if self.c_max is None else f"{self.c_max:g}]"
+        return f"[{low}, {high} × C = {'?' if self.base_clip is None else f'{self.base_clip:g}'}"
+
+    @property
+    def sizes_phrase(self) -> str | None:
+        """How the group sizes its counts are divided by were made public ("declared", "released with noise σ =
+        …", "planned"); None when it uses none."""
+        source = self.group_size_source
+        if source == "released":
+            return f"released with noise σ = {self.group_size_noise_std or 0:.3g}"
+        return source
 
     @property
     def noise_multiplier_ratio(self) -> float | None:

@@ -139,7 +139,7 @@ def _extended_privacy(prep, tier_of: np.ndarray, donors: np.ndarray, labels_by_s
     q, c = np.asarray(p.plan.sample_rates, float), np.asarray(p.plan.clip_norms, float)
     out = dataclasses.replace(p, sample_rates=np.concatenate([p.sample_rates, q[tier_of]]),
                               sample_clips=np.concatenate([p.sample_clips, c[tier_of]]))
-    if p.dpsgd_s is not None:
+    if p.dpsgd_s is not None and p.dpsgd_s.groups is not None:
         s = p.dpsgd_s
         group = np.asarray(s.groups)[donors]  # the group of a sample of the same tier ...
         if p.algorithm.group_by == "tier":
@@ -181,8 +181,8 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
     sampler = PoissonSampler(members, rates, dev, expected_batch=public_batch)
     models = model_axis(prep)
     clip = privacy.sample_clips
-    if privacy.dpsgd_s is not None:  # DP-SGD-S's clips move up to c_max · C: a canary at least that long
-        grad_norms = np.full(can.n_grad, algorithm.c_max * privacy.dpsgd_s.base_clip * config.canary_norm)
+    if privacy.dpsgd_s is not None:  # moving clips (DP-SGD-S: up to c_max · C): a canary at least that long
+        grad_norms = np.full(can.n_grad, privacy.dpsgd_s.largest_clip * config.canary_norm)
     elif clip is None:
         grad_norms = np.full(can.n_grad, run.clip_norm * config.canary_norm)
     else:
@@ -206,7 +206,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
             raise Cancelled(f"stopped at step {step - 1} of {key}")
         # this step's noise std and (DP-SGD-S: moving) clips, as dp_step will use them; planned clips otherwise
         std = mech.noise_std()
-        canary_clips = mech.clip_norms(slots) if planned.dpsgd_s is not None or planned.sample_clips is None \
+        canary_clips = mech.contribution_bounds(slots) if planned.dpsgd_s is not None or planned.sample_clips is None \
             else fixed_clips
         out = dp_step(wrapped, x, y, sampler, mech, gen)
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units

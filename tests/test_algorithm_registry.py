@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +157,8 @@ def test_every_mechanism_builds_and_steps_on_a_tiny_batch(tiny, name):
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(n, (2, 8), generator=gen)
     mask = torch.ones(2, 8, dtype=torch.bool)
-    mech.see_batch(idx, None, mask, torch.Generator())
+    norms = 3.0 * torch.rand(2, 8, dtype=torch.float64, generator=gen)
+    mech.see_batch(idx, types.SimpleNamespace(norms=norms), mask, torch.Generator())
     clip = mech.clip_norms(idx)
     assert tuple(clip.shape) == (2, 8)
     assert torch.all(clip > 0) and (torch.all(torch.isfinite(clip)) == a.private)
@@ -164,7 +166,7 @@ def test_every_mechanism_builds_and_steps_on_a_tiny_batch(tiny, name):
     assert rho is None or (tuple(rho.shape) == (2, 8) and torch.all((rho >= 0) & (rho <= 1)))
     noise = mech.noise_std()
     assert tuple(noise.shape) == (2,) and (torch.all(noise > 0) if a.private else torch.all(noise == 0))
-    mech.observe(idx, 3.0 * torch.rand(2, 8, dtype=torch.float64, generator=gen), mask, gen)
+    mech.observe(idx, norms, mask, gen)
     assert isinstance(mech.state(), dict)
 
 
@@ -185,8 +187,10 @@ def test_figures_colours_markers_and_labels_are_the_registrys():
 
 def test_the_pages_list_every_algorithm_from_the_registry():
     from app_pages import _one_run, _widgets
-    assert _widgets.ALGORITHM_CHOICES == ["idp_sample", "ino", "idp_scale", "dpsgd", "dpsgd_s", "nonprivate"]
-    assert _one_run.ALGORITHM_CHOICES == ["dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s", "nonprivate"]
+    assert _widgets.ALGORITHM_CHOICES == ["idp_sample", "ino", "idp_scale", "dpsgd", "dpsgd_s", "nonprivate",
+                                          "dpsgd_f", "dpsgd_global_adapt"]
+    assert _one_run.ALGORITHM_CHOICES == ["dpsgd", "idp_sample", "idp_scale", "ino", "dpsgd_s", "dpsgd_f",
+                                          "dpsgd_global_adapt", "nonprivate"]
     assert _widgets.algorithm_fields("dpsgd_s", group_by="class", tail_fraction=0.3) == {"group_by": "class"}
     assert _widgets.algorithm_fields("ino", group_by="class", tail_fraction=0.3) == {"tail_fraction": 0.3}
     assert _widgets.algorithm_fields("dpsgd", group_by="class", tail_fraction=0.3) == {}

@@ -130,6 +130,23 @@ def _check_group_clip(a, p: str) -> None:
     check_choice(a.group_by, p + "group_by", GROUP_BY)
 
 
+def _check_clipping_bias(a, p: str) -> None:
+    """DPSGD-F's fields: its groups and the noise of its per-step counts (None: the default)."""
+    check_choice(a.group_by, p + "group_by", GROUP_BY)
+    if a.count_noise_std is not None:
+        check_positive(a.count_noise_std, p + "count_noise_std")
+
+
+def _check_global_scaling(a, p: str) -> None:
+    """DPSGD-Global-Adapt's fields: the threshold's target quantile, step and start, the count noise."""
+    check_number(a.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
+    check_positive(a.quantile_lr, p + "quantile_lr")
+    if a.initial_clip is not None:
+        check_positive(a.initial_clip, p + "initial_clip")
+    if a.count_noise_std is not None:
+        check_positive(a.count_noise_std, p + "count_noise_std")
+
+
 def _ino_detail(a) -> str:
     """INO-SGD's label in an audit names a TIF or planner other than the paper's (Beta, SAMPLE)."""
     return f" ({a.tif}, {a.idp_mode.upper()})" if a.tif != "beta" or a.idp_mode != "sample" else ""
@@ -196,6 +213,13 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec(name="dpsgd_s", label="DP-SGD-S", colour="#33BBEE", symbol="star", plan_mode="dpsgd", picker_rank=4,
                   no_formal_dp_reason=_group_clip_reason, check=_check_group_clip, controls="dpsgd", grouped=True,
                   figures=("group_clip",)),
+    # the fairness baselines of the DP-SGD-S paper's code: group clips from noisy clipped counts (Xu et al.
+    # 2021); one global scale with a privately tracked threshold (Esipova et al. 2023). Colours: the two
+    # farthest (ΔE00 ≥ 13 from every other algorithm and control colour in every vision) at mid lightness.
+    AlgorithmSpec(name="dpsgd_f", label="DPSGD-F", colour="#775544", symbol="triangle-down", plan_mode="dpsgd",
+                  picker_rank=6, check=_check_clipping_bias, grouped=True),
+    AlgorithmSpec(name="dpsgd_global_adapt", label="DPSGD-Global-Adapt", colour="#AACC99", symbol="pentagon",
+                  plan_mode="dpsgd", picker_rank=7, check=_check_global_scaling),
 )}
 ALGORITHMS = tuple(ALGORITHM_SPECS)  # the valid config names
 ALGORITHM_LABELS = {name: s.label for name, s in ALGORITHM_SPECS.items()}

@@ -25,6 +25,8 @@ from typing import Callable
 
 from engine.config.algorithms import ALGORITHM_SPECS, AlgorithmSpec
 from engine.config.schema import ConfigError
+from engine.dp.dpsgd_f import ClippingBias, clipping_bias_setup
+from engine.dp.global_adapt import GlobalScaling, global_scaling_setup
 from engine.dp.groups import group_clip_setup
 from engine.dp.importance import resolve_tail_length
 from engine.dp.mechanisms import Clipped, GroupAdaptive, Importance, Mechanism, NonPrivate
@@ -56,6 +58,9 @@ ALGORITHM_REGISTRY: dict[str, Algorithm] = {
     "idp_scale": _entry("idp_scale", mechanism=Clipped.from_privacy),
     "ino": _entry("ino", mechanism=Importance.from_privacy, tail_length=resolve_tail_length),
     "dpsgd_s": _entry("dpsgd_s", mechanism=GroupAdaptive.from_privacy, setup=group_clip_setup),
+    "dpsgd_f": _entry("dpsgd_f", mechanism=ClippingBias.from_privacy, setup=clipping_bias_setup),
+    "dpsgd_global_adapt": _entry("dpsgd_global_adapt", mechanism=GlobalScaling.from_privacy,
+                                 setup=global_scaling_setup),
 }
 
 GAIN_REFERENCES = tuple(dict.fromkeys(n for a in ALGORITHM_REGISTRY.values() for n in a.gain_against))

@@ -5,6 +5,7 @@ risk (Δ), with paired differences against DP-SGD and DP-SGD-S.
                                                           algorithms (one torch thread: an Adult audit of DP-SGD and
                                                           DP-SGD-S at 2R = 400 ≈ 2 min, MNIST-10k at 2R = 100 ≈ 1 min)
     python experiments/fair_baselines.py --datasets adult --epsilons 10 --algorithms dpsgd,dpsgd_s --models 40
+    python experiments/fair_baselines.py --datasets adult --clip 0.5   every algorithm at C = 0.5 (fair-dp's Adult clip)
     python experiments/fair_baselines.py --quick          tiny (2R = 8, 2 epochs, training subsets): ~5 s per audit
     python experiments/fair_baselines.py --table          print the Markdown table of an existing --out file
 
@@ -86,9 +87,10 @@ QUICK_STATS = {"n_boot": 200, "null_perms": 5}
 # --- the audits ------------------------------------------------------------------------------------------------
 
 def audit_config(dataset: str, epsilon: float, names, *, n_models: int, quick: bool = False, device=None,
-                 threads=None) -> AuditConfig:
+                 threads=None, clip_norm: float | None = None) -> AuditConfig:
     """The validated audit of one (dataset, ε): the dataset's preset with ``names`` at ``epsilon``, 2R = ``n_models``,
-    no PA-LOOA; a grouped algorithm clips by the audit's groups."""
+    no PA-LOOA, every algorithm at the clip ``clip_norm`` (default: the preset's); a grouped algorithm clips by the
+    audit's groups."""
     base = PRESETS[DATASETS[dataset]["preset"]]
     algos = tuple(AlgorithmConfig(name=n, group_by=base.group_by) if algorithm(n).grouped else AlgorithmConfig(name=n)
                   for n in names)
@@ -101,6 +103,8 @@ def audit_config(dataset: str, epsilon: float, names, *, n_models: int, quick: b
         changes["run.device"] = device
     if threads is not None:
         changes["run.threads"] = threads
+    if clip_norm is not None:
+        changes["run.clip_norm"] = float(clip_norm)
     return base.replace(**changes).validate()
 
 
@@ -185,7 +189,7 @@ def audit_rows(dataset: str, epsilon: float, config: AuditConfig, report: AuditR
                      "n_boot": c.n_boot, "ci": c.ci}
         rows.append({
             "dataset": dataset, "data": DATASETS[dataset]["label"], "groups_by": DATASETS[dataset]["groups"],
-            "epsilon": float(epsilon), "algorithm": a.name, "key": a.key, "label": a.label, "formal_dp": a.formal_dp,
+            "epsilon": float(epsilon), "clip_norm": float(config.run.clip_norm), "algorithm": a.name, "key": a.key, "label": a.label, "formal_dp": a.formal_dp,
             "quick": bool(quick), "n_models": report.n_models, "R": report.R, "n_train": report.n_train,
             "steps_per_model": report.steps_per_model, "epochs": config.run.epochs,
             "accuracy_pct": accuracy,
@@ -226,12 +230,21 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
+def _cell(row: dict) -> tuple:
+    """A row's cell: its dataset, ε, clip C (a row written before ``--clip`` existed: the preset's) and algorithm."""
+    ds = row.get("dataset")
+    clip = row.get("clip_norm")
+    if clip is None and ds in DATASETS:
+        clip = PRESETS[DATASETS[ds]["preset"]].run.clip_norm
+    return ds, row.get("epsilon"), None if clip is None else float(clip), row.get("algorithm")
+
+
 def write_rows(path, new: list[dict]) -> list[dict]:
-    """``new`` merged into the rows of ``path`` (replacing those of the same dataset, ε and algorithm), written
+    """``new`` merged into the rows of ``path`` (replacing those of the same dataset, ε, clip and algorithm), written
     atomically (a temporary file renamed); returns every row."""
     path = Path(path)
-    cell = {(r["dataset"], r["epsilon"], r["algorithm"]) for r in new}
-    rows = [r for r in read_rows(path) if (r.get("dataset"), r.get("epsilon"), r.get("algorithm")) not in cell] + new
+    cell = {_cell(r) for r in new}
+    rows = [r for r in read_rows(path) if _cell(r) not in cell] + new
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"experiment": NAME, "rows": rows}, indent=1, allow_nan=False) + "\n", encoding="utf-8")
@@ -245,15 +258,15 @@ def markdown(rows: list[dict]) -> str:
     """The rows as one Markdown table (in the order of the datasets, ε and the rows' own order)."""
     order = list(DATASETS)
     rows = sorted(rows, key=lambda r: (order.index(r["dataset"]) if r["dataset"] in order else len(order),
-                                       r["epsilon"]))  # stable: each audit's algorithms keep their order
+                                       -(_cell(r)[2] or 0.0), r["epsilon"]))  # stable: an audit keeps its order
     heads = [algorithm(p).label for p in PARTNERS]
-    lines = ["| data | ε | algorithm | accuracy (%) [CI] | group accuracy gap (pp) | Δ pp [CI] | null Δ (pp) | resolved | "
+    lines = ["| data | C | ε | algorithm | accuracy (%) [CI] | group accuracy gap (pp) | Δ pp [CI] | null Δ (pp) | resolved | "
              + " | ".join(f"Δ − Δ_{h} [paired CI] (accuracy diff.)" for h in heads) + " |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
     for r in rows:
         nd = r.get("null_delta_pp")
         vs = r.get("vs") or {}
-        lines.append(f"| {r['data']} ({r['groups_by']}) | {r['epsilon']:g} | {r['label']} | {_ci(r['accuracy_pct'])} | "
+        lines.append(f"| {r['data']} ({r['groups_by']}) | {_cell(r)[2]:g} | {r['epsilon']:g} | {r['label']} | {_ci(r['accuracy_pct'])} | "
                      f"{_n(r.get('group_accuracy_gap_pp'))} | {_ci(r['delta_pp'])} | "
                      f"{_spread(nd)} | {_yes(r.get('resolved'))} | "
                      + " | ".join(_diff(vs.get(p)) for p in PARTNERS) + " |")
@@ -321,6 +334,13 @@ def _positive(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"must be a positive number, got {text!r}")
+    return v
+
+
 def _backend(text: str):
     try:
         return BackendConfig.parse(text, field="--backend")
@@ -348,6 +368,9 @@ def parser():
                    help=f"2R for Adult (default {DEFAULT_MODELS['adult']}; --quick {QUICK_MODELS})")
     p.add_argument("--mnist-models", type=_typed(_positive), default=None,
                    help=f"2R for MNIST-10k (default {DEFAULT_MODELS['mnist']}; --quick {QUICK_MODELS})")
+    p.add_argument("--clip", type=_typed(_positive_float), default=None,
+                   help="the clip C of every algorithm (default: the preset's, 5; the fair-dp reference's Adult "
+                        "scripts use 0.5)")
     p.add_argument("--quick", action="store_true",
                    help=f"tiny audits: 2R = {QUICK_MODELS}, 2 epochs on a training subset, fewer resamples")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON rows (default experiments/fair_baselines.json)")
@@ -373,13 +396,14 @@ def run(args) -> list[dict]:
         n = n or (QUICK_MODELS if args.quick else DEFAULT_MODELS[ds])
         for eps in args.epsilons:
             cells.append((ds, eps, audit_config(ds, eps, args.algorithms, n_models=n, quick=args.quick,
-                                                device=args.device, threads=args.threads)))
+                                                device=args.device, threads=args.threads, clip_norm=args.clip)))
     store = common.open_store(common.store_path(args, NAME))
     started = time.time()
     rows = []
     for ds, eps, cfg in cells:
         t0 = time.time()
-        rid, report = run_audit_into(store, cfg, f"{NAME} {ds} ε={eps:g}", reuse=args.reuse, backend=args.backend)
+        rid, report = run_audit_into(store, cfg, f"{NAME} {ds} ε={eps:g} C={cfg.run.clip_norm:g}", reuse=args.reuse,
+                                     backend=args.backend)
         got = audit_rows(ds, eps, cfg, report, store, rid, finite(report.seconds), quick=args.quick)
         rows = write_rows(args.out, got)
         sys.stderr.write(f"[{time.time() - started:7.1f}s] {ds} ε={eps:g} 2R={cfg.n_models}: audit run {rid} "

@@ -25,7 +25,8 @@ def test_quick_adult_audit_rows_paired_differences_and_table(tmp_path):
     assert [x["algorithm"] for x in rows] == ["dpsgd", "dpsgd_s"]
     assert {x["label"] for x in rows} == {algorithm("dpsgd").label, algorithm("dpsgd_s").label}
     for x in rows:
-        assert (x["dataset"], x["epsilon"], x["n_models"]) == ("adult", 10.0, fair_baselines.QUICK_MODELS)
+        assert (x["dataset"], x["epsilon"], x["n_models"], x["clip_norm"]) == ("adult", 10.0, fair_baselines.QUICK_MODELS,
+                                                                               5.0)
         acc = x["accuracy_pct"]
         assert 0 < acc["value"] <= 100 and acc["low"] <= acc["value"] <= acc["high"]
         groups = x["group_accuracy_pct"]
@@ -55,7 +56,7 @@ def test_quick_adult_audit_rows_paired_differences_and_table(tmp_path):
     lines = table.splitlines()
     assert len(lines) == 2 + len(rows)
     assert "Δ − Δ_DP-SGD [paired CI]" in lines[0] and "Δ − Δ_DP-SGD-S [paired CI]" in lines[0]
-    assert lines[2].startswith("| Adult (sex) | 10 | DP-SGD |") and lines[3].startswith("| Adult (sex) | 10 | DP-SGD-S |")
+    assert lines[2].startswith("| Adult (sex) | 5 | 10 | DP-SGD |") and lines[3].startswith("| Adult (sex) | 5 | 10 | DP-SGD-S |")
     assert lines[3].split(" | ")[-2].startswith(f"{diff['delta_pp']['value']:+.2f} [")
     t = main_here(fair_baselines.main, ["--table", "--out", out], cwd=tmp_path)
     assert t.returncode == 0 and t.stdout == table
@@ -64,7 +65,7 @@ def test_quick_adult_audit_rows_paired_differences_and_table(tmp_path):
 
 def test_bad_arguments_end_in_one_line_before_any_audit(tmp_path):
     out = tmp_path / "rows.json"
-    for argv in (["--algorithms", "dpsgd,no_such"], ["--datasets", "cifar"], ["--epsilons", "0"],
+    for argv in (["--algorithms", "dpsgd,no_such"], ["--datasets", "cifar"], ["--epsilons", "0"], ["--clip", "-1"],
                  ["--models", "7", "--datasets", "adult", "--algorithms", "dpsgd"]):
         r = main_here(fair_baselines.main, [*argv, "--out", out, "--store", tmp_path / "s.sqlite"], cwd=tmp_path)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)

@@ -147,7 +147,7 @@ def test_every_mechanism_builds_and_steps_on_a_tiny_batch(tiny, name):
     privacy = prepare_privacy(cfg, data, steps=total_steps(cfg, data.n_train))
     assert privacy.entry is a and (privacy.plan is None) == (not a.private)
     assert (make_plan(cfg, data.tiers.sizes, 5) is None) == (not a.private)
-    assert (privacy.dpsgd_s is not None) == (a.setup is not None)
+    assert (privacy.clip_setup is not None) == (a.setup is not None)
     assert (privacy.tail_length is not None) == (a.tail_length is not None)
     n = data.n_train
     mech = build_mechanism(privacy=privacy, members=np.ones((2, n), bool), device="cpu",

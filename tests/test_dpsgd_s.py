@@ -210,7 +210,7 @@ def test_dpsgd_s_plan_meets_the_budget_and_records_what_it_uses():
     plan, info = prep.plan, prep.info
     assert plan.release_noise_multipliers and info["group_size_source"] == "released"
     assert all(0.99 * 1.0 <= e <= 1.0 for e in plan.epsilons)  # DP-SGD plan: every tier at the strictest ε
-    exact = np.bincount(prep.privacy.dpsgd_s.groups)
+    exact = np.bincount(prep.privacy.clip_setup.groups)
     assert not np.array_equal(np.asarray(info["group_sizes"]), exact)  # noisy, not the private sizes
     np.testing.assert_allclose(info["expected_group_batch"], np.asarray(info["group_sizes"]) * plan.sample_rates[0])
     dp = prepare(LR.replace(**{"algorithm.name": "dpsgd"})).plan

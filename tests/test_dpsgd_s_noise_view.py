@@ -75,7 +75,7 @@ def trained(tmp_path_factory):
 
 def test_setup_keeps_dpsgd_sigma_before_the_release_raises_it():
     prep = prepare(DPSGD_S)
-    setup, info = prep.privacy.dpsgd_s, prep.info
+    setup, info = prep.privacy.clip_setup, prep.info
     rec = PlanRecord.from_privacy(prep.privacy, prep.data.tiers, steps=prep.plan.steps)
     sigma = dpsgd_sigma(rec, DPSGD_S)
     assert setup.dpsgd_noise_multiplier == sigma == info["dpsgd_noise_multiplier"]
@@ -84,7 +84,7 @@ def test_setup_keeps_dpsgd_sigma_before_the_release_raises_it():
     assert prepare(DPSGD).plan.noise_multiplier == sigma  # what a DP-SGD run of the same config trains with
     exact = tuple(int(v) for v in np.bincount(setup.groups))
     declared = prepare(DPSGD_S.replace(**{"algorithm.group_sizes": exact}))
-    assert declared.privacy.dpsgd_s.dpsgd_noise_multiplier == declared.plan.noise_multiplier == sigma
+    assert declared.privacy.clip_setup.dpsgd_noise_multiplier == declared.plan.noise_multiplier == sigma
 
 
 # --- the ratio: one owner, equal to an independent computation ---------------------------------------------

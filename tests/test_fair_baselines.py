@@ -222,7 +222,7 @@ def test_counts_and_gradient_together_cost_dpsgds_step(digits, name, sensitivity
     cfg = _one_tier(epsilon, **{"algorithm.name": name})
     privacy = prepare_privacy(cfg, data, steps=50)
     dpsgd = prepare_privacy(cfg.replace(**{"algorithm.name": "dpsgd"}), data, steps=50)
-    s, z = privacy.dpsgd_s, float(dpsgd.plan.noise_multiplier)
+    s, z = privacy.clip_setup, float(dpsgd.plan.noise_multiplier)
     assert s.dpsgd_noise_multiplier == pytest.approx(z, rel=1e-12) and s.noise_multiplier > z
     assert s.noise_multiplier ** -2 + (sensitivity / s.count_noise_std) ** 2 == pytest.approx(z ** -2, rel=1e-10)
     assert s.noise_multiplier <= 1.05 * z + 1e-12 or cfg.algorithm.count_noise_std is not None  # the default σ

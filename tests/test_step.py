@@ -288,8 +288,8 @@ def _quiet(privacy):
     if privacy.plan is None:
         return privacy
     out = dataclasses.replace(privacy, plan=dataclasses.replace(privacy.plan, noise_std=0.0))
-    if privacy.dpsgd_s is not None:
-        out.dpsgd_s = dataclasses.replace(privacy.dpsgd_s, noise_multiplier=0.0, count_noise_std=0.0)
+    if privacy.clip_setup is not None:
+        out.clip_setup = dataclasses.replace(privacy.clip_setup, noise_multiplier=0.0, count_noise_std=0.0)
     return out
 
 

@@ -39,7 +39,7 @@ class Algorithm(AlgorithmSpec):
     # (privacy, *, n_models, device, sample_tiers) → the step's mechanism for M models (build_mechanism calls it)
     mechanism: Callable[..., Mechanism]
     # (config, data, plan, *, tier_sizes, group_attribute, field) → (the plan it trains with, its set-up, kept as
-    # PrivacyPlan.dpsgd_s): what it fixes beyond the planner's plan (DP-SGD-S: groups, released sizes, z_Δ, σ_b)
+    # PrivacyPlan.clip_setup): what it fixes beyond the planner's plan (DP-SGD-S: groups, released sizes, z_Δ, σ_b)
     setup: Callable | None = None
     # (algorithm config, expected batch clip mass Σ q_k C_k N_k) → its tail length γ, fixed once (INO-SGD)
     tail_length: Callable[[object, float], float] | None = None

@@ -79,7 +79,7 @@ class ClippingBias(Mechanism):
 
     @classmethod
     def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "ClippingBias":
-        s = privacy.dpsgd_s
+        s = privacy.clip_setup
         return cls(groups=s.groups, n_groups=len(s.group_names), base_clip=s.base_clip,
                    noise_multiplier=s.noise_multiplier, count_noise_std=s.count_noise_std, n_models=n_models,
                    device=device)

@@ -73,7 +73,7 @@ class GlobalScaling(Mechanism):
 
     @classmethod
     def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "GlobalScaling":
-        a, s = privacy.algorithm, privacy.dpsgd_s
+        a, s = privacy.algorithm, privacy.clip_setup
         return cls(base_clip=s.base_clip, noise_multiplier=s.noise_multiplier, initial=s.initial_clip,
                    quantile=a.quantile, quantile_lr=a.quantile_lr, count_noise_std=s.count_noise_std,
                    expected_batch=float(s.expected_group_batch[0]), n_models=n_models, device=device)

@@ -21,7 +21,7 @@ from engine.dp.mechanisms import default_count_noise_std
 
 @dataclass
 class GroupClipSetup:
-    """What an algorithm with moving clips fixes before step 1 beyond the plan (``PrivacyPlan.dpsgd_s``; DP-SGD-S,
+    """What an algorithm with moving clips fixes before step 1 beyond the plan (``PrivacyPlan.clip_setup``; DP-SGD-S,
     DPSGD-F, DPSGD-Global-Adapt): its clip groups, the public sizes that normalise its counts, and the noise of
     its releases (the gradient sum, the per-step counts, once: DP-SGD-S's group sizes unless declared)."""
 

@@ -227,7 +227,7 @@ class GroupAdaptive(Mechanism):
 
     @classmethod
     def from_privacy(cls, privacy, *, n_models: int, device, sample_tiers=None) -> "GroupAdaptive":
-        a, s = privacy.algorithm, privacy.dpsgd_s
+        a, s = privacy.algorithm, privacy.clip_setup
         return cls(groups=s.groups, n_groups=len(s.group_names), noise_multiplier=s.noise_multiplier,
                    expected_group_batch=s.expected_group_batch, initial=s.initial_clip, tau=a.tau, quantile=a.quantile,
                    ema=a.ema, c_min=a.c_min, c_max=a.c_max, base_clip=s.base_clip, private=a.private_quantile,

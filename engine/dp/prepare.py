@@ -103,7 +103,7 @@ class PrivacyPlan:
     expected_batch: float  # Σ q_k N_k over the planned tier sizes
     expected_clip_mass: float | None  # Σ q_k C_k N_k (INO-SGD's γ is a fraction of it)
     tail_length: float | None  # INO-SGD's γ, absolute clip-mass units
-    dpsgd_s: GroupClipSetup | None  # the set-up of an algorithm whose clips move (DP-SGD-S, DPSGD-F, Global-Adapt)
+    clip_setup: GroupClipSetup | None  # the set-up of an algorithm whose clips move (DP-SGD-S, DPSGD-F, Global-Adapt)
     formal_dp: bool
     formal_dp_reason: str | None = None  # why there is no formal guarantee (None: there is one)
 
@@ -135,7 +135,7 @@ class PrivacyPlan:
     def info(self) -> dict:
         """What an algorithm with moving clips uses instead of the plan's noise std and clips (those are per step:
         ``state()``): its set-up's ``info()`` (engine.dp.groups.GroupClipSetup); {} for the others."""
-        return {} if self.dpsgd_s is None else self.dpsgd_s.info()
+        return {} if self.clip_setup is None else self.clip_setup.info()
 
 
 def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_sizes=None,
@@ -152,16 +152,16 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
         q = min(1.0, config.batch_size / sum(sizes))
         return PrivacyPlan(algorithm=algo, plan=None, sample_rates=np.full(data.n_train, q), sample_clips=None,
                            expected_batch=float(config.batch_size), expected_clip_mass=None, tail_length=None,
-                           dpsgd_s=None, formal_dp=False, formal_dp_reason=algo.no_formal_dp_reason)
-    dpsgd_s = None
+                           clip_setup=None, formal_dp=False, formal_dp_reason=algo.no_formal_dp_reason)
+    clip_setup = None
     if entry.setup is not None:  # what the algorithm fixes beyond the plan (DP-SGD-S: its groups, z_Δ, σ_b)
-        plan, dpsgd_s = entry.setup(config, data, plan, tier_sizes=sizes, group_attribute=group_attribute, field=field)
+        plan, clip_setup = entry.setup(config, data, plan, tier_sizes=sizes, group_attribute=group_attribute, field=field)
     rates, clips = np.asarray(plan.sample_rates, dtype=float), np.asarray(plan.clip_norms, dtype=float)
     mass = float(np.sum(rates * clips * np.asarray(plan.tier_sizes, dtype=float)))
     reason = algo.no_formal_dp_reason
     return PrivacyPlan(algorithm=algo, plan=plan, sample_rates=rates[tier_of], sample_clips=clips[tier_of],
                        expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
                        tail_length=entry.tail_length(algo, mass) if entry.tail_length is not None else None,
-                       dpsgd_s=dpsgd_s, formal_dp=reason is None, formal_dp_reason=reason)
+                       clip_setup=clip_setup, formal_dp=reason is None, formal_dp_reason=reason)
 
 

@@ -525,7 +525,7 @@ class PlanRecord(_Flat):
         """The record of a privacy plan (``engine.dp.prepare.PrivacyPlan``) for ``tiers`` (names, sizes, ε):
         the planner's steps, tier sizes, targets and expected batch where there is a plan (the audit plans for
         half-size tiers), ``steps`` and ``tiers`` otherwise; ``preview``: n_train, algorithm, seeds."""
-        plan, group = privacy.plan, privacy.dpsgd_s
+        plan, group = privacy.plan, privacy.clip_setup
         base = dict(steps=steps, trained_steps=trained_steps or steps, expected_batch_size=privacy.expected_batch,
                     tier_names=tuple(tiers.names), tier_sizes=tuple(tiers.sizes), target_epsilons=tuple(tiers.epsilons),
                     formal_dp=privacy.formal_dp, formal_dp_reason=privacy.formal_dp_reason,

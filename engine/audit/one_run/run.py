@@ -139,14 +139,14 @@ def _extended_privacy(prep, tier_of: np.ndarray, donors: np.ndarray, labels_by_s
     q, c = np.asarray(p.plan.sample_rates, float), np.asarray(p.plan.clip_norms, float)
     out = dataclasses.replace(p, sample_rates=np.concatenate([p.sample_rates, q[tier_of]]),
                               sample_clips=np.concatenate([p.sample_clips, c[tier_of]]))
-    if p.dpsgd_s is not None and p.dpsgd_s.groups is not None:
-        s = p.dpsgd_s
+    if p.clip_setup is not None and p.clip_setup.groups is not None:
+        s = p.clip_setup
         group = np.asarray(s.groups)[donors]  # the group of a sample of the same tier ...
         if p.algorithm.group_by == "tier":
             group = tier_of
         elif p.algorithm.group_by == "class":  # ... or, by class, the canary's own label
             group = np.where(labels_by_slot >= 0, labels_by_slot, group)
-        out = dataclasses.replace(out, dpsgd_s=dataclasses.replace(s, groups=np.concatenate([s.groups, group])))
+        out = dataclasses.replace(out, clip_setup=dataclasses.replace(s, groups=np.concatenate([s.groups, group])))
     return out
 
 
@@ -181,8 +181,8 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
     sampler = PoissonSampler(members, rates, dev, expected_batch=public_batch)
     models = model_axis(prep)
     clip = privacy.sample_clips
-    if privacy.dpsgd_s is not None:  # moving clips (DP-SGD-S: up to c_max · C): a canary at least that long
-        grad_norms = np.full(can.n_grad, privacy.dpsgd_s.largest_clip * config.canary_norm)
+    if privacy.clip_setup is not None:  # moving clips (DP-SGD-S: up to c_max · C): a canary at least that long
+        grad_norms = np.full(can.n_grad, privacy.clip_setup.largest_clip * config.canary_norm)
     elif clip is None:
         grad_norms = np.full(can.n_grad, run.clip_norm * config.canary_norm)
     else:
@@ -206,8 +206,8 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
             raise Cancelled(f"stopped at step {step - 1} of {key}")
         # this step's noise std and (DP-SGD-S: moving) clips, as dp_step will use them; planned clips otherwise
         std = mech.noise_std()
-        canary_clips = mech.contribution_bounds(slots) if planned.dpsgd_s is not None or planned.sample_clips is None \
-            else fixed_clips
+        moving = planned.clip_setup is not None or planned.sample_clips is None
+        canary_clips = mech.contribution_bounds(slots) if moving else fixed_clips
         out = dp_step(wrapped, x, y, sampler, mech, gen)
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units
                                noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=norm_cap))

@@ -8,14 +8,15 @@ from in_process import cli_here
 import torch
 from hypothesis import given, settings, strategies as st
 
-from engine.audit.one_run.run import Fault, design_canaries, run_one_algorithm, run_one_run_audit
+from engine.audit.one_run.run import Fault, _StepView, design_canaries, run_one_algorithm, run_one_run_audit
 from engine.audit.one_run.config import OneRunConfig
 from engine.audit.one_run.report import OneRunReport
 from engine.config.run import AlgorithmConfig
 from engine.config.schema import ConfigError
 from engine.dp.canaries import SPARE, GradientCanaries
 from engine.dp.grad_sample import ModuleGrads
-from engine.dp.step import PoissonSampler
+from engine.dp.dpsgd_f import ClippingBias
+from engine.dp.step import PoissonSampler, dp_step
 from engine.jobs.kinds import execute
 from engine.models.nets import LogisticRegression
 from engine.store.db import RunStore
@@ -219,3 +220,21 @@ def test_job_kind_stores_the_report_and_the_cli_prints_it(tmp_path):
     assert shown.returncode == 0 and "claimed ε" in shown.stdout and "DP-SGD" in shown.stdout
     bad = cli_here("one-run-audit", "--set", "beta=3", env=env)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "beta" in bad.stderr
+
+
+def test_the_auditor_scores_with_the_clips_and_noise_the_step_applied():
+    """DPSGD-F sets its clips from this batch's noisy counts inside dp_step: the noise std and the canaries' bounds
+    the one-run auditor scores a step with are those dp_step applied (read when it asks for the noise std), not the
+    clips before the step (C₀ for every group at the first)."""
+    models, _ = _lr_models()
+    x, y = torch.randn(8, 6, dtype=torch.float64) * 5, torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    mech = ClippingBias(groups=np.array([0, 1] * 4), n_groups=2, base_clip=0.5, noise_multiplier=1.0,
+                        count_noise_std=1.0)
+    before = mech.noise_std().clone()
+    view = _StepView(mech, torch.tensor([[6, 7]]))
+    dp_step(models, x, y, PoissonSampler(np.ones((1, 8), bool), np.ones(8), "cpu", expected_batch=8.0), view,
+            torch.Generator().manual_seed(3))
+    std, bounds = view.applied(torch.tensor([[6, 7]]))
+    assert torch.equal(std, mech.noise_std()) and not torch.equal(std, before)
+    assert torch.equal(bounds, mech.clip_norms(torch.tensor([[6, 7]])))
+    assert view.applied(torch.tensor([[6, 7]]))[0] is not std  # forgotten: read afresh after a non-private step

@@ -150,6 +150,29 @@ def _extended_privacy(prep, tier_of: np.ndarray, donors: np.ndarray, labels_by_s
     return out
 
 
+class _StepView:
+    """The mechanism as ``dp_step`` sees it, noting what a step applied: a private step calls ``noise_std()`` once,
+    when its clips are final (DPSGD-F sets them from this batch's counts in ``see_batch``) and before ``observe``
+    moves them (DP-SGD-S, Global-Adapt), so the canaries' contribution bounds are read at that moment too."""
+
+    def __init__(self, mech, slots):
+        self._mech, self._slots, self._applied = mech, slots, None
+
+    def __getattr__(self, name):
+        return getattr(self._mech, name)
+
+    def noise_std(self):
+        std = self._mech.noise_std()
+        self._applied = (std, self._mech.contribution_bounds(self._slots))
+        return std
+
+    def applied(self, slots):
+        """(noise std, the canary slots' contribution bounds) of the step just taken (a non-private step asks for
+        no noise std: its zero noise and its unbounded clips, read now), then forgets them."""
+        out, self._applied = self._applied, None
+        return out if out is not None else (self._mech.noise_std(), self._mech.contribution_bounds(slots))
+
+
 def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries | None = None, *,
                       fault: Fault | None = None, should_stop=None, on_step=None, prep=None):
     """One run of ``algorithm`` with the canaries: (its AlgorithmOneRun, white scores, black scores). ``prep``: this
@@ -200,15 +223,15 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
         planned.sample_clips[n + can.n_input:][None, :], device=dev)
     norm_cap = torch.as_tensor(grad_norms, device=dev)  # a canary contributes at most its own norm
     slots = torch.arange(n + can.n_input, n + can.n_input + can.n_grad, device=dev)[None, :]
+    view = _StepView(mech, slots)
     started = time.time()
     for step in range(1, steps + 1):
         if should_stop is not None and should_stop():
             raise Cancelled(f"stopped at step {step - 1} of {key}")
-        # this step's noise std and (DP-SGD-S: moving) clips, as dp_step will use them; planned clips otherwise
-        std = mech.noise_std()
-        moving = planned.clip_setup is not None or planned.sample_clips is None
-        canary_clips = mech.contribution_bounds(slots) if moving else fixed_clips
-        out = dp_step(wrapped, x, y, sampler, mech, gen)
+        # this step's noise std and (moving) clips, as dp_step applied them (``_StepView``); planned clips otherwise
+        out = dp_step(wrapped, x, y, sampler, view, gen)
+        std, moving_clips = view.applied(slots)
+        canary_clips = fixed_clips if fixed_clips is not None and planned.clip_setup is None else moving_clips
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units
                                noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=norm_cap))
         optimizer.zero_grad(set_to_none=True)

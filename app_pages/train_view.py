@@ -153,12 +153,13 @@ with algo_col:
         tail_pct = st.slider("Tail length γ, % of the expected batch clip mass", 1, 100, 50, key="tail_pct",
                              bind="query-params")
         slots.add(st, "Tail length γ", "algorithm.tail_fraction")
-    with st.expander("DP-SGD-S options", expanded=False):
+    with st.expander("DP-SGD-S options (its quantile is also DPSGD-Global-Adapt's)", expanded=False):
         a1, a2 = st.columns(2)
         tau = a1.number_input("τ", value=1.0, step=0.1, key="tau", bind="query-params")
         slots.add(a1, "τ", "algorithm.tau")
-        quantile = a2.number_input("Quantile", value=0.75, step=0.05,
-                                   key="quantile", bind="query-params")
+        quantile = a2.number_input("Quantile", value=0.75, step=0.05, key="quantile", bind="query-params",
+                                   help="DP-SGD-S: the gradient-norm quantile each group's clip tracks. "
+                                        "DPSGD-Global-Adapt: the fraction of gradients its threshold Z keeps within")
         slots.add(a2, "Quantile", "algorithm.quantile")
         a1, a2 = st.columns(2)
         c_min = a1.number_input("c_min (× C)", value=0.5, step=0.1, key="c_min", bind="query-params")

@@ -15,11 +15,12 @@ releases its counts here, the non-private reference rule reads the gradients), `
 ``weights(losses, clip, mask) → (M, L) or None`` (None: ρ ≡ 1), ``contribution_bounds(idx) → (M, L)`` (the
 largest norm entry i's ρ_i · clip(g_i, C_i) can have), ``noise_std() → (M,)``, ``observe(idx, norms, mask,
 gen)`` — called after EVERY step, an empty Poisson batch included — and ``state()``. Each class builds itself
-from the privacy preparation (``from_privacy``: ``engine.dp.prepare.prepare_privacy`` gives its inputs); the algorithm registry
-(``engine.dp.algorithms``) names which one an algorithm uses, and :func:`build_mechanism` is the one factory.
+from the privacy preparation (``from_privacy``: ``engine.dp.prepare.prepare_privacy`` gives its inputs); the
+algorithm registry (``engine.dp.algorithms``) names which one an algorithm uses (DPSGD-F's and Global-Adapt's
+live in ``engine.dp.dpsgd_f`` and ``engine.dp.global_adapt``), and :func:`build_mechanism` is the one factory.
 
 Invariant every private mechanism keeps: adding one sample z changes Σ ρ_i clip(g_i, C_i) by at most its
-contribution bound (``contribution_bounds``: C_z, except DPSGD-Global-Adapt's ρ · Z = C), and the noise std is
+contribution bound (``contribution_bounds``: C_z, except DPSGD-Global-Adapt's ρ · Z' = C), and the noise std is
 noise_multiplier × (the largest contribution bound any sample can get). Every statistic of the batch a
 mechanism adapts to (a clip, a threshold) is released with Gaussian noise from its own stream
 (``count_generator``) and accounted (``engine.dp.accounting.adaptive_clipping_noise_multiplier``).

@@ -32,6 +32,11 @@ from engine.dp.mechanisms import build_mechanism
 from engine.dp.prepare import prepare_data, prepare_privacy
 from engine.dp.stacked import StackedModels, sgd_train
 from engine.dp.step import PoissonSampler
+from engine.figures import talk_frames as tf
+from engine.jobs.kinds import execute
+from engine.jobs.runs import run_record
+from engine.store.db import RunStore
+from engine.train.records import PlanRecord
 
 CPU = torch.device("cpu")
 
@@ -277,3 +282,33 @@ def test_a_pa_alooa_audit_runs_both_beside_dpsgd():
     assert labels == [algorithm(n).label for n in ("dpsgd", "dpsgd_f", "dpsgd_global_adapt")]
     for a in report.algorithms:
         assert a.formal_dp and math.isfinite(a.delta.value) and a.accuracy.mean > 0.3
+
+
+@pytest.mark.slow
+def test_dpsgd_fs_clips_and_noise_cost_are_drawn_and_said_with_its_name(tmp_path, one_thread, shared_data):
+    """DPSGD-F draws the group-clip figure (its registry entry's figures), Global-Adapt does not: its runs' rows carry
+    its label, the noise ratio is its noise z_g · max_k C_k over DP-SGD's σ·C at the same ε, and the live sentence
+    names DPSGD-F (not DP-SGD-S) with that ratio."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    base = RunConfig().replace(**{
+        "data.name": "adult", "data.max_train": 2000, "model.name": "lr", "epochs": 1.0, "eval_every": 5,
+        "tiers": TiersConfig(assign="random", tiers=(TierConfig(epsilon=1.0, ratio=1.0),)),
+        "algorithm.group_by": "attribute", "device": "cpu"})
+    runs = {}
+    for name in ("dpsgd", "dpsgd_f", "dpsgd_global_adapt"):
+        cfg = base.replace(**{"algorithm.name": name})
+        rid = store.create_run(cfg.validate(), group_id="baselines")
+        execute(store, rid, cfg, kind="train")
+        runs[name] = run_record(store, rid)
+    frame = tf.group_clip_frame(list(runs.values()))
+    assert not frame.empty and set(frame["algorithm"]) == {algorithm("dpsgd_f").label}
+    plan = PlanRecord.of(runs["dpsgd_f"]["plan"])
+    sigma_c = plan.group_clip.dpsgd_noise_multiplier * plan.group_clip.base_clip
+    assert plan.group_clip.dpsgd_noise_multiplier == PlanRecord.of(runs["dpsgd"]["plan"]).noise_multiplier
+    per_step = frame.drop_duplicates(["run_id", "step"])
+    assert np.allclose(per_step["noise_ratio"], per_step["noise_std"] / sigma_c, rtol=1e-12)
+    top = frame.groupby("step")["clip_norm"].max().to_numpy()
+    assert np.allclose(per_step["noise_std"].to_numpy(), plan.group_clip.gradient_noise_multiplier * top, rtol=1e-9)
+    latest = float(per_step["noise_ratio"].iloc[-1])
+    sentence = tf.noise_cost_sentence(frame, threshold=latest)
+    assert sentence.startswith(f"{algorithm('dpsgd_f').label} adds {latest:.1f}× the noise DP-SGD would")

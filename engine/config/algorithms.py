@@ -217,7 +217,7 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     # 2021); one global scale with a privately tracked threshold (Esipova et al. 2023). Colours: the two
     # farthest (ΔE00 ≥ 13 from every other algorithm and control colour in every vision) at mid lightness.
     AlgorithmSpec(name="dpsgd_f", label="DPSGD-F", colour="#775544", symbol="triangle-down", plan_mode="dpsgd",
-                  picker_rank=6, check=_check_clipping_bias, grouped=True),
+                  picker_rank=6, check=_check_clipping_bias, grouped=True, figures=("group_clip",)),
     AlgorithmSpec(name="dpsgd_global_adapt", label="DPSGD-Global-Adapt", colour="#AACC99", symbol="pentagon",
                   plan_mode="dpsgd", picker_rank=7, check=_check_global_scaling),
 )}

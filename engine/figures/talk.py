@@ -5,8 +5,8 @@
 * ``privacy_frontier`` — per-tier final recall vs the tier's ε, one line per algorithm (series), error
   bars = standard error over the series' seeds (or over the runs of one algorithm), each run faint;
 * ``ino_internals`` — INO-SGD over training: mean ρ per tier and the fraction of clip mass down-weighted;
-* ``group_clip`` — DP-SGD-S over training: each group's clip norm C_k and its noise relative to plain DP-SGD's
-  at the same ε, (z_Δ · max_k C_k) / (σ·C) (the raw noise std for runs stored without σ);
+* ``group_clip`` — DP-SGD-S or DPSGD-F over training: each group's clip norm C_k and its noise relative to plain
+  DP-SGD's at the same ε, (z_Δ · max_k C_k) / (σ·C) (the raw noise std for runs stored without σ);
 * ``tif_sweep`` — a sweep group (:mod:`engine.tools.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
 * ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
@@ -33,7 +33,7 @@ from engine.figures.sweep_frame import PARAM_LABELS, sweep_frame
 
 TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "tif_sweep", "audit_tiers")
 TITLES = {"privacy_frontier": "Privacy–utility frontier", "results_table": "Results table",
-          "ino_internals": "INO-SGD internals", "group_clip": "DP-SGD-S group clips", "tif_sweep": "TIF sweep",
+          "ino_internals": "INO-SGD internals", "group_clip": "Group clips and their noise", "tif_sweep": "TIF sweep",
           "audit_tiers": "Audit: GPR vs ε"}
 NOT_RECORDED = ("not recorded by this run: its evaluations carry no mean ρ per tier / down-weighted mass "
                 f"(keys {tf.RHO_KEY}, {tf.DOWNWEIGHTED_KEY})")
@@ -125,13 +125,14 @@ def fig_ino_internals(frame: pd.DataFrame, *, theme: str = "light", has_ino: boo
 
 
 def fig_group_clip(frame: pd.DataFrame, *, theme: str = "light",
-                   title: str = "DP-SGD-S: per-group clip norm C_k and its noise vs DP-SGD at the same ε",
+                   title: str = "Per-group clip norm C_k and its noise vs DP-SGD at the same ε",
                    ) -> go.Figure:
     """Left: each group's clip C_k over training. Right: the noise relative to plain DP-SGD's at the same ε,
     (z_Δ · max_k C_k) / (σ·C), with DP-SGD at 1 (``noise_ratio``); the raw noise std where no run recorded σ
     (plans stored before it was)."""
     if frame.empty:
-        return empty_figure(title, theme, "select a DP-SGD-S run (its evaluations carry group_clip_norms)")
+        return empty_figure(title, theme, "select a run whose clips move per group, such as DP-SGD-S or DPSGD-F "
+                                          "(its evaluations carry group_clip_norms)")
     df = escape_columns(frame, "series", "group")
     has_ratio = "noise_ratio" in df and bool(np.isfinite(df["noise_ratio"].to_numpy(float)).any())
     second = "noise vs DP-SGD at the same ε: z_Δ · max C_k / (σ · C)" if has_ratio else "noise std (σ · max C_k)"

@@ -167,12 +167,13 @@ def ino_internals_frame(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=INO_COLUMNS)
 
 
-CLIP_COLUMNS = ["run_id", "run", "series", "seed_index", "step", "epoch", "group", "group_index", "clip_norm",
-                "noise_std", "base_clip", "noise_ratio", "noise_multiplier_ratio"]
+CLIP_COLUMNS = ["run_id", "run", "series", "algorithm", "seed_index", "step", "epoch", "group", "group_index",
+                "clip_norm", "noise_std", "base_clip", "noise_ratio", "noise_multiplier_ratio"]
 
 
 def group_clip_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
-    """Per DP-SGD-S run, evaluation and clip group: the group's clip norm C_k, the step's noise std
+    """Per run of an algorithm that draws its group clips (its registry entry's figures: DP-SGD-S, DPSGD-F),
+    evaluation and clip group: its algorithm's label, the group's clip norm C_k, the step's noise std
     z_Δ · max_k C_k (``EvalRecord.group_clip``; group names from the plan's ``group_clip.clip_groups``), the
     run's C (``base_clip``), the noise relative to plain DP-SGD's at the same ε, (z_Δ · max_k C_k) / (σ·C)
     (``noise_ratio``, :meth:`engine.train.records.GroupClipPlan.noise_ratio`) and z_Δ / σ
@@ -181,8 +182,9 @@ def group_clip_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame
     rows = []
     labels = fr.series_labels(runs)
     for run in runs:
-        if not draws(run.get("algorithm"), "group_clip"):  # DP-SGD-S's (its registry entry's figures)
+        if not draws(run.get("algorithm"), "group_clip"):  # its registry entry's figures say so
             continue
+        label = algorithm_label(run.get("algorithm"))
         setup = PlanRecord.of(run.get("plan")).group_clip
         names = list(setup.clip_groups or ()) if setup is not None else []
         base_clip = fr._finite(setup.base_clip if setup is not None else None)
@@ -194,21 +196,23 @@ def group_clip_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame
             ratio = fr._finite(setup.noise_ratio(clips.noise_std) if setup is not None else None)
             for k, c in enumerate(clips.clip_norms or ()):
                 rows.append({"run_id": run["id"], "run": run_label(run), "series": labels[run["id"]],
-                             "seed_index": seed_index(run), "step": e.step, "epoch": e.epoch,
+                             "algorithm": label, "seed_index": seed_index(run), "step": e.step, "epoch": e.epoch,
                              "group": str(names[k]) if k < len(names) else f"group {k}", "group_index": k,
                              "clip_norm": fr._finite(c), "noise_std": fr._finite(clips.noise_std),
                              "base_clip": base_clip, "noise_ratio": ratio, "noise_multiplier_ratio": z_ratio})
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
 
 
-NOISE_RATIO_LARGE = 1.5  # DP-SGD-S's noise at least this many times DP-SGD's: the live view says what it costs
+NOISE_RATIO_LARGE = 1.5  # a run's noise at least this many times DP-SGD's: the live view says what it costs
 
 
 def noise_cost_sentence(frame: pd.DataFrame, *, threshold: float = NOISE_RATIO_LARGE) -> str | None:
-    """What DP-SGD-S's noise costs, in words, from :func:`group_clip_frame`: for each DP-SGD-S series whose
+    """What moving clips' noise costs, in words, from :func:`group_clip_frame`: for each series (of DP-SGD-S,
+    DPSGD-F: the algorithms that draw their group clips) whose
     noise at its runs' latest evaluation (mean over its seeds) is at least ``threshold`` × DP-SGD's at the same
     ε, one sentence with that ratio, its largest group clip (in units of C) and z_Δ / σ (the ratio is their
-    product). None when no series is that far (small cost, no DP-SGD-S run, or a plan stored without σ).
+    product), named by its algorithm. None when no series is that far (small cost, no such run, or a plan stored
+    without σ).
     Raw text (series labels as the user wrote them): the page escapes it."""
     if frame.empty:
         return None
@@ -216,7 +220,8 @@ def noise_cost_sentence(frame: pd.DataFrame, *, threshold: float = NOISE_RATIO_L
     if d.empty:
         return None
     d = d[d["step"] == d.groupby("run_id")["step"].transform("max")]  # each run's latest evaluation
-    per_run = d.groupby("run_id", sort=False).agg(series=("series", "first"), ratio=("noise_ratio", "first"),
+    per_run = d.groupby("run_id", sort=False).agg(series=("series", "first"), name=("algorithm", "first"),
+                                                  ratio=("noise_ratio", "first"),
                                                   clip=("clip_norm", "max"), base=("base_clip", "first"),
                                                   z=("noise_multiplier_ratio", "first"))
     per_run["clip"] = per_run["clip"] / per_run["base"]
@@ -226,7 +231,7 @@ def noise_cost_sentence(frame: pd.DataFrame, *, threshold: float = NOISE_RATIO_L
         ratio = _mean(g["ratio"])
         if not ratio >= threshold:
             continue
-        name = algorithm_label("dpsgd_s")
+        name = str(g["name"].iloc[0])
         who = name if not several else series if series.startswith(name) else f"{name} ({series})"
         seeds = f", mean over {len(g)} seeds" if len(g) > 1 else ""
         out.append(f"{who} adds {ratio:.1f}× the noise DP-SGD would at the same ε (latest evaluation{seeds}: "

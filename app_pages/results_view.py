@@ -204,7 +204,7 @@ with st.container(key="talk-table"):
     charts.export_menu(talk_table, key="e-table")
 if any(draws(r.get("algorithm"), "ino_internals") for r in runs):  # INO-SGD's (its registry entry's figures)
     charts.chart(talk["ino_internals"], key="res-ino", export_key="e-ino")
-if any(draws(r.get("algorithm"), "group_clip") for r in runs):  # DP-SGD-S's
+if any(draws(r.get("algorithm"), "group_clip") for r in runs):  # DP-SGD-S's, DPSGD-F's
     charts.chart(talk["group_clip"], key="res-clip", export_key="e-clip")
 if sweep:
     charts.chart(talk["tif_sweep"], key="res-sweep", export_key="e-sweep")

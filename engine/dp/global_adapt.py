@@ -30,7 +30,7 @@ from engine.config.run import RunConfig
 from engine.dp import accounting
 from engine.dp.accounting import plan_errors
 from engine.dp.groups import GroupClipSetup
-from engine.dp.mechanisms import Mechanism, default_count_noise_std
+from engine.dp.mechanisms import Mechanism, default_count_noise_std, tracked_quantile_step
 
 COUNT_SENSITIVITY = 0.5  # the centred count Σ (1[‖g‖ ≤ Z] − ½) moves by ½ when one sample is added or removed
 
@@ -105,9 +105,8 @@ class GlobalScaling(Mechanism):
         noise = torch.randn(self.n_models, generator=self.count_generator(gen), device=self.device,
                             dtype=torch.float64)
         self.released = self.count(norms, mask) + self.count_noise_std * noise
-        frac = torch.clamp(self.released / self.expected_batch + 0.5, 0.0, 1.0)
-        self.threshold = torch.clamp(self.threshold * torch.exp(-self.quantile_lr * (frac - self.quantile)),
-                                     *self._Z_RANGE)
+        self.threshold = torch.clamp(tracked_quantile_step(self.threshold, self.released, expected=self.expected_batch,
+                                                           quantile=self.quantile, lr=self.quantile_lr), *self._Z_RANGE)
 
     def state(self):
         return {"group_clip_norms": [float(self.scale_threshold().mean())],

@@ -293,8 +293,8 @@ class GroupAdaptive(Mechanism):
             counts = torch.zeros_like(self.estimate).scatter_add_(1, g, below)
             noise = torch.randn(self.estimate.shape, generator=self.count_generator(gen), device=self.device,
                                 dtype=torch.float64)
-            frac = torch.clamp((counts + self.count_noise_std * noise) / self.expected + 0.5, 0.0, 1.0)
-            self.estimate = self.estimate * torch.exp(-self.quantile_lr * (frac - self.quantile))
+            self.estimate = tracked_quantile_step(self.estimate, counts + self.count_noise_std * noise,
+                                                  expected=self.expected, quantile=self.quantile, lr=self.quantile_lr)
         else:
             for j in range(self.k):
                 sel = mask & (g == j)
@@ -317,6 +317,16 @@ class GroupAdaptive(Mechanism):
         """``state()`` of model ``model`` of the axis alone (a k-seed run stores one row per model)."""
         clips = self.group_clips()[model]
         return {"group_clip_norms": clips.tolist(), "noise_std": float(self.noise_multiplier * clips.max())}
+
+
+def tracked_quantile_step(estimate: torch.Tensor, released: torch.Tensor, *, expected, quantile: float,
+                          lr: float) -> torch.Tensor:
+    """Andrew et al.'s (2021) geometric step of a privately tracked quantile S of gradient norms, from the released
+    centred count Σ_i (1[‖g_i‖ ≤ S] − ½) + N(0, σ_b²): the fraction within S, b̃ = clamp(count / E + ½, 0, 1) over
+    the PUBLIC expected count E, and S ← S · exp(−η (b̃ − quantile)). The one rule of DP-SGD-S's per-group clips and
+    DPSGD-Global-Adapt's threshold (post-processing of the release only)."""
+    frac = torch.clamp(released / expected + 0.5, 0.0, 1.0)
+    return estimate * torch.exp(-lr * (frac - quantile))
 
 
 def build_tif(algo):

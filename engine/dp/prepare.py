@@ -163,5 +163,3 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
                        expected_batch=float(plan.expected_batch_size), expected_clip_mass=mass,
                        tail_length=entry.tail_length(algo, mass) if entry.tail_length is not None else None,
                        clip_setup=clip_setup, formal_dp=reason is None, formal_dp_reason=reason)
-
-

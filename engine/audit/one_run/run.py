@@ -166,11 +166,11 @@ class _StepView:
         self._applied = (std, self._mech.contribution_bounds(self._slots))
         return std
 
-    def applied(self, slots):
+    def applied(self):
         """(noise std, the canary slots' contribution bounds) of the step just taken (a non-private step asks for
         no noise std: its zero noise and its unbounded clips, read now), then forgets them."""
         out, self._applied = self._applied, None
-        return out if out is not None else (self._mech.noise_std(), self._mech.contribution_bounds(slots))
+        return out if out is not None else (self._mech.noise_std(), self._mech.contribution_bounds(self._slots))
 
 
 def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries | None = None, *,
@@ -230,7 +230,7 @@ def run_one_algorithm(config: OneRunConfig, algorithm, key: str, can: Canaries |
             raise Cancelled(f"stopped at step {step - 1} of {key}")
         # this step's noise std and (moving) clips, as dp_step applied them (``_StepView``); planned clips otherwise
         out = dp_step(wrapped, x, y, sampler, view, gen)
-        std, moving_clips = view.applied(slots)
+        std, moving_clips = view.applied()
         canary_clips = fixed_clips if fixed_clips is not None and planned.clip_setup is None else moving_clips
         wrapped.observe_update(out.grads, sampler.expected_batch_tensor,  # back to the noisy sum's units
                                noise_std=std, rates=planned_rates, clips=torch.clamp(canary_clips, max=norm_cap))

@@ -248,6 +248,18 @@ def test_a_count_noise_too_small_to_pay_for_is_refused_by_its_field(digits):
         assert e.value.field == "algorithm.count_noise_std" and "count_noise_std" in e.value.message
 
 
+@pytest.mark.parametrize("name, field, value", [("dpsgd_f", "group_by", "zodiac"), ("dpsgd_f", "count_noise_std", -1.0),
+                                               ("dpsgd_global_adapt", "quantile", 1.5),
+                                               ("dpsgd_global_adapt", "quantile_lr", 0.0),
+                                               ("dpsgd_global_adapt", "initial_clip", -2.0),
+                                               ("dpsgd_global_adapt", "count_noise_std", 0.0)])
+def test_their_fields_are_validated_by_name(name, field, value):
+    """The config fields each reads are checked by its spec, the error naming the field."""
+    with pytest.raises(ConfigError) as e:
+        RunConfig().replace(**{"algorithm.name": name, f"algorithm.{field}": value}).validate()
+    assert e.value.field == f"algorithm.{field}"
+
+
 @pytest.mark.parametrize("name", ["dpsgd_f", "dpsgd_global_adapt"])
 def test_a_stack_of_models_trains_each_on_its_own_half(digits, one_thread, name):
     """The model axis: 3 models on different halves, 40 steps; finite parameters, each model's own clips (and

@@ -106,43 +106,40 @@ def _check_ino(a, p: str) -> None:
             raise ConfigError(p + "knots", problem)
 
 
+def _check_tracked_quantile(a, p: str) -> None:
+    """The fields of a privately tracked quantile of gradient norms (Andrew et al. 2021): its target quantile, step
+    and start, and its count noise (None: the default). DP-SGD-S's group clips and DPSGD-Global-Adapt's threshold Z
+    both track one (``engine.dp.mechanisms.tracked_quantile_step``)."""
+    check_number(a.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
+    check_positive(a.quantile_lr, p + "quantile_lr")
+    if a.initial_clip is not None:
+        check_positive(a.initial_clip, p + "initial_clip")
+    if a.count_noise_std is not None:
+        check_positive(a.count_noise_std, p + "count_noise_std")
+
+
 def _check_group_clip(a, p: str) -> None:
-    """DP-SGD-S's fields: the clip rule, τ, the quantile and its tracker, the clip range, the groups."""
+    """DP-SGD-S's fields: the clip rule, τ, the clip range, the groups and their sizes, its tracked quantile."""
     check_choice(a.clip_rule, p + "clip_rule", CLIP_RULES)
     check_positive(a.tau, p + "tau")
-    check_number(a.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
     check_number(a.ema, p + "ema", 0, 1, high_open=True)
     check_positive(a.c_min, p + "c_min")
     check_positive(a.c_max, p + "c_max")
     if a.c_min > a.c_max:
         raise ConfigError(p + "c_min", f"must be at most c_max = {_show(a.c_max)}, got {_show(a.c_min)}")
-    check_positive(a.quantile_lr, p + "quantile_lr")
     if a.group_sizes is not None:
         check_list(a.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
         for k, n in enumerate(a.group_sizes):
             check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
     if a.group_size_noise_std is not None:
         check_positive(a.group_size_noise_std, p + "group_size_noise_std")
-    if a.initial_clip is not None:
-        check_positive(a.initial_clip, p + "initial_clip")
-    if a.count_noise_std is not None:
-        check_positive(a.count_noise_std, p + "count_noise_std")
+    _check_tracked_quantile(a, p)
     check_choice(a.group_by, p + "group_by", GROUP_BY)
 
 
 def _check_clipping_bias(a, p: str) -> None:
     """DPSGD-F's fields: its groups and the noise of its per-step counts (None: the default)."""
     check_choice(a.group_by, p + "group_by", GROUP_BY)
-    if a.count_noise_std is not None:
-        check_positive(a.count_noise_std, p + "count_noise_std")
-
-
-def _check_global_scaling(a, p: str) -> None:
-    """DPSGD-Global-Adapt's fields: the threshold's target quantile, step and start, the count noise."""
-    check_number(a.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
-    check_positive(a.quantile_lr, p + "quantile_lr")
-    if a.initial_clip is not None:
-        check_positive(a.initial_clip, p + "initial_clip")
     if a.count_noise_std is not None:
         check_positive(a.count_noise_std, p + "count_noise_std")
 
@@ -219,7 +216,7 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec(name="dpsgd_f", label="DPSGD-F", colour="#775544", symbol="triangle-down", plan_mode="dpsgd",
                   picker_rank=6, check=_check_clipping_bias, grouped=True, figures=("group_clip",)),
     AlgorithmSpec(name="dpsgd_global_adapt", label="DPSGD-Global-Adapt", colour="#AACC99", symbol="pentagon",
-                  plan_mode="dpsgd", picker_rank=7, check=_check_global_scaling),
+                  plan_mode="dpsgd", picker_rank=7, check=_check_tracked_quantile),
 )}
 ALGORITHMS = tuple(ALGORITHM_SPECS)  # the valid config names
 ALGORITHM_LABELS = {name: s.label for name, s in ALGORITHM_SPECS.items()}

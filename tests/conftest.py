@@ -49,15 +49,51 @@ def invariant_tests() -> set[str]:
     return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
 
 
-def invariant_problems(listed: set[str], collected: dict[str, bool]) -> list[str]:
+def invariant_problems(listed: set[str], collected: dict[str, bool], defined: set[str]) -> list[str]:
     """What keeps a listed invariant test out of the fast subset. ``collected``: ``module::function`` → whether
-    that test is left out of the fast subset (marked slow or browser). A listed test of a collected module that is
-    not there was renamed, merged or deleted; one left out was moved out."""
+    that test is left out of the fast subset (marked slow or browser); ``defined``: every ``module::test_*``
+    function of the collected modules (a run of one test by its node id collects that test alone). A listed test of
+    a collected module that the module does not define was renamed, merged or deleted; one left out was moved out."""
     modules = {name.split("::")[0] for name in collected}
-    gone = sorted(t for t in listed if t.split("::")[0] in modules and t not in collected)
+    gone = sorted(t for t in listed if t.split("::")[0] in modules and t not in defined)
     out = sorted(t for t in listed if collected.get(t))
     return (([f"gone: {', '.join(gone)}"] if gone else [])
             + ([f"marked slow or browser: {', '.join(out)}"] if out else []))
+
+
+def defined_tests(module) -> set[str]:
+    """``module::function`` of each test function a collected test module defines."""
+    stem = Path(module.__file__).stem
+    return {f"{stem}::{name}" for name, value in vars(module).items() if name.startswith("test") and callable(value)}
+
+
+def selects_browser_tests(markexpr: str) -> bool:
+    """Whether a ``-m`` expression can select a test marked ``browser``: true for some set of the markers it names
+    that holds ``browser`` (each of its names true or false, ``browser`` true)."""
+    import itertools
+    import re
+
+    from _pytest.mark.expression import Expression
+
+    if not markexpr.strip():
+        return True
+    expr = Expression.compile(markexpr)
+    names = sorted(set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not", "True", "False", "None",
+                                                                        "browser"})
+    for values in itertools.product((False, True), repeat=len(names)):
+        marks = {"browser"} | {n for n, v in zip(names, values) if v}
+        if expr.evaluate(lambda name, /, **kwargs: name in marks):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A ``-m`` that selects no browser test (the fast subset's ``"not browser and not slow"``) leaves the browser
+    modules unimported: they would all be deselected, and importing them cost each worker ~3 s of collection."""
+    if (collection_path.name.startswith("test_browser") and collection_path.suffix == ".py"
+            and not selects_browser_tests(config.getoption("markexpr") or "")):
+        return True
+    return None
 
 
 def pytest_configure(config):
@@ -73,6 +109,9 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     collected: dict[str, bool] = {}
+    defined: set[str] = set()
+    for module in {getattr(item, "module", None) for item in items} - {None}:
+        defined |= defined_tests(module)
     for item in items:
         if item.path.name.startswith("test_browser"):
             item.add_marker(pytest.mark.browser)
@@ -80,7 +119,7 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.stem}::{getattr(item, 'originalname', item.name)}"
         left_out = bool(item.get_closest_marker("slow") or item.get_closest_marker("browser"))
         collected[name] = collected.get(name, False) or left_out
-    problems = invariant_problems(invariant_tests(), collected)
+    problems = invariant_problems(invariant_tests(), collected, defined)
     if problems:
         raise pytest.UsageError("privacy-invariant tests (tests/invariants.txt) must stay in the fast subset; "
                                 + "; ".join(problems))

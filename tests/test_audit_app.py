@@ -26,6 +26,7 @@ def _app() -> AppTest:
     return AppTest.from_file(PAGE, default_timeout=120)
 
 
+@pytest.mark.slow
 def test_page_renders_with_defaults():
     at = _app().run()
     assert not at.exception

@@ -69,6 +69,7 @@ def test_a_run_under_a_bad_backend_fails_with_the_reason_in_its_row(tmp_path, mo
     assert row["status"] == "failed" and BACKEND_ENV in row["error"] and "sparks" in row["error"]
 
 
+@pytest.mark.slow
 def test_the_sidebar_names_the_backend_and_a_bad_value_is_an_error_not_a_traceback(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 

@@ -76,6 +76,7 @@ def test_the_cli_says_diverged_and_warns_about_the_learning_rate_before(tmp_path
     assert RunConfig.from_dict({**TINY, "optimizer": {"lr": 4.0}}).advisories() == []
 
 
+@pytest.mark.slow
 def test_results_leave_a_diverged_run_out_unless_chosen_and_say_so(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 

@@ -256,6 +256,7 @@ def test_group_risk_smoke(tmp_path, capsys, one_thread):
     assert fair["demographic_parity_difference"]["n"] == 1 and 0 <= fair["equalized_odds_difference"]["mean"] <= 1
 
 
+@pytest.mark.slow
 def test_collusion_smoke(tmp_path, capsys, one_thread):
     """The collusion test (issue 42): per setting of the other tiers' budgets, the fixed tier's one-run ε̂ by both
     bounds and its GPR, from a one-run audit and a PA-ALOOA audit stored as runs; the figure and the sentence."""

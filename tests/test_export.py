@@ -229,6 +229,7 @@ def test_export_unknown_run_is_a_config_error(tmp_path):
     assert proc.returncode == 2 and "no run 999" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_markup_in_a_run_name_is_drawn_as_text():
     """Plotly draws the escaped run name as the literal text the user typed: no link, no bold, no placeholder."""

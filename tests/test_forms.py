@@ -106,6 +106,7 @@ def test_the_training_fields_take_any_number_for_the_engine_to_check(lab):
         assert not at.error and not at.button(key="launch").disabled, (key, texts(at.error))
 
 
+@pytest.mark.slow
 def test_the_accountant_from_a_link_plans_under_it_with_rdps_plan_beside(lab):
     """``?accountant=pld`` (issue 40): the form's Accountant is PLD, the plan preview sets RDP's q, C and σ
     beside each tier's and says the noise saved; the default is RDP with nothing beside; a name the lab does not

@@ -49,6 +49,29 @@ def test_guesses_are_fixed_before_the_answers():
     assert count_correct(scores, b, 10, 10) <= 20
 
 
+def test_the_binomial_kernels_are_scipys_and_the_grids_skip_changes_no_bound():
+    """p_value calls scipy.stats.binom's own kernels: the same numbers as binom.sf and binom.pmf. A guess pair not
+    rejected at the best ε̂ so far is not searched: the bound is still the largest of every pair's own ε̂, from the
+    first pair that reaches it."""
+    from scipy import stats
+
+    from engine.audit.one_run.bound import _boost
+
+    for r, p in ((1, 0.5), (37, 0.2), (1000, 0.5), (1000, 0.9), (5000, 1 - 1e-9)):
+        ks = np.arange(0, r + 1)
+        assert np.array_equal(_boost._binom_pmf(ks.astype(np.float64), r, p), stats.binom.pmf(ks, r, p))
+        assert np.array_equal(_boost._binom_sf(ks[:-1], r, p), stats.binom.sf(ks[:-1], r, p))  # v - 1 of 1 <= v <= r
+    rng = np.random.default_rng(3)
+    for mu, delta in ((0.5, 1e-5), (2.0, 1e-5), (2.0, 0.0), (4.0, 1e-5)):
+        scores, included = gaussian_scores(mu, 1000, rng)
+        got = epsilon_lower_bound(scores, included, delta=delta, beta=BETA)
+        pairs = guess_grid(1000)
+        each = [epsilon_from_count(1000, kp + km, count_correct(scores, included, kp, km), delta=delta,
+                                   beta=BETA / len(pairs)) for kp, km in pairs]
+        assert got.epsilon_hat == max(each) > 0
+        assert (got.k_plus, got.k_minus) == pairs[each.index(max(each))]
+
+
 def _violations(truth: float, draw, trials: int, delta: float) -> float:
     rng = np.random.default_rng(11)
     bad = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import invariant_problems, invariant_tests
+from conftest import defined_tests, invariant_problems, invariant_tests, selects_browser_tests
 
 TESTS = Path(__file__).resolve().parent
 
@@ -25,6 +25,30 @@ def test_the_list_names_tests_that_exist_and_none_is_marked_slow():
 def test_a_listed_test_that_moves_out_or_goes_is_named():
     listed = {"test_a::test_kept", "test_a::test_moved", "test_a::test_renamed", "test_b::test_not_collected"}
     collected = {"test_a::test_kept": False, "test_a::test_moved": True, "test_a::test_new_name": False}
-    assert invariant_problems(listed, collected) == ["gone: test_a::test_renamed",
-                                                     "marked slow or browser: test_a::test_moved"]
-    assert invariant_problems(listed - {"test_a::test_moved", "test_a::test_renamed"}, collected) == []
+    defined = {"test_a::test_kept", "test_a::test_moved", "test_a::test_new_name"}
+    assert invariant_problems(listed, collected, defined) == ["gone: test_a::test_renamed",
+                                                              "marked slow or browser: test_a::test_moved"]
+    assert invariant_problems(listed - {"test_a::test_moved", "test_a::test_renamed"}, collected, defined) == []
+    # one test run by its node id: the module's other listed tests are defined, only not collected this time
+    assert invariant_problems(listed - {"test_a::test_moved", "test_a::test_renamed"},
+                              {"test_a::test_new_name": False}, defined) == []
+
+
+def test_the_defined_tests_of_a_module_are_its_test_functions():
+    import types
+
+    module = types.ModuleType("test_x")
+    module.__file__ = "/somewhere/tests/test_x.py"
+    module.test_one = lambda: None
+    module.test_two = lambda: None
+    module.testing_level = 3  # not callable
+    module.helper = lambda: None  # not a test
+    assert defined_tests(module) == {"test_x::test_one", "test_x::test_two"}
+
+
+def test_the_browser_modules_are_imported_only_where_a_browser_test_can_be_selected():
+    assert not selects_browser_tests("not browser and not slow")
+    assert not selects_browser_tests("not (browser or slow)")
+    assert not selects_browser_tests("slow and not browser")
+    for expr in ("", "browser", "slow", "not slow", "browser or slow", "browser and slow"):
+        assert selects_browser_tests(expr), expr

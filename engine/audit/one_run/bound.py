@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize as _opt
 from scipy import stats as _sps
+from scipy.special import _ufuncs as _boost  # scipy.stats.binom's own kernels (Boost), called without its
+# per-call argument handling (half of a p-value's time): the same numbers, tests/test_one_run_bound.py checks
 
 EPSILON_CAP = 50.0  # the search range of ε̂ (p_ε is 1 − 2e-22 there: no count of guesses reaches beyond)
 GRID_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # k / m of the guess grid
@@ -36,17 +38,21 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     if v == 0:
         return 1.0
     p = 1.0 / (1.0 + math.exp(-epsilon))
-    tail = float(_sps.binom.sf(v - 1, r, p))  # P[Bin ≥ v]
+    tail = float(_boost._binom_sf(v - 1, r, p))  # P[Bin ≥ v] (scipy.stats.binom.sf)
     if delta <= 0:
         return min(tail, 1.0)
-    below = _sps.binom.pmf(np.arange(v - 1, -1, -1), r, p)  # P[Bin = v − i], i = 1..v
+    below = _boost._binom_pmf(np.arange(v - 1, -1, -1, dtype=np.float64), r, p)  # P[Bin = v − i], i = 1..v
     alpha = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))
     return min(tail + 2.0 * m * delta * alpha, 1.0)
 
 
-def epsilon_from_count(m: int, r: int, v: int, *, delta: float, beta: float) -> float:
-    """ε̂ = sup {ε ≥ 0 : p_value(m, r, v, ε, δ) < β} (0 when even ε = 0 is not rejected); p_value grows with ε."""
+def epsilon_from_count(m: int, r: int, v: int, *, delta: float, beta: float, above: float = 0.0) -> float:
+    """ε̂ = sup {ε ≥ 0 : p_value(m, r, v, ε, δ) < β} (0 when even ε = 0 is not rejected); p_value grows with ε.
+    ``above``: only an ε̂ above it is wanted (the best of a grid so far); when ε = ``above`` is not rejected, ε̂ is at
+    most ``above`` and 0 is returned without the search (the search, when it runs, is the same from 0)."""
     if r == 0 or p_value(m, r, v, 0.0, delta) >= beta:
+        return 0.0
+    if above > 0.0 and p_value(m, r, v, min(above, EPSILON_CAP), delta) >= beta:
         return 0.0
     if p_value(m, r, v, EPSILON_CAP, delta) < beta:
         return EPSILON_CAP
@@ -134,7 +140,8 @@ def epsilon_lower_bound(scores, included, *, delta: float, beta: float = 0.05, g
     """The one-run ε lower bound of canaries with ``scores`` (higher: more likely in) and their true
     ``included`` flags: the largest ε̂ over the fixed guess grid (default :func:`guess_grid`), each pair at β/|grid|."""
     return best_over_grid(scores, included, delta=delta, beta=beta, grid=grid,
-                          epsilon_of=lambda m, r, v, level, _: epsilon_from_count(m, r, v, delta=delta, beta=level))
+                          epsilon_of=lambda m, r, v, level, best: epsilon_from_count(m, r, v, delta=delta, beta=level,
+                                                                                     above=best))
 
 
 # --- the Gaussian mechanism's truth ---------------------------------------------------------------

@@ -67,9 +67,9 @@ def defined_tests(module) -> set[str]:
     return {f"{stem}::{name}" for name, value in vars(module).items() if name.startswith("test") and callable(value)}
 
 
-def selects_browser_tests(markexpr: str) -> bool:
-    """Whether a ``-m`` expression can select a test marked ``browser``: true for some set of the markers it names
-    that holds ``browser`` (each of its names true or false, ``browser`` true)."""
+def can_select(markexpr: str, marks: set[str]) -> bool:
+    """Whether a ``-m`` expression can select a test carrying ``marks``: true for some set of the markers it names
+    that holds them all (each other name true or false)."""
     import itertools
     import re
 
@@ -78,21 +78,33 @@ def selects_browser_tests(markexpr: str) -> bool:
     if not markexpr.strip():
         return True
     expr = Expression.compile(markexpr)
-    names = sorted(set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not", "True", "False", "None",
-                                                                        "browser"})
+    names = sorted(set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not", "True", "False", "None"}
+                   - marks)
     for values in itertools.product((False, True), repeat=len(names)):
-        marks = {"browser"} | {n for n, v in zip(names, values) if v}
-        if expr.evaluate(lambda name, /, **kwargs: name in marks):
+        held = marks | {n for n, v in zip(names, values) if v}
+        if expr.evaluate(lambda name, /, **kwargs: name in held):
             return True
     return False
 
 
+def module_marks(path: Path) -> set[str]:
+    """The marks every test of a test module carries: ``browser`` by its name, ``slow`` by a module-wide
+    ``pytestmark = pytest.mark.slow`` line."""
+    marks = {"browser"} if path.name.startswith("test_browser") else set()
+    if any(line.split("#")[0].strip() == "pytestmark = pytest.mark.slow"
+           for line in path.read_text(encoding="utf-8").splitlines()):
+        marks.add("slow")
+    return marks
+
+
 def pytest_ignore_collect(collection_path, config):
-    """A ``-m`` that selects no browser test (the fast subset's ``"not browser and not slow"``) leaves the browser
-    modules unimported: they would all be deselected, and importing them cost each worker ~3 s of collection."""
-    if (collection_path.name.startswith("test_browser") and collection_path.suffix == ".py"
-            and not selects_browser_tests(config.getoption("markexpr") or "")):
-        return True
+    """A test module none of whose tests the ``-m`` expression can select (the fast subset's ``"not browser and not
+    slow"``: the browser modules and test_ray.py) is not imported: its tests would all be deselected, and importing
+    them cost each worker ~3 s of collection."""
+    if collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        marks = module_marks(collection_path)
+        if marks and not can_select(config.getoption("markexpr") or "", marks):
+            return True
     return None
 
 

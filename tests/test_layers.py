@@ -10,6 +10,7 @@ plotly, kaleido, streamlit). Every import is read with ``ast``, function-local o
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -74,7 +75,11 @@ def engine_imports(module: str) -> list[tuple[str, int, bool]]:
     return out
 
 
-GRAPH = {m: engine_imports(m) for m in MODULES}
+@functools.cache
+def import_graph() -> dict:
+    """Each engine module's engine imports (module, line, at top): parsed once, when a test first asks (not at
+    collection, which every pytest-xdist worker does)."""
+    return {m: engine_imports(m) for m in MODULES}
 
 
 def test_every_package_names_its_place_in_the_order():
@@ -88,13 +93,13 @@ def test_every_package_names_its_place_in_the_order():
 
 def test_imports_only_go_down_the_layers():
     wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} ({LAYERS[layer(t)]} is above {LAYERS[layer(m)]})"
-             for m, imports in GRAPH.items() for t, line, _ in imports if layer(t) > layer(m)]
+             for m, imports in import_graph().items() for t, line, _ in imports if layer(t) > layer(m)]
     assert not wrong, "\n".join(wrong)
 
 
 def test_internal_imports_sit_at_the_top_of_their_module():
     local = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t} inside a function"
-             for m, imports in GRAPH.items() for t, line, at_top in imports if not at_top]
+             for m, imports in import_graph().items() for t, line, at_top in imports if not at_top]
     assert not local, "\n".join(local)
 
 
@@ -130,7 +135,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    graph = {m: {t for t, _, _ in imports} for m, imports in GRAPH.items()}
+    graph = {m: {t for t, _, _ in imports} for m, imports in import_graph().items()}
     assert cycles(graph) == []
 
 
@@ -201,8 +206,8 @@ def test_the_two_audits_import_nothing_of_each_other():
     pa, one = inside("engine.audit.pa_alooa"), inside("engine.audit.one_run")
     assert len(pa) >= 20 and len(one) >= 5, (sorted(pa), sorted(one))
     assert {m for m in MODULES if m.startswith("engine.audit.")} == pa | one  # nothing of the audits outside them
-    crossing = [f"{m} imports {t}" for m in pa for t, _, _ in GRAPH[m] if t in one]
-    crossing += [f"{m} imports {t}" for m in one for t, _, _ in GRAPH[m] if t in pa]
+    crossing = [f"{m} imports {t}" for m in pa for t, _, _ in import_graph()[m] if t in one]
+    crossing += [f"{m} imports {t}" for m in one for t, _, _ in import_graph()[m] if t in pa]
     assert not crossing, "\n".join(crossing)
 
 

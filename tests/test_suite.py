@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import defined_tests, invariant_problems, invariant_tests, selects_browser_tests
+from conftest import defined_tests, invariant_problems, invariant_tests, can_select, module_marks
 
 TESTS = Path(__file__).resolve().parent
 
@@ -46,9 +46,11 @@ def test_the_defined_tests_of_a_module_are_its_test_functions():
     assert defined_tests(module) == {"test_x::test_one", "test_x::test_two"}
 
 
-def test_the_browser_modules_are_imported_only_where_a_browser_test_can_be_selected():
-    assert not selects_browser_tests("not browser and not slow")
-    assert not selects_browser_tests("not (browser or slow)")
-    assert not selects_browser_tests("slow and not browser")
+def test_a_module_is_imported_only_where_one_of_its_tests_can_be_selected():
+    for expr in ("not browser and not slow", "not (browser or slow)", "slow and not browser", "not browser"):
+        assert not can_select(expr, {"browser"}), expr
     for expr in ("", "browser", "slow", "not slow", "browser or slow", "browser and slow"):
-        assert selects_browser_tests(expr), expr
+        assert can_select(expr, {"browser"}), expr
+    assert not can_select("not browser and not slow", {"slow"}) and can_select("not browser", {"slow"})
+    assert module_marks(TESTS / "test_browser.py") == {"browser"} and module_marks(TESTS / "test_ray.py") == {"slow"}
+    assert module_marks(TESTS / "test_suite.py") == set()

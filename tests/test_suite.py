@@ -52,5 +52,6 @@ def test_a_module_is_imported_only_where_one_of_its_tests_can_be_selected():
     for expr in ("", "browser", "slow", "not slow", "browser or slow", "browser and slow"):
         assert can_select(expr, {"browser"}), expr
     assert not can_select("not browser and not slow", {"slow"}) and can_select("not browser", {"slow"})
+    assert can_select("not (browser", {"browser"})  # a malformed -m: collected, and pytest says what is wrong
     assert module_marks(TESTS / "test_browser.py") == {"browser"} and module_marks(TESTS / "test_ray.py") == {"slow"}
     assert module_marks(TESTS / "test_suite.py") == set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import defined_tests, invariant_problems, invariant_tests, can_select, module_marks
+from conftest import can_select, defined_tests, invariant_problems, invariant_tests, module_marks
 
 TESTS = Path(__file__).resolve().parent
 

@@ -28,7 +28,7 @@ LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilo
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
                   "fairness_bars", "mid_summary")
 EXTRA_FIGURES = ("gain_spread", "group_clip", "private_gain")  # built when named (not in the default set)
-DPSGD_S_LIVE_FIGURES = ("group_clip",)  # the live view's too, when its comparison has a run that draws it
+DRAWN_LIVE_FIGURES = ("group_clip",)  # the live view's too, when its comparison has a run whose algorithm draws it
 # the live view's first figure when its comparison pairs an INO-SGD run with an IDP-SGD one: the headline
 GAIN_LIVE_FIGURES = ("private_gain",)
 # the figures drawn from plans (:mod:`engine.figures.curves`), which a live view patches in place
@@ -41,7 +41,7 @@ def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
     (:func:`engine.figures.frames.pair_runs`), :data:`LIVE_FIGURES`, and the group clips and noise vs DP-SGD at
     the same ε (``group_clip``, :func:`engine.figures.talk.fig_group_clip`) when one of its runs is of an algorithm
     that draws them (DP-SGD-S, DPSGD-F: ``engine.dp.algorithms.draws``)."""
-    drawn = tuple(f for f in DPSGD_S_LIVE_FIGURES if any(draws(r.get("algorithm"), f) for r in runs))
+    drawn = tuple(f for f in DRAWN_LIVE_FIGURES if any(draws(r.get("algorithm"), f) for r in runs))
     gain = GAIN_LIVE_FIGURES if fr.pair_runs(runs) else ()
     return gain + LIVE_FIGURES + drawn
 

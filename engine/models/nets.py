@@ -40,14 +40,19 @@ def _conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def _max_pool(pool: nn.MaxPool2d, x: torch.Tensor, return_indices: bool = False):
+    """``pool``'s max-pool of ``x`` in the memory format ``x`` has (the kernel follows it)."""
+    return F.max_pool2d(x, pool.kernel_size, pool.stride, pool.padding, pool.dilation, ceil_mode=pool.ceil_mode,
+                        return_indices=return_indices)
+
+
 class _ChannelsLastPool(torch.autograd.Function):
     """Max-pool of an NCHW batch through PyTorch's channels-last kernels, forward and backward, NCHW in and out."""
 
     @staticmethod
     def forward(ctx, x, pool):
         xc = x.contiguous(memory_format=torch.channels_last)
-        y, idx = F.max_pool2d(xc, pool.kernel_size, pool.stride, pool.padding, pool.dilation,
-                              ceil_mode=pool.ceil_mode, return_indices=True)
+        y, idx = _max_pool(pool, xc, return_indices=True)
         ctx.save_for_backward(xc, idx)
         ctx.pool = pool
         return y.contiguous()
@@ -74,8 +79,7 @@ class MaxPool2d(nn.MaxPool2d):
         if x.dim() != 4 or self.return_indices or torch._C._functorch.is_functorch_wrapped_tensor(x):
             return super().forward(x)
         if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation: the forward kernel alone
-            return F.max_pool2d(x.contiguous(memory_format=torch.channels_last), self.kernel_size, self.stride,
-                                self.padding, self.dilation, ceil_mode=self.ceil_mode).contiguous()
+            return _max_pool(self, x.contiguous(memory_format=torch.channels_last)).contiguous()
         return _ChannelsLastPool.apply(x, self)
 
 

@@ -13,6 +13,7 @@ import streamlit as st
 from app_pages._look import show_error
 from engine.config.schema import ConfigError
 from engine.data import DataError, load_dataset
+from engine.jobs.exiting import at_exit_skip_final_collection
 from engine.jobs.manager import JobManager
 from engine.store.db import RunStore, default_store_path
 
@@ -33,6 +34,7 @@ def store() -> RunStore:
 
 @st.cache_resource(show_spinner=False, on_release=lambda m: m.shutdown())
 def _manager(path: str) -> JobManager:
+    at_exit_skip_final_collection()  # the server ends about a second sooner (engine.jobs.exiting)
     workers = os.environ.get("PRIVACY_LAB_WORKERS")
     return JobManager(path, max_workers=int(workers) if workers else None)
 

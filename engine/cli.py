@@ -37,6 +37,7 @@ from engine.dp import accounting
 from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
 from engine.figures.common_span import common_span
 from engine.figures.export import export_runs, load_runs
+from engine.jobs.exiting import exit_process
 from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
 from engine.jobs.runs import diverged_note
 from engine.jobs.worker import run_worker
@@ -514,3 +515,9 @@ def main(argv=None, *, prepared=None) -> int:
         traceback.print_exception(err)
     print(f"error: {message}", file=sys.stderr)
     return EXIT_CONFIG
+
+
+def console_main() -> None:
+    """The ``privacy-lab`` command and ``python -m engine``: :func:`main`, then the process's quick exit
+    (``engine.jobs.exiting``: no final garbage collection, about a second less per command)."""
+    exit_process(main())

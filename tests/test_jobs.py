@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_until
 from engine.config.run import RunConfig
 from engine.jobs.estimates import eta_seconds
-from engine.jobs.manager import WORKER_NICENESS, JobManager, default_max_workers, worker_command
+from engine.jobs.manager import WORKER_NICENESS, JobManager, default_max_workers, standby_command, worker_command
 from engine.store.db import RunStore
 
 TINY = RunConfig().replace(**{"data.max_train": 200, "epochs": 1.0, "batch_size": 32, "eval_every": 1})
@@ -144,6 +144,28 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     assert [e["overall"] for e in store.eval_metrics(warm)] == \
         [e["overall"] for e in cold_mgr.store.eval_metrics(cold)]
     assert mgr.log_path(warm).exists()
+
+
+@pytest.mark.slow
+def test_closing_standbys_lets_a_warm_one_exit_and_kills_one_still_warming_up(tmp_path):
+    """A warm standby reads its stdin's EOF and exits by itself (code 0, no run or store touched); one still
+    importing would only read it after its imports, and has touched nothing yet, so it is killed at once.
+    Either way no ready marker is left behind (the estimate would count it as warm)."""
+    store = tmp_path / "runs.sqlite"
+
+    def spawn(name):
+        proc = subprocess.Popen(standby_command(store, 1, tmp_path / name), stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc.ready_path = tmp_path / name
+        return proc
+
+    warm = spawn("warm.ready")
+    wait_until(lambda: warm.ready_path.exists() or warm.poll() is not None, 120, "a warm standby")
+    cold = spawn("cold.ready")
+    assert not cold.ready_path.exists()  # a standby imports for seconds before it is warm
+    JobManager._close_standbys([warm, cold])
+    assert warm.poll() == 0 and cold.poll() == -signal.SIGKILL
+    assert not warm.ready_path.exists() and not cold.ready_path.exists() and not store.exists()
 
 
 @pytest.mark.slow

@@ -501,8 +501,7 @@ class JobManager:
 
     def _kill_standbys(self) -> None:
         procs, self._standbys, self._hinted = self._standbys, [], []
-        for proc in procs:
-            self._close_standby(proc)
+        self._close_standbys(procs)
 
     def standbys_ready(self) -> int:
         """How many standbys are alive and warm (imported, warmed up): a run handed to one starts in a fraction of
@@ -526,16 +525,37 @@ class JobManager:
 
     @staticmethod
     def _close_standby(proc) -> None:
-        _forget_ready(proc)
-        try:
-            proc.stdin.close()  # EOF: the standby exits by itself
-        except OSError:
-            pass
-        try:
-            proc.wait(1.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(2.0)
+        JobManager._close_standbys([proc])
+
+    @staticmethod
+    def _close_standbys(procs, grace: float = 1.0) -> None:
+        """End standbys that hold no run: all at once, within one ``grace`` period (not one per standby). A
+        standby reads its stdin only once warm, so one still warming up would see the EOF only after its
+        imports; it has touched nothing yet (no run, no store, no file but its log), so it is killed at once.
+        A warm one gets the EOF and exits by itself (killed if it has not within ``grace``)."""
+        waiting = []
+        for proc in procs:
+            warm = _is_ready(proc)
+            _forget_ready(proc)
+            try:
+                proc.stdin.close()  # EOF: a warm standby exits by itself
+            except OSError:
+                pass
+            if warm:
+                waiting.append(proc)
+            elif proc.poll() is None:
+                proc.kill()
+        deadline = time.monotonic() + grace
+        for proc in waiting:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for proc in procs:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
 
     # --- queries for the UI ----------------------------------------------------------------------------
     def active_runs(self) -> list[dict]:

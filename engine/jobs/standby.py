@@ -23,6 +23,7 @@ import sys
 from engine.config.run import RunConfig
 from engine.dp.grad_sample import ModuleGrads
 from engine.jobs import worker
+from engine.jobs.exiting import exit_process
 from engine.models.metrics import predict
 from engine.train.loop import prepare
 
@@ -80,8 +81,12 @@ def main(argv=None) -> int:
             os.unlink(args.ready)
         except OSError:
             pass
-    if run_line is None:
-        return 0  # stdin closed: the manager went away
+    if run_line is None:  # stdin closed: the manager went away (or is stopping)
+        # It touched no run, store or file but its log, so nothing needs the interpreter's orderly exit, which
+        # takes ~1.2 s with torch loaded (measured) and held up the app's stop by as much.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     parts = run_line.split(maxsplit=1)
     run_id = int(parts[0])
     if len(parts) > 1:  # from now on, write to this run's log
@@ -95,4 +100,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -1,4 +1,5 @@
-"""engine.models.nets: the CNN's max-pool through PyTorch's channels-last kernels equals nn.MaxPool2d to the bit."""
+"""engine.models.nets: the CNN's max-pool through PyTorch's channels-last kernels equals nn.MaxPool2d to the bit; the CNN computes
+in channels-last memory with the numbers of its NCHW layers."""
 import pytest
 import torch
 from torch import nn
@@ -47,3 +48,26 @@ def test_the_cnn_pools_with_it():
     net = PapernotCNN(1, 28, 10)
     pools = [m for m in net.modules() if isinstance(m, nn.MaxPool2d)]
     assert len(pools) == 2 and all(type(m) is MaxPool2d for m in pools)
+
+
+@pytest.mark.parametrize("height,padding", [(28, None), (28, 2), (8, None)])
+def test_the_cnn_runs_channels_last_with_the_values_and_gradients_of_its_nchw_layers(height, padding):
+    """From the first convolution's output on the CNN computes in channels-last memory (the pools and the second
+    convolution need no conversions); in float64 its logits and parameter gradients equal those of its own layers
+    run one after the other on NCHW tensors (through nn.MaxPool2d), and its second convolution sees a
+    channels-last input."""
+    torch.manual_seed(0)
+    net = PapernotCNN(1, height, 10, padding).double()
+    x = torch.randn(6, 1, height, height, dtype=torch.float64)
+    seen = []
+    net.features[3].register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
+    y = net(x)
+    grads = torch.autograd.grad(y.square().sum(), list(net.parameters()))
+    nchw = nn.Sequential(*[nn.MaxPool2d(m.kernel_size, m.stride) if isinstance(m, nn.MaxPool2d) else m
+                           for m in net.features], *net.classifier)
+    y_ref = nchw(x)
+    refs = torch.autograd.grad(y_ref.square().sum(), list(net.parameters()))
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) and not seen[0].is_contiguous()
+    assert torch.allclose(y, y_ref, rtol=1e-12, atol=1e-13)
+    for g, r in zip(grads, refs):
+        assert torch.allclose(g, r, rtol=1e-12, atol=1e-13)

@@ -81,12 +81,8 @@ def main(argv=None) -> int:
             os.unlink(args.ready)
         except OSError:
             pass
-    if run_line is None:  # stdin closed: the manager went away (or is stopping)
-        # It touched no run, store or file but its log, so nothing needs the interpreter's orderly exit, which
-        # takes ~1.2 s with torch loaded (measured) and held up the app's stop by as much.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if run_line is None:
+        return 0  # stdin closed: the manager went away (or is stopping); exit_process ends it at once
     parts = run_line.split(maxsplit=1)
     run_id = int(parts[0])
     if len(parts) > 1:  # from now on, write to this run's log

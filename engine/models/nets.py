@@ -112,10 +112,9 @@ class PapernotCNN(nn.Module):
     def forward(self, x):
         if x.dim() != 4 or torch._C._functorch.is_functorch_wrapped_tensor(x):  # (the vmap fallback)
             return self.classifier(self.features(x))
-        # Channels last from the first convolution's output on: the pools, the second convolution and its
-        # backward then run PyTorch's channels-last kernels with no conversion in between (the input, one
-        # channel, is the same in either layout; Flatten puts the features back in NCHW order). Measured at
-        # batch 256, 2 threads: the non-private step 22.7 -> 18.6 ms, INO-SGD 32.7 -> 28.8 ms (bench/README.md).
+        # Channels last from the first convolution's output on: the pools, the second convolution and their
+        # backward then run PyTorch's channels-last kernels with no conversion in between (Flatten puts the
+        # features back in NCHW order for the classifier). Each step ~3 ms faster (bench/README.md).
         h = self.features[0](x).contiguous(memory_format=torch.channels_last)
         for layer in itertools.islice(self.features, 1, None):
             h = layer(h)

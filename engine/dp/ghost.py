@@ -83,9 +83,11 @@ def conv2d_per_sample_weight_grad(m: torch.nn.Conv2d, a: torch.Tensor, b: torch.
     n, c = a.shape[:2]
     kh, kw = m.kernel_size
     (ph, pw), (sh, sw) = m.padding, m.stride
-    if m.dilation == (1, 1) and c <= 4:
+    if m.dilation == (1, 1) and c <= 4 and b.is_contiguous():
         # Few input channels: one grouped convolution with the batch as groups, the output
-        # gradients as kernels (dilated by the stride), cropped to the kernel size.
+        # gradients as kernels (dilated by the stride), cropped to the kernel size. (A channels-last b, as
+        # in the Papernot CNN, would first be copied to NCHW kernels: the einsum below reads it as it is,
+        # measured 1.2-1.9 ms less per MNIST CNN step at 1 and 2 threads.)
         o, oh, ow = b.shape[1:]
         w = F.conv2d(a.transpose(0, 1), b.reshape(n * o, 1, oh, ow), padding=(ph, pw), dilation=(sh, sw), groups=n)
         return w[:, :, :kh, :kw].reshape(c, n, o, kh, kw).permute(1, 2, 0, 3, 4)
@@ -101,8 +103,9 @@ def conv2d_per_sample_weight_grad(m: torch.nn.Conv2d, a: torch.Tensor, b: torch.
 
 def conv2d_ghost(m: nn.Conv2d, a: torch.Tensor, b: torch.Tensor):
     """A Conv2d (groups = 1, numeric zero padding): g_i = B_iᵀ A_i over the T output pixels. The ghost
-    norm from the patch Gram where the rule says so; else g_i materialised — by one grouped convolution
-    where the input has few channels (the patches would be kh·kw times the input), else patches @ B."""
+    norm from the patch Gram where the rule says so; else g_i materialised — by
+    :func:`conv2d_per_sample_weight_grad` where the input has few channels (the patches would be kh·kw times the
+    input), else patches @ B."""
     n, o = b.shape[:2]
     kh, kw = m.kernel_size
     c = a.shape[1]

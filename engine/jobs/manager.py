@@ -479,7 +479,7 @@ class JobManager:
                 proc.stdin.flush()
                 self._hinted[i] = text
             except (BrokenPipeError, OSError, ValueError):
-                self._close_standby(proc)
+                self._close_standbys([proc])
 
     def _pool_size(self) -> int:
         """Standbys to keep: one per worker slot, at most MAX_STANDBYS."""
@@ -522,10 +522,6 @@ class JobManager:
         """(seconds from Launch to the first step of a ``kind`` job launched now, measured?): warm when a standby
         is ready (:func:`engine.jobs.estimates.start_seconds`)."""
         return start_seconds(self.store.list_runs(kind=kind), warm=self.standbys_ready() > 0)
-
-    @staticmethod
-    def _close_standby(proc) -> None:
-        JobManager._close_standbys([proc])
 
     @staticmethod
     def _close_standbys(procs, grace: float = 1.0) -> None:

@@ -77,9 +77,8 @@ class MaxPool2d(nn.MaxPool2d):
     torch.func transforms (the vmap fallback) it is ``nn.MaxPool2d`` itself."""
 
     def forward(self, x):
-        if x.dim() != 4 or self.return_indices or torch._C._functorch.is_functorch_wrapped_tensor(x):
-            return super().forward(x)
-        if x.is_contiguous(memory_format=torch.channels_last):  # channels last already (PapernotCNN): no copies
+        if (x.dim() != 4 or self.return_indices or torch._C._functorch.is_functorch_wrapped_tensor(x)
+                or x.is_contiguous(memory_format=torch.channels_last)):  # (channels last already, PapernotCNN's)
             return super().forward(x)
         if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation: the forward kernel alone
             return _max_pool(self, x.contiguous(memory_format=torch.channels_last)).contiguous()

@@ -27,6 +27,7 @@ from engine.audit.pa_alooa.stats import (
     pa_looa,
     per_group_epsilon_lower_bound,
     roc_curve_points,
+    roc_summary,
     sample_advantage,
     tpr_at_fpr,
 )
@@ -404,6 +405,31 @@ def test_lira_detects_shift_and_null():
     for r in res.values():
         assert r["auc"] > 0.6
         assert 0 <= r["tpr_at_0.1%"] <= r["tpr_at_1%"] <= 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_roc_summary_equals_the_whole_curves_numbers(seed, monkeypatch):
+    """roc_summary folds the curve piece by piece: its AUC, TPR at 0.1 % / 1 % FPR and thinned ROC are those of
+    the whole curve of roc_curve_points (the envelope on the log grid from half the smallest positive FPR)."""
+    from engine.audit.pa_alooa.stats import baselines
+
+    rng = np.random.default_rng(seed)
+    n = 4000
+    y = rng.random(n) < 0.3 + 0.1 * seed
+    s = rng.standard_normal(n) + 1.5 * y
+    if seed % 2:
+        s = np.round(s * 4) / 4  # ties, across positives and negatives
+    s[rng.random(n) < 0.05] = np.nan
+    monkeypatch.setattr(baselines, "_BLOCK_ELEMS", 97)  # dozens of pieces
+    got = roc_summary(s, y, roc_points=40)
+    fpr, tpr = roc_curve_points(s, y)
+    assert got["auc"] == pytest.approx(auc(fpr, tpr), rel=1e-12)
+    assert got["tpr_at_0.1%"] == tpr_at_fpr(fpr, tpr, 0.001) and got["tpr_at_1%"] == tpr_at_fpr(fpr, tpr, 0.01)
+    grid = np.unique(np.r_[np.logspace(-5, 0, 40), 1.0])
+    env = np.maximum.accumulate(tpr)[np.searchsorted(fpr, grid, side="right") - 1]
+    keep = grid >= max(fpr[fpr > 0].min(), 1e-5) / 2
+    assert got["roc"] == {"fpr": grid[keep].tolist(), "tpr": env[keep].tolist()}
+    assert "roc" not in roc_summary(s, y)
 
 
 def test_lira_leave_one_out_definition():

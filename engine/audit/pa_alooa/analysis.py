@@ -99,13 +99,9 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
         res["control"] = a.control_info.to_dict()
     # LiRA (online, fixed variance) on logit-scaled confidence
     lira = stats.lira_scores(confs.astype(np.float64), mem)
-    lira_groups, rocs = {}, {}
-    for g in setup.group_names:
-        sel = groups == g
-        fpr, tpr = stats.roc_curve_points(lira[:, sel], mem[:, sel])
-        lira_groups[g] = {"auc": stats.auc(fpr, tpr), "tpr_at_0.1%": stats.tpr_at_fpr(fpr, tpr, 0.001),
-                          "tpr_at_1%": stats.tpr_at_fpr(fpr, tpr, 0.01)}
-        rocs[g] = _thin_roc(fpr, tpr)
+    by_group = stats.lira_by_group(lira, mem, groups, roc_points=_ROC_POINTS)
+    lira_groups = {g: {k: by_group[g][k] for k in ("auc", "tpr_at_0.1%", "tpr_at_1%")} for g in setup.group_names}
+    rocs = {g: by_group[g]["roc"] for g in setup.group_names}
     res["lira"] = {"groups": lira_groups, "roc": rocs}
     # per-tier empirical ε lower bound (threshold attack on the scores, selection and counting on disjoint models)
     tier_lab = np.asarray(setup.tiers.train)
@@ -125,12 +121,3 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
     res["histogram"] = {"edges": edges.tolist(), "counts": {
         g: np.histogram(adv[(groups == g) & np.isfinite(adv)], bins=edges)[0].tolist() for g in setup.group_names}}
     return AlgorithmReport.from_dict(json_clean(res)), np.asarray(adv, dtype=np.float64)
-
-
-def _thin_roc(fpr, tpr, points: int = _ROC_POINTS) -> dict:
-    """The ROC's upper envelope on a log-spaced FPR grid (for log-log plots), plus (1, 1)."""
-    grid = np.unique(np.concatenate([np.logspace(-5, 0, points), [1.0]]))
-    pos = np.searchsorted(fpr, grid, side="right") - 1
-    t = np.maximum.accumulate(tpr)[np.clip(pos, 0, None)]
-    keep = grid >= max(float(fpr[fpr > 0].min()) if np.any(fpr > 0) else 1.0, 1e-5) / 2
-    return {"fpr": grid[keep].tolist(), "tpr": t[keep].tolist()}

@@ -42,7 +42,7 @@ from engine.audit.pa_alooa.parallel import set_threads
 from engine.audit.pa_alooa.stats.advantage import (bootstrap_gpr, delta_resolved, gpr_delta,
                                           group_privacy_risk, null_distribution, null_floor, sample_advantage)
 from engine.audit.pa_alooa.stats.baselines import (auc, lira_by_group, lira_scores, logit_confidence, pa_ga, pa_gba, pa_looa,
-                                          roc_curve_points, tpr_at_fpr)
+                                          roc_curve_points, roc_summary, tpr_at_fpr)
 from engine.audit.pa_alooa.stats.epsilon import epsilon_lower_bound, per_group_epsilon_lower_bound
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "logit_confidence",
     "lira_scores",
     "roc_curve_points",
+    "roc_summary",
     "auc",
     "tpr_at_fpr",
     "lira_by_group",

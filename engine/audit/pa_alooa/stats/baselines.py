@@ -120,44 +120,56 @@ def _quiet(body, *args):
         return body(*args)
 
 
-def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
-    """ROC of "positive if score >= t" over distinct thresholds (NaN scores
-    dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
-    import torch  # the pieces' cumulative sums (as in _best_run_end)
+class _RocPieces:
+    """The ROC of "positive if score >= t" over distinct thresholds (NaN scores dropped), in pieces: the positives
+    and the negatives sorted apart, then cut at every ``_BLOCK_ELEMS``-th value of either side (equal scores stay
+    in one piece) and merged piece by piece, from the top. :func:`roc_curve_points` joins the pieces' points;
+    :func:`lira_by_group` folds each piece into its summary as it comes (a curve of millions of points is never
+    kept whole)."""
 
-    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool, copy=False)
-    if s.shape != y.shape:
-        raise ValueError("scores and labels must have the same size")
-    # the points do not depend on the order of the pairs: flatten both in their memory order (a column
-    # selection such as scores[:, sel] is Fortran-ordered; a C-order ravel would copy it)
-    order = "F" if s.flags.f_contiguous and y.flags.f_contiguous else "C"
-    s, y = s.ravel(order=order), y.ravel(order=order)
-    keep = ~np.isnan(s)
-    pos_sel = keep & y
-    P = int(np.count_nonzero(pos_sel))
-    N = int(np.count_nonzero(keep)) - P
-    if P == 0 or N == 0:
-        raise ValueError("need both positive and negative labels")
-    both = np.empty(P + N)
-    np.compress(pos_sel, s, out=both[:P])
-    keep &= ~y
-    np.compress(keep, s, out=both[P:])
-    del keep, pos_sel
-    pos, neg = both[:P], both[P:]
-    # positives and negatives sorted apart, then merged piece by piece, from the top
-    _each_block([(0, P), (P, P + N)], lambda k, a, b, _: both[a:b].sort())
-    # pieces: cut at every _BLOCK_ELEMS-th value of either side (equal scores stay in one piece)
-    cuts = np.unique(np.concatenate([pos[_BLOCK_ELEMS::_BLOCK_ELEMS], neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
-    pcut = np.r_[0, np.searchsorted(pos, cuts, side="left"), P]
-    ncut = np.r_[0, np.searchsorted(neg, cuts, side="left"), N]
-    pieces = [(k, k + 1) for k in range(cuts.size, -1, -1)]  # in descending order of scores
-    points: list = [None] * len(pieces)
+    def __init__(self, scores, labels):
+        s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool, copy=False)
+        if s.shape != y.shape:
+            raise ValueError("scores and labels must have the same size")
+        # the points do not depend on the order of the pairs: flatten both in their memory order (a column
+        # selection such as scores[:, sel] is Fortran-ordered; a C-order ravel would copy it)
+        order = "F" if s.flags.f_contiguous and y.flags.f_contiguous else "C"
+        s, y = s.ravel(order=order), y.ravel(order=order)
+        keep = ~np.isnan(s)
+        pos_sel = keep & y
+        P = int(np.count_nonzero(pos_sel))
+        N = int(np.count_nonzero(keep)) - P
+        if P == 0 or N == 0:
+            raise ValueError("need both positive and negative labels")
+        both = np.empty(P + N)
+        np.compress(pos_sel, s, out=both[:P])
+        keep &= ~y
+        np.compress(keep, s, out=both[P:])
+        del keep, pos_sel
+        self.P, self.N = P, N
+        self.pos, self.neg = both[:P], both[P:]
+        _each_block([(0, P), (P, P + N)], lambda k, a, b, _: both[a:b].sort())
+        cuts = np.unique(np.concatenate([self.pos[_BLOCK_ELEMS::_BLOCK_ELEMS], self.neg[_BLOCK_ELEMS::_BLOCK_ELEMS]]))
+        self.pcut = np.r_[0, np.searchsorted(self.pos, cuts, side="left"), P]
+        self.ncut = np.r_[0, np.searchsorted(self.neg, cuts, side="left"), N]
+        self.pieces = [(k, k + 1) for k in range(cuts.size, -1, -1)]  # in descending order of scores
 
-    def piece_points(i, k, _next, _):  # the ROC points at the run ends of piece k (the i-th from the top)
-        p0, p1, n0, n1 = pcut[k], pcut[k + 1], ncut[k], ncut[k + 1]
+    def above(self, i: int) -> tuple[float, float]:
+        """The ROC point (fpr, tpr) just before piece ``i``: every element of the pieces above it counted ((0, 0)
+        for the first). Pieces end between distinct scores, so it is the last point of piece ``i - 1``."""
+        k = self.pieces[i][0]
+        return (self.N - int(self.ncut[k + 1])) / self.N, (self.P - int(self.pcut[k + 1])) / self.P
+
+    def points(self, i: int):
+        """(fpr, tpr) at the run ends of piece ``i`` (the i-th from the top); None for an empty piece."""
+        import torch  # the pieces' cumulative sums (as in _best_run_end)
+
+        k = self.pieces[i][0]
+        P, N = self.P, self.N
+        p0, p1, n0, n1 = self.pcut[k], self.pcut[k + 1], self.ncut[k], self.ncut[k + 1]
         if p1 == p0 and n1 == n0:
-            return
-        piece = np.concatenate([pos[p0:p1], neg[n0:n1]])
+            return None
+        piece = np.concatenate([self.pos[p0:p1], self.neg[n0:n1]])
         order = np.argsort(piece, kind="stable")[::-1]  # descending; the order within ties does not matter
         v = piece[order]
         last = np.empty(v.size, dtype=bool)  # the last position of each run of equal scores
@@ -168,13 +180,68 @@ def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
         at = np.flatnonzero(last)
         tp = tp[at]
         done = (P - p1) + (N - n1)  # the elements of the pieces above
-        points[i] = (np.divide(at + (done + 1) - tp, N), np.divide(tp, P))
+        return np.divide(at + (done + 1) - tp, N), np.divide(tp, P)
 
-    _each_block(pieces, piece_points)
+
+def roc_curve_points(scores, labels) -> tuple[np.ndarray, np.ndarray]:
+    """ROC of "positive if score >= t" over distinct thresholds (NaN scores
+    dropped).  Returns ``(fpr, tpr)``, both starting at 0 and ending at 1."""
+    roc = _RocPieces(scores, labels)
+    points: list = [None] * len(roc.pieces)
+
+    def piece_points(i, _a, _b, _):
+        points[i] = roc.points(i)
+
+    _each_block(roc.pieces, piece_points)
     got = [pt for pt in points if pt is not None]
     fpr = np.concatenate([np.zeros(1)] + [f for f, _ in got])
     tpr = np.concatenate([np.zeros(1)] + [t for _, t in got])
     return fpr, tpr
+
+
+def roc_summary(scores, labels, *, roc_points: int | None = None) -> dict:
+    """What a report shows of the ROC of :func:`roc_curve_points`, without keeping the curve: ``{"auc",
+    "tpr_at_0.1%", "tpr_at_1%"}`` as :func:`auc` and :func:`tpr_at_fpr` give them on the whole curve, and with
+    ``roc_points`` ``"roc": {"fpr", "tpr"}``, the curve's upper envelope on the grid below from half its smallest
+    positive FPR (at least 1e-5) up, plus (1, 1): a grid of ``roc_points`` log-spaced FPRs from 1e-5 to 1 (for
+    log-log plots).
+
+    Each piece of the curve is folded in with the point before it (its area, the last point at or below each
+    FPR asked for; the TPR never decreases along the curve, so that point's TPR is the largest up to it); the
+    pieces' areas are added in the curve's order, so the numbers do not depend on the number of threads."""
+    roc = _RocPieces(scores, labels)
+    targets = np.array([0.001, 0.01])
+    grid = np.unique(np.concatenate([np.logspace(-5, 0, roc_points), [1.0]])) if roc_points else np.empty(0)
+    ask = np.concatenate([targets, grid])
+    n = len(roc.pieces)
+    area, found, smallest = np.zeros(n), np.full((n, ask.size), np.nan), np.full(n, np.inf)
+
+    def fold(i, _a, _b, _):
+        pt = roc.points(i)
+        if pt is None:
+            return
+        f0, t0 = roc.above(i)
+        f, t = np.r_[f0, pt[0]], np.r_[t0, pt[1]]
+        area[i] = np.sum(np.diff(f) * (t[1:] + t[:-1]) * 0.5)
+        at = np.searchsorted(f, ask, side="right") - 1
+        found[i] = np.where(at >= 0, t[np.maximum(at, 0)], np.nan)
+        positive = f[f > 0]
+        if positive.size:
+            smallest[i] = positive.min()
+
+    _each_block(roc.pieces, fold)
+    total = 0.0
+    for a in area:  # in the curve's order
+        total += a
+    last = np.zeros(ask.size)  # the curve's first point, (0, 0)
+    for row in found:  # the last piece that reaches down to an FPR holds its last point at or below it
+        last = np.where(np.isnan(row), last, row)
+    out = {"auc": float(total), "tpr_at_0.1%": float(last[0]), "tpr_at_1%": float(last[1])}
+    if roc_points:
+        lowest = float(smallest.min()) if np.isfinite(smallest).any() else 1.0
+        keep = grid >= max(lowest, 1e-5) / 2
+        out["roc"] = {"fpr": grid[keep].tolist(), "tpr": last[targets.size:][keep].tolist()}
+    return out
 
 
 def auc(fpr, tpr) -> float:
@@ -192,20 +259,10 @@ def tpr_at_fpr(fpr, tpr, target: float) -> float:
     return float(t[ok].max()) if ok.any() else 0.0
 
 
-def lira_by_group(lira, membership, groups) -> dict:
-    """Pool every (model, sample) pair of a group's samples;
-    ``{g: {"auc", "tpr_at_0.1%", "tpr_at_1%"}}``."""
+def lira_by_group(lira, membership, groups, *, roc_points: int | None = None) -> dict:
+    """Pool every (model, sample) pair of a group's samples; ``{g: {"auc", "tpr_at_0.1%", "tpr_at_1%"}}``, and with
+    ``roc_points`` each group's thinned ROC (:func:`roc_summary`)."""
     s = np.asarray(lira, dtype=np.float64)
     m = np.asarray(membership).astype(bool)
     values, idx = _group_index(groups, s.shape[1])
-    out = {}
-    for v, ix in zip(values, idx):
-        fpr, tpr = roc_curve_points(s[:, ix], m[:, ix])
-        out[v] = {
-            "auc": auc(fpr, tpr),
-            "tpr_at_0.1%": tpr_at_fpr(fpr, tpr, 0.001),
-            "tpr_at_1%": tpr_at_fpr(fpr, tpr, 0.01),
-        }
-    return out
-
-
+    return {v: roc_summary(s[:, ix], m[:, ix], roc_points=roc_points) for v, ix in zip(values, idx)}

@@ -288,6 +288,29 @@ def test_thresholds_and_rocs_match_the_reference(seed):
             assert_same(a, b, "roc")
 
 
+@pytest.mark.parametrize("R", [251, 257])
+def test_held_out_at_the_limits_of_its_packing_matches_the_reference(R):
+    """The held-out search packs each half's counts in int16 up to ~500 models (2R = 502: halves of 250 and 252
+    models, sums up to 32,512 of int16's 32,767) and in int32 beyond (2R = 514): columns where the members' scores
+    all lie above (the largest sums), or all below (the smallest), the non-members', and columns with ties."""
+    n = 24
+    m = complementary_membership(n, R, seed=R)
+    rng = np.random.default_rng(R)
+    s = rng.standard_normal(m.shape) + 0.5 * m
+    s[:, :6] = np.where(m[:, :6], 10.0, -10.0) + rng.standard_normal((2 * R, 6))  # members all above
+    s[:, 6:12] = np.where(m[:, 6:12], -10.0, 10.0) + rng.standard_normal((2 * R, 6))  # members all below
+    s[:, 12:18] = np.round(s[:, 12:18])  # ties
+    sizes = (2 * (R // 2), 2 * (R - R // 2))
+    assert thresholds._halves_packing(sizes)[1] == (np.int16 if R == 251 else np.int32)
+    for seed in range(3):
+        assert_same(new.sample_advantage(s, m, threshold="held_out", seed=seed),
+                    sample_advantage(s, m, threshold="held_out", seed=seed), "held-out advantage")
+    assert np.nanmax(new.sample_advantage(s, m, threshold="held_out")[:6]) == 1.0
+    g = np.arange(n) % 3
+    assert_same(_norm(new.null_distribution(s, m, g, threshold="held_out", n_perm=2, seed=4)),
+                _norm(null_distribution(s, m, g, threshold="held_out", n_perm=2, seed=4)))
+
+
 @pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
 def test_small_and_degenerate_inputs_match_the_reference():
     rng = np.random.default_rng(1)

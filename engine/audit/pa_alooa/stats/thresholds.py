@@ -140,10 +140,10 @@ def _sorted_of(s: np.ndarray, layout: str) -> _Sorted:
 class _Work:
     """Per-block scratch arrays of one pass over a :class:`_Sorted` (reused block after block)."""
 
-    def __init__(self, srt: "_Sorted", n_x: int):
+    def __init__(self, srt: "_Sorted", n_x: int, dt=None):
         C = max((b - a for a, b in srt.blocks), default=0)
         L, K = srt.L, srt.K
-        self.dt = np.int32 if (L + 1) * K < 2**31 else np.int64
+        self.dt = dt or (np.int32 if (L + 1) * K < 2**31 else np.int64)
         self.bit = np.empty((C, L), dtype=np.int8)
         self.e = np.empty((C, L), dtype=self.dt)
         self.x = [np.empty((C, L), dtype=self.dt) for _ in range(n_x)]
@@ -178,7 +178,19 @@ def _halves_pm1(code: np.ndarray, K: int, w: _Work, C: int):
     return xa, xb
 
 
-_INT_MIN = {4: np.iinfo(np.int32).min, 8: np.iinfo(np.int64).min}
+_INT_MIN = {2: np.iinfo(np.int16).min, 4: np.iinfo(np.int32).min, 8: np.iinfo(np.int64).min}
+
+
+def _halves_packing(sizes) -> tuple[int, type]:
+    """K and the integer type of :func:`_halves_pm1`'s packing for halves of ``sizes`` models: in a half of ``n``,
+    at most ``n`` elements are counted (< K) and the objective (members - non-members so far) is at most ``n / 2``
+    either way, so every packed sum lies in ``(-(n / 2 + 1) * K, (n / 2 + 1) * K)``: int16 for up to ~500 models
+    (2R = 400: K = 256, |sums| <= 25,800), half the bytes of int32 for the passes over all (rows, L) elements."""
+    n = max(sizes)
+    K = 1 << int(n).bit_length()
+    bound = (n // 2 + 1) * K
+    return K, (np.int16 if bound < 2**15 else np.int32 if bound < 2**31 else np.int64)
+
 
 
 def _best_run_end(srt: _Sorted, k: int, x: np.ndarray) -> np.ndarray:
@@ -324,9 +336,9 @@ def _held_out_rules(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> 
     """The first part of :func:`_held_out`, over the blocks: each half's best rule and the packed counts of both
     halves at it."""
     u, L = srt.u, srt.L
-    K = srt.K
-    code = np.empty((u, L), dtype=np.int8)
     sizes = {"A": nA, "B": L - nA}
+    K, dt = _halves_packing(sizes.values()) if balanced else (srt.K, None)
+    code = np.empty((u, L), dtype=np.int8)
     cms = {"A": (3, 2), "B": (1, 0)}
     P, N, j = {}, {}, {}
     for h in "AB":
@@ -357,14 +369,13 @@ def _held_out_rules(srt: _Sorted, coder, nA: int, *, balanced: bool = False) -> 
             for o in "AB":
                 raw[h, o][a:b] = xs[h][rows, j[o][a:b]]
 
-    _each_block(srt.blocks, search, lambda: _Work(srt, 2))
-    return srt, code, cms, P, N, j, raw, pm1
+    _each_block(srt.blocks, search, lambda: _Work(srt, 2, dt))
+    return srt, K, code, cms, P, N, j, raw, pm1
 
 
 def _held_out_scored(rules: tuple) -> np.ndarray:
     """The second part of :func:`_held_out`, over whole rows: each half's rule scored on the other half."""
-    srt, code, cms, P, N, j, raw, pm1 = rules
-    K = srt.K
+    srt, K, code, cms, P, N, j, raw, pm1 = rules
     out = 0.0
     for h, o in (("A", "B"), ("B", "A")):  # h's rule on o
         tp, fp = _decode(raw[h, h], K, P[h], N[h], pm1[h])

@@ -21,6 +21,7 @@ with and without ties, piece by piece (thresholds, ROCs) and on small and degene
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -141,8 +142,8 @@ def compute(S, x: dict, *, full: bool = True) -> tuple[dict[str, np.ndarray], di
     dic["floor"] = {"ho": S.null_floor(s, m, threshold="held_out", n_perm=2, seed=5),
                     "in": S.null_floor(s, m, threshold="in_sample", n_perm=2, seed=6)}
     dic["pa"] = {"ga": S.pa_ga(s, m), "gba": S.pa_gba(s, m, g)}
-    dic["looa"] = [S.pa_looa(s[m[:, i], i], s[~m[:, i], i]) for i in range(s.shape[1])
-                   if m[:, i].any() and not m[:, i].all()][:6]
+    with_both = (i for i in range(s.shape[1]) if m[:, i].any() and not m[:, i].all())
+    dic["looa"] = [S.pa_looa(s[m[:, i], i], s[~m[:, i], i]) for i in itertools.islice(with_both, 6)]  # the first 6
     dic["eps"] = S.per_group_epsilon_lower_bound(s, m, tiers, delta=1e-5, seed=0)
     dic["eps16"] = S.per_group_epsilon_lower_bound(s, m, g, delta=1e-3, confidence=0.9, seed=3, max_thresholds=16)
     lira = S.lira_scores(conf, m)

@@ -124,7 +124,7 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     assert [r["status"] for r in runs] == ["finished", "finished"]
     assert runs[0]["pid"] == pid_of[TINY.to_json()] and runs[1]["pid"] == pid_of[other.to_json()]
     assert not any(m.exists() for m in markers)  # a standby that took a run is no longer counted as ready
-    assert all(r["started_at"] - r["created_at"] < 1.5 for r in runs)  # what start_seconds counts as warm
+    warm_waits = [r["started_at"] - r["created_at"] for r in runs]
 
     cold_mgr = JobManager(tmp_path / "cold.sqlite", max_workers=1, prewarm=False)
     try:
@@ -137,6 +137,9 @@ def test_standbys_warm_every_slot_and_finish_like_cold_workers_and_errors_fail_c
     assert [r["status"] for r in cruns] == ["finished", "failed"]
     assert cold_mgr.standbys_ready() == 0
     assert cruns[0]["pid"] not in pid_of.values()
+    # the split the estimate's warm start makes (estimates.WARM_START_MAX_SECONDS), as a comparison that holds on a
+    # loaded machine too: a warm standby starts its run sooner than a cold worker, which imports torch first
+    assert max(warm_waits) < cruns[0]["started_at"] - cruns[0]["created_at"]
     assert "batch_size" in cruns[1]["error"]
     s1, s2 = runs[0]["summary"], cruns[0]["summary"]
     assert s1["steps"] == s2["steps"] and s1["accuracy"] == s2["accuracy"]

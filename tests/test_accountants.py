@@ -71,6 +71,28 @@ def test_one_off_releases_compose_with_the_steps_as_in_each_library(name):
     assert got > get_accountant(name).epsilon(q, sigma, steps, DELTA)  # the releases cost something
 
 
+@settings(max_examples=8, deadline=None)
+@given(q=st.floats(1e-3, 0.2), sigma=st.floats(0.6, 4.0), steps=st.integers(0, 1500),
+       releases=st.lists(st.floats(1.0, 10.0), max_size=2).map(tuple))
+def test_prv_is_opacus_prv_accountant_to_the_bit(q, sigma, steps, releases):
+    """The PRV ε takes its domain's RDP half from the cached one-step RDP (accountants._prv_domain): the very
+    number of Opacus' PRVAccountant on the same history, not just close to it."""
+    import warnings
+
+    from opacus.accountants import PRVAccountant
+
+    from engine.dp.accountants import _PRV_EPS_ERROR
+
+    if not steps and not releases:
+        return
+    lib = PRVAccountant()
+    lib.history = ([(sigma, q, steps)] if steps else []) + [(r, 1.0, 1) for r in releases]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = float(lib.get_epsilon(DELTA, eps_error=_PRV_EPS_ERROR))
+    assert get_accountant("prv").epsilon(q, sigma, steps, DELTA, releases) == want
+
+
 @settings(max_examples=12, deadline=None)
 @given(q=st.floats(1e-3, 0.2), sigma=st.floats(0.6, 4.0), steps=st.integers(1, 1500))
 def test_pld_is_never_looser_than_rdp(q, sigma, steps):

@@ -70,8 +70,9 @@ def test_config_error_is_one_line_exit_2(tmp_path, store, config, field):
 def test_not_json_and_missing_file(tmp_path, store):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    for path in (bad, tmp_path / "missing.json"):
-        out = cli("run", str(path), store=store)
+    # the process as a user starts it once (nothing else on its stderr: no warning, no traceback), then the
+    # missing file through the same main in this process
+    for out in (cli("run", str(bad), store=store), cli_here("run", str(tmp_path / "missing.json"), store=store)):
         assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("error: config:")
 
 

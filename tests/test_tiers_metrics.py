@@ -9,7 +9,7 @@ from engine.config.run import TierConfig, TiersConfig
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
 from engine.dp.tiers import assign_tiers, preset, preset_names
-from engine.models.metrics import group_metrics, mid_markers, recall_auc
+from engine.models.metrics import fairness_metrics, group_metrics, mid_markers, recall_auc
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,25 @@ def test_group_metrics_hand_computed():
     assert classes[0]["accuracy"] == pytest.approx(4 / 6)  # one-vs-rest for class 0
     assert tiers[0]["recall"] == pytest.approx(0.75) and tiers[0]["accuracy"] == pytest.approx(0.75)
     assert tiers[1]["recall"] == pytest.approx(0.5) and tiers[1]["n"] == 2
+
+
+def test_fairness_metrics_are_fairlearns():
+    """The evaluation's outcome-fairness numbers equal Fairlearn's own functions on random binary labels, 1-4
+    groups, groups without positives or without negatives (TPR / FPR 0 there, as Fairlearn normalises)."""
+    from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
+
+    rng = np.random.default_rng(0)
+    for case in range(60):
+        n = int(rng.integers(2, 80))
+        y, p = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        s = rng.choice(np.array(["a", "b", "c", "d"])[: rng.integers(1, 5)], n)
+        if case % 3 == 0:
+            y[s == s[0]] = 0
+        if case % 5 == 0:
+            y[s == s[-1]] = 1
+        want = {"demographic_parity_difference": float(demographic_parity_difference(y, p, sensitive_features=s)),
+                "equalized_odds_difference": float(equalized_odds_difference(y, p, sensitive_features=s))}
+        assert fairness_metrics(y, p, s) == want, case
 
 
 def test_recall_auc_hand_computed_and_its_edge_cases():

@@ -69,8 +69,8 @@ def fairness_metrics(y_true, y_pred, sensitive) -> dict:
     """Demographic parity and equalized odds differences of binary (0/1) labels and predictions, as Fairlearn's
     ``demographic_parity_difference`` and ``equalized_odds_difference`` define them (between groups; equalized
     odds: the larger of the TPR and the FPR gap; a group without positives has TPR 0, one without negatives FPR 0,
-    as Fairlearn's row-normalised confusion matrices give): the same numbers (tests/test_train.py checks them
-    against Fairlearn), from one count per group instead of Fairlearn's data frames, ~0.4 s per evaluation of
+    as Fairlearn's row-normalised confusion matrices give): the same numbers (tests/test_tiers_metrics.py checks
+    them against Fairlearn), from one count per group instead of Fairlearn's data frames, ~0.4 s per evaluation of
     Adult's test set."""
     y, p = np.asarray(y_true).ravel() == 1, np.asarray(y_pred).ravel() == 1
     _, g = np.unique(np.asarray(sensitive).ravel(), return_inverse=True)
@@ -85,7 +85,10 @@ def fairness_metrics(y_true, y_pred, sensitive) -> dict:
         selection = count(p) / n
         tpr = np.nan_to_num(count(y & p) / pos)
         fpr = np.nan_to_num(count(~y & p) / neg)
-    gap = lambda r: float(r.max() - r.min())  # noqa: E731
+
+    def gap(rates):
+        return float(rates.max() - rates.min())
+
     return {"demographic_parity_difference": gap(selection),
             "equalized_odds_difference": max(gap(tpr), gap(fpr))}
 

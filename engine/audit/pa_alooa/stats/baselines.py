@@ -124,7 +124,7 @@ class _RocPieces:
     """The ROC of "positive if score >= t" over distinct thresholds (NaN scores dropped), in pieces: the positives
     and the negatives sorted apart, then cut at every ``_BLOCK_ELEMS``-th value of either side (equal scores stay
     in one piece) and merged piece by piece, from the top. :func:`roc_curve_points` joins the pieces' points;
-    :func:`lira_by_group` folds each piece into its summary as it comes (a curve of millions of points is never
+    :func:`roc_summary` folds each piece into its summary as it comes (a curve of millions of points is never
     kept whole)."""
 
     def __init__(self, scores, labels):

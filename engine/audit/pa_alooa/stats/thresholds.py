@@ -192,7 +192,6 @@ def _halves_packing(sizes) -> tuple[int, type]:
     return K, (np.int16 if bound < 2**15 else np.int32 if bound < 2**31 else np.int64)
 
 
-
 def _best_run_end(srt: _Sorted, k: int, x: np.ndarray) -> np.ndarray:
     """Cumulates the weights ``x`` (in place) and finds per row the first run end where the packed objective
     is largest (the first maximum of ``tp * N - fp * P``: exact integers, so equally good rules tie exactly;

@@ -680,3 +680,29 @@ def test_a_narrow_column_wraps_the_notes_above_a_plot_and_makes_room_for_them():
     assert narrow.layout.margin.t == 122 + 2 * scaffold.ANNOTATION_LINE_PX
     assert fig.layout.annotations[0].text.count("<br>") == 1  # the exported figure is unchanged
     assert scaffold.wrap_title(fig, 40, note_width=200) is fig
+
+
+@pytest.mark.parametrize("theme", scaffold.THEMES)
+def test_a_new_figure_is_what_plotly_validates_it_to(theme):
+    """base_figure builds a new figure from the template's stored JSON without validating it again: the same
+    figure as Plotly's validated path, for both legends and as the base of a facet grid; a figure's change to its
+    own template stays its own."""
+    from plotly.subplots import make_subplots
+
+    def validated(fig, legend):
+        fig.update_layout(template=scaffold.template(theme), title=dict(text=scaffold.esc("A <b>title</b>"), x=0.01,
+                                                                        xanchor="left", y=0.98, yanchor="top"))
+        if legend == "top":
+            fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+        return fig.to_plotly_json()
+
+    for legend in ("bottom", "top"):
+        assert scaffold.base_figure("A <b>title</b>", theme, legend=legend).to_plotly_json() == validated(go.Figure(),
+                                                                                                          legend)
+        grid, _, _ = scaffold.facet_grid(["a", "b", "c"], "A <b>title</b>", theme, max_cols=2, legend=legend)
+        plain = make_subplots(rows=2, cols=2, subplot_titles=["a", "b", "c"], shared_yaxes=True,
+                              horizontal_spacing=0.04, vertical_spacing=0.12)
+        assert grid.to_plotly_json() == validated(plain, legend)
+    first = scaffold.base_figure("x", theme)
+    first.layout.template.layout.font.size = 99
+    assert scaffold.base_figure("x", theme).layout.template.layout.font.size != 99

@@ -592,6 +592,18 @@ def _plan_sample_with(acc, eps, sizes, B, T, delta):
                         f"{acc.sigma_floor:g} gives a larger expected batch; the targets are too loose to plan "
                         f"noise for (lower them, or raise batch_size)")
     rate_of = rates_at(y)
+    if gap(y) < -_GENERIC_BATCH_RTOL:
+        # The bracket closed on a jump: a numerical accountant's ε is discretised (PRV: eps_error), so the batch
+        # can leap past B between two σ the search tells apart (found: eps (3, 2), sizes (2643, 699), T = 107,
+        # B = 43 gave 42.949). Take the σ just above the jump and scale its rates down to B: a smaller rate at the
+        # same σ spends less, and each tier's ε is evaluated again before the plan takes them.
+        above = [x for x in memo if x > y and gap(x) > 0.0]
+        if above:
+            y_hi = min(above)
+            scale = B / sum(memo[y_hi][e] * n_of[e] for e in distinct)
+            scaled = {e: q * scale for e, q in memo[y_hi].items()}
+            if all(acc.epsilon(scaled[e], math.exp(y_hi), T, delta) <= e for e in distinct):
+                y, rate_of = y_hi, scaled
     e_min = distinct[0]
     if rate_of[e_min] <= 0.0:
         raise PlanError(f"epsilon={e_min:g} cannot be met at noise_multiplier={math.exp(y):g}, steps={T} under "

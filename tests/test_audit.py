@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -413,3 +414,55 @@ def test_a_foreground_audit_stopped_by_cancel_says_so_in_one_line_naming_it(tmp_
         if proc.poll() is None:
             proc.kill()
     assert store.get_run(1)["status"] == "cancelled" and "signal" in store.get_run(1)["error"]
+
+
+def test_the_report_is_the_same_on_one_thread_and_with_its_statistics_side_by_side(monkeypatch):
+    """With more than one statistics thread the analysis runs LiRA, the ε bound and PA-GA / PA-GBA on a helper
+    thread beside the per-sample advantage, its bootstrap and the null (``parallel.beside``): the report equals the
+    one-thread report in every number, and the helper thread did run."""
+    from engine.audit.pa_alooa import stats
+
+    ran_on = []
+    lira = stats.lira_scores
+    monkeypatch.setattr(stats, "lira_scores", lambda *a, **k: ran_on.append(threading.current_thread().name)
+                        or lira(*a, **k))
+    cfg = TINY.replace(R=4, group_by="attribute", **{"run.data.name": "adult", "run.epochs": 1.0,
+                                                     "run.model.name": "lr", "run.batch_size": 256},
+                       group_attribute="sex")
+
+    def numbers():  # every number but the timings
+        def drop(v):
+            if isinstance(v, dict):
+                return {k: drop(x) for k, x in v.items() if k != "seconds" and not k.endswith("_seconds")}
+            return [drop(x) for x in v] if isinstance(v, list) else v
+        return json.dumps(drop(run_audit(cfg).to_dict()), sort_keys=True)
+
+    old = stats.set_threads(1)
+    try:
+        one = numbers()
+        stats.set_threads(3)
+        three = numbers()
+    finally:
+        stats.set_threads(old)
+    assert one == three
+    assert ran_on[0] == threading.main_thread().name and ran_on[-1].startswith("audit-stats-beside")
+
+
+def test_beside_returns_both_and_raises_what_either_raises():
+    from engine.audit.pa_alooa import parallel
+
+    def name():
+        return threading.current_thread().name
+
+    old = parallel.set_threads(2)
+    try:
+        front, back = parallel.beside(name, name)
+        assert front == threading.main_thread().name and back.startswith("audit-stats-beside")
+        with pytest.raises(ZeroDivisionError):
+            parallel.beside(lambda: 1 / 0, name)
+        with pytest.raises(KeyError):
+            parallel.beside(name, lambda: {}["x"])
+        parallel.set_threads(1)
+        assert parallel.beside(name, name) == (threading.main_thread().name,) * 2  # one thread: one after the other
+    finally:
+        parallel.set_threads(old)

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from engine.audit.pa_alooa import stats
+from engine.audit.pa_alooa.parallel import beside
 from engine.audit.pa_alooa.controls import compare
 from engine.audit.pa_alooa.design import group_sizes
 from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport, json_clean
@@ -67,10 +68,24 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
     scores = membership_scores(cfg.score, losses, confs)
     groups = setup.groups
     pairs = cfg.R  # the design's complementary pairs, handed to every statistic that splits the models
-    adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed, pairs=pairs)
-    boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
-    null = stats.null_distribution(scores, mem, groups, threshold=cfg.threshold, n_perm=cfg.null_perms,
-                                   ci=cfg.confidence, seed=run.seed + 1, pairs=pairs)
+    tier_lab = np.asarray(setup.tiers.train)
+
+    def beside_the_advantage():  # what does not need the per-sample advantage: on a helper thread meanwhile
+        lira = stats.lira_scores(confs.astype(np.float64), mem)  # LiRA (online, fixed variance), logit confidence
+        by_group = stats.lira_by_group(lira, mem, groups, roc_points=_ROC_POINTS)
+        # per-tier empirical ε lower bound (threshold attack on the scores, selection and counting on disjoint models)
+        lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
+                                                 seed=run.seed, pairs=pairs)
+        return by_group, lb, {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}
+
+    def the_advantage():
+        adv = stats.sample_advantage(scores, mem, threshold=cfg.threshold, seed=run.seed, pairs=pairs)
+        boot = stats.bootstrap_gpr(adv, groups, n_boot=cfg.n_boot, ci=cfg.confidence, seed=run.seed)
+        null = stats.null_distribution(scores, mem, groups, threshold=cfg.threshold, n_perm=cfg.null_perms,
+                                       ci=cfg.confidence, seed=run.seed + 1, pairs=pairs)
+        return adv, boot, null
+
+    (adv, boot, null), (by_group, lb, baselines) = beside(beside_the_advantage, the_advantage)
     res = {"key": a.key, "name": a.algo.name, "label": a.label, "formal_dp": a.formal_dp,
            "algorithm": dataclasses.asdict(a.algo), "plan": plan_table(setup, a),
            "info": {**a.info, **({} if a.formal_dp else {"formal_dp_reason": a.privacy.formal_dp_reason})},
@@ -78,7 +93,7 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
            "null": {"groups": null["groups"], "delta": null["delta"], "n_perm": null["n_perm"]},
            "resolved": stats.delta_resolved(boot["delta"]["low"], null["delta"]["high"])
            if len(setup.group_names) > 1 else None,  # one group: no Δ to resolve
-           "baselines": {"pa_ga": stats.pa_ga(scores, mem), "pa_gba": stats.pa_gba(scores, mem, groups)}}
+           "baselines": baselines}
     # accuracy on the test set, per model
     correct = correct_predictions(setup, preds)
     acc = correct.mean(1)
@@ -97,16 +112,9 @@ def algorithm_report(setup, a, losses, confs, preds, *, realised_noise=None) -> 
         res["dpsgd_noise_multiplier"] = a.info.get("dpsgd_noise_multiplier")
     if getattr(a, "control_info", None) is not None:
         res["control"] = a.control_info.to_dict()
-    # LiRA (online, fixed variance) on logit-scaled confidence
-    lira = stats.lira_scores(confs.astype(np.float64), mem)
-    by_group = stats.lira_by_group(lira, mem, groups, roc_points=_ROC_POINTS)
     lira_groups = {g: {k: by_group[g][k] for k in ("auc", "tpr_at_0.1%", "tpr_at_1%")} for g in setup.group_names}
     rocs = {g: by_group[g]["roc"] for g in setup.group_names}
     res["lira"] = {"groups": lira_groups, "roc": rocs}
-    # per-tier empirical ε lower bound (threshold attack on the scores, selection and counting on disjoint models)
-    tier_lab = np.asarray(setup.tiers.train)
-    lb = stats.per_group_epsilon_lower_bound(scores, mem, tier_lab, delta=run.delta, confidence=cfg.confidence,
-                                             seed=run.seed, pairs=pairs)
     tiers = []
     for k, name in enumerate(setup.tiers.names):
         r = lb.get(k, {})

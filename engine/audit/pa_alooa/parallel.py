@@ -16,7 +16,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["each_block", "one_ahead", "set_threads", "then"]
+__all__ = ["beside", "each_block", "one_ahead", "set_threads", "then"]
 def _default_threads() -> int:
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -107,3 +107,19 @@ def then(first, second, items):
             pending = helper.submit(second, done)
         if pending is not None:
             yield pending.result()
+
+
+def beside(background, foreground):
+    """``(foreground(), background())``; with more than one thread, ``background`` runs on a helper thread while
+    ``foreground`` runs on the caller's. The two must share no buffers: each reads its own inputs and draws from
+    its own generators, so the numbers are those of running one after the other."""
+    if _THREADS[0] <= 1 or getattr(_IN_POOL, "on", False):
+        return foreground(), background()
+    with ThreadPoolExecutor(1, thread_name_prefix="audit-stats-beside") as helper:
+        later = helper.submit(background)
+        try:
+            first = foreground()
+        except BaseException:
+            later.cancel()
+            raise
+        return first, later.result()

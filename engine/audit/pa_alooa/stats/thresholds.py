@@ -4,6 +4,7 @@ models' halves they search over: ``inputs``)."""
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -116,24 +117,30 @@ class _Sorted:
         return fill
 
 
-_SORTED: list = []  # [layout, weak reference to the scores array, its _Sorted]: the last one built
+_SORTED: dict = {}  # layout -> (weak reference to the scores array, its _Sorted): the last one built of each layout
+_SORTED_LOCK = threading.Lock()  # the audit's analysis runs sample_advantage / null_distribution beside pa_ga / pa_gba
 
 
 def _sorted_of(s: np.ndarray, layout: str) -> _Sorted:
     """``_Sorted`` of the scores ``s`` (``(M, n)``) by sample (``layout="samples"``: each sample's models) or by
-    model (``"models"``: each model's samples, without the sorted values). The last one built is kept while its
-    array lives, and reused when the same array comes back with the same contents (checked: the kept order must
-    still sort it), so ``sample_advantage`` / ``null_distribution`` and ``pa_ga`` / ``pa_gba`` sort once."""
+    model (``"models"``: each model's samples, without the sorted values). The last one built of each layout is kept
+    while its array lives, and reused when the same array comes back with the same contents (checked: the kept
+    order must still sort it), so ``sample_advantage`` / ``null_distribution`` and ``pa_ga`` / ``pa_gba`` sort once,
+    also when the two pairs run on two threads at once."""
     rows = s.T if layout == "samples" else s
-    if _SORTED and _SORTED[0] == layout and _SORTED[1]() is s and _SORTED[2].sorts(rows):
-        return _SORTED[2]
-    _SORTED.clear()  # frees the last one before sorting again
+    with _SORTED_LOCK:
+        kept = _SORTED.get(layout)
+    if kept is not None and kept[0]() is s and kept[1].sorts(rows):
+        return kept[1]
+    with _SORTED_LOCK:
+        _SORTED.pop(layout, None)  # frees the last one before sorting again
     srt = _Sorted(rows, keep_values=layout == "samples")
     try:
-        ref = weakref.ref(s, lambda r: _SORTED.clear() if _SORTED and _SORTED[1] is r else None)
+        ref = weakref.ref(s, lambda r: _SORTED.pop(layout, None) if _SORTED.get(layout, (None,))[0] is r else None)
     except TypeError:
         return srt
-    _SORTED[:] = [layout, ref, srt]
+    with _SORTED_LOCK:
+        _SORTED[layout] = (ref, srt)
     return srt
 
 

@@ -20,6 +20,49 @@ REFERENCE = [((256 / 60000, 1.0, 234), 0.93, 0.39),    # MNIST, 1 epoch
              ((256 / 30162, 1.0, 2356), 2.59, 2.34)]   # Adult, 20 epochs
 
 
+@pytest.mark.slow  # a fresh process: ~5 s
+def test_the_rdp_analysis_is_opacus_own_file_without_the_opacus_package():
+    """A process that plans and trains loads Opacus' RDP analysis file on its own (``engine.dp.opacus_rdp``), not the
+    ``opacus`` package, whose import costs ~2 s of CPU a process: the same file, the same orders, the same numbers
+    to the bit as the package's module; a CNN's per-sample path does not import it either."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from opacus.accountants.analysis import rdp as package
+    from opacus.accountants.rdp import RDPAccountant
+
+    from engine.dp import opacus_rdp
+
+    code = """if True:
+        import json, sys
+        import torch
+        import engine.train.loop
+        from engine.dp import accountants, accounting, opacus_rdp
+        from engine.dp.grad_sample import ModuleGrads
+        from engine.models.nets import PapernotCNN
+        ModuleGrads(PapernotCNN(1, 28, 10, 3))
+        p = accounting.plan(mode="sample", epsilons=(1.0, 3.0), delta=1e-5, tier_sizes=(3000, 3000), batch_size=60,
+                            clip_norm=1.0, steps=400)
+        print(json.dumps({"file": opacus_rdp.analysis.__file__, "opacus": sorted(m for m in sys.modules
+                          if m == "opacus" or m.startswith("opacus.")), "plan": p.to_dict(),
+                          "rdp": accountants.rdp_one_step(0.01, 1.1).tolist()}))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    got = json.loads(out.stdout)
+    assert got["opacus"] == []
+    assert Path(got["file"]).resolve() == Path(package.__file__).resolve()
+    assert opacus_rdp.DEFAULT_ALPHAS == RDPAccountant.DEFAULT_ALPHAS
+    assert [type(a) for a in opacus_rdp.DEFAULT_ALPHAS] == [type(a) for a in RDPAccountant.DEFAULT_ALPHAS]
+    want = package.compute_rdp(q=0.01, noise_multiplier=1.1, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+    assert got["rdp"] == list(want)  # to the bit
+    here = accounting.plan(mode="sample", epsilons=(1.0, 3.0), delta=1e-5, tier_sizes=(3000, 3000), batch_size=60,
+                           clip_norm=1.0, steps=400)
+    assert got["plan"] == json.loads(json.dumps(here.to_dict()))  # the plan this process makes
+
+
 @pytest.mark.parametrize("setting,rdp,pld", REFERENCE)
 def test_each_accountant_reproduces_its_librarys_number(setting, rdp, pld):
     from dp_accounting import dp_event

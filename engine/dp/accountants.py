@@ -35,10 +35,10 @@ import math
 import warnings
 
 import numpy as np
-from opacus.accountants.analysis import rdp as _opacus_rdp
-from opacus.accountants.rdp import RDPAccountant
 
 from engine.config.run import ACCOUNTANTS
+from engine.dp.opacus_rdp import DEFAULT_ALPHAS, ORDERS
+from engine.dp.opacus_rdp import analysis as _opacus_rdp
 
 _RTOL = 1e-4  # the searches stop within this relative distance of tight (in σ or q, or in ε)
 _PLD_DISCRETISATION = 1e-3
@@ -46,15 +46,11 @@ _PRV_EPS_ERROR = 0.01
 _SIGMA_MAX = 1e4
 _Q_MIN = 1e-12
 
-#: Opacus' default RDP orders; the RDP accountant uses exactly these.
-ORDERS: tuple[float, ...] = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
-
-
 @functools.lru_cache(maxsize=4096)
 def rdp_one_step(q: float, sigma: float) -> np.ndarray:
     """Per-order RDP of ONE step of the subsampled Gaussian, computed by Opacus itself (read-only array; q = 1:
     a one-off Gaussian release)."""
-    r = np.asarray(_opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS),
+    r = np.asarray(_opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=DEFAULT_ALPHAS),
                    dtype=float)
     r.setflags(write=False)
     return r
@@ -64,7 +60,7 @@ def epsilon_from_rdp(rdp: np.ndarray, delta: float) -> float:
     """Opacus' conversion of per-order RDP to (ε, δ)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "optimal order is the largest alpha" etc.
-        eps, _ = _opacus_rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+        eps, _ = _opacus_rdp.get_privacy_spent(orders=DEFAULT_ALPHAS, rdp=rdp, delta=delta)
     return float(eps)
 
 

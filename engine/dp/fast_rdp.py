@@ -19,15 +19,16 @@ import math
 from typing import Callable
 
 import numpy as np
-from opacus.accountants.analysis import rdp as _opacus_rdp
-from opacus.accountants.rdp import RDPAccountant
 from scipy import special
+
+from engine.dp.opacus_rdp import DEFAULT_ALPHAS
+from engine.dp.opacus_rdp import analysis as _opacus_rdp
 
 __all__ = ["ALPHAS", "FAST_SAFETY", "rdp", "epsilon", "solve_increasing", "clear_caches"]
 
 #: Opacus' default RDP orders, as an array.
-ALPHAS = np.asarray(RDPAccountant.DEFAULT_ALPHAS, dtype=float)
-_INT_MASK = np.array([float(a).is_integer() for a in RDPAccountant.DEFAULT_ALPHAS])
+ALPHAS = np.asarray(DEFAULT_ALPHAS, dtype=float)
+_INT_MASK = np.array([float(a).is_integer() for a in DEFAULT_ALPHAS])
 _INT_ORDERS = ALPHAS[_INT_MASK]
 _FRAC_ORDERS = ALPHAS[~_INT_MASK]
 

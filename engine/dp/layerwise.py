@@ -39,7 +39,6 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from opacus.grad_sample.grad_sample_module import GradSampleModule
 from torch import nn
 from torch.func import functional_call
 
@@ -58,12 +57,20 @@ def _plain_conv(m) -> bool:
             and m.padding_mode == "zeros")
 
 
+def opacus_grad_samplers() -> dict:
+    """Opacus' per-layer grad samplers {layer type: sampler}, imported on first use: only a layer type with no rule
+    here (GroupNorm, LayerNorm, Embedding, ...) needs them, and ``import opacus`` costs ~2 s of CPU a process."""
+    from opacus.grad_sample.grad_sample_module import GradSampleModule
+
+    return GradSampleModule.GRAD_SAMPLERS
+
+
 def layer_supported(m) -> bool:
     """A layer the layerwise path has a per-sample rule for. Opacus' samplers pad convolutions with zeros
     whatever the padding mode, so a convolution with another padding mode is left to vmap."""
     if isinstance(m, nn.Conv2d):
         return m.padding_mode == "zeros"
-    return isinstance(m, nn.Linear) or type(m) in GradSampleModule.GRAD_SAMPLERS
+    return isinstance(m, nn.Linear) or type(m) in opacus_grad_samplers()
 
 
 def exact_rule(m: nn.Module, a: torch.Tensor, b: torch.Tensor):
@@ -76,7 +83,7 @@ def exact_rule(m: nn.Module, a: torch.Tensor, b: torch.Tensor):
             dense["bias"] = b.sum((2, 3))
     else:
         names = {id(p): k for k, p in m.named_parameters(recurse=False)}
-        dense = {names[id(p)]: g for p, g in GradSampleModule.GRAD_SAMPLERS[type(m)](m, [a], b).items()}
+        dense = {names[id(p)]: g for p, g in opacus_grad_samplers()[type(m)](m, [a], b).items()}
     n = a.shape[0]
     sq = sum(g.reshape(n, -1).pow(2).sum(1) for g in dense.values())
     return sq, lambda c: {k: torch.tensordot(c, g, dims=1) for k, g in dense.items()}

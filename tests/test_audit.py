@@ -416,6 +416,7 @@ def test_a_foreground_audit_stopped_by_cancel_says_so_in_one_line_naming_it(tmp_
     assert store.get_run(1)["status"] == "cancelled" and "signal" in store.get_run(1)["error"]
 
 
+@pytest.mark.slow  # two audits
 def test_the_report_is_the_same_on_one_thread_and_with_its_statistics_side_by_side(monkeypatch):
     """With more than one statistics thread the analysis runs LiRA, the ε bound and PA-GA / PA-GBA on a helper
     thread beside the per-sample advantage, its bootstrap and the null (``parallel.beside``): the report equals the

@@ -531,3 +531,27 @@ def test_the_design_hands_its_pairs_to_the_statistics():
     broken[1, 0] = broken[0, 0]  # sample 0 in both models of pair 0: not the design
     with pytest.raises(ValueError, match="complementary pairs"):
         null_distribution(s, broken, groups, n_perm=1, pairs=R_)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(0, 5000), extra=st.integers(0, 5000), alpha=st.floats(1e-6, 0.5),
+       mu=st.floats(1e-3, 20.0), eps=st.floats(0.0, 50.0), size=st.integers(2, 500), ci=st.floats(0.5, 0.999))
+def test_the_scipy_kernels_called_directly_are_scipy_stats_to_the_bit(k, extra, alpha, mu, eps, size, ci):
+    """Clopper-Pearson (``stats.epsilon._cp_upper``), the Gaussian mechanism's δ(ε) (``one_run.bound``) and the paired
+    t interval (``controls.compare``) call scipy.special's kernels, not scipy.stats (whose import costs ~0.5 s in
+    every process): the very numbers scipy.stats.beta.ppf, norm.cdf and t.ppf give."""
+    from scipy import stats as sps
+
+    from engine.audit.one_run.bound import gaussian_delta
+    from engine.audit.pa_alooa.controls.compare import _t_interval
+    from engine.audit.pa_alooa.stats.epsilon import _cp_upper
+
+    n = k + extra
+    got = _cp_upper(np.array([k, 0, n]), np.array([n, n, n]), alpha)
+    want = [1.0 if kk >= n else sps.beta.ppf(1.0 - alpha, kk + 1.0, max(n - kk, 1e-300)) for kk in (k, 0, n)]
+    assert got.tolist() == [float(w) for w in want]
+    assert gaussian_delta(mu, eps) == float(sps.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * sps.norm.cdf(-eps / mu - mu / 2))
+    units = np.random.default_rng(size).normal(size=size)
+    est = _t_interval(units, ci)
+    half = float(sps.t.ppf((1 + ci) / 2, size - 1) * units.std(ddof=1) / math.sqrt(size))
+    assert (est.low, est.high) == (float(units.mean()) - half, float(units.mean()) + half)

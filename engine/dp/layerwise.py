@@ -104,14 +104,18 @@ def per_layer_sums(layers, inputs, backprops, sizes, strategy: str, order):
         rule = layer_rule(m, strategy)
         parts = [rule(m, a_j, b_j) if len(a_j) else None for a_j, b_j in zip(a.split(sizes), b.split(sizes))]
         sq = sq + torch.cat([p[0] for p in parts if p is not None])
-        zero = {k: torch.zeros(v.shape, dtype=a.dtype, device=a.device) for k, v in m.named_parameters(recurse=False)}
-        summers.append(((prefix + ".") if prefix else "", [p[1] if p is not None else None for p in parts], zero))
+        shapes = {k: v.shape for k, v in m.named_parameters(recurse=False)}
+        summers.append(((prefix + ".") if prefix else "", [p[1] if p is not None else None for p in parts], shapes,
+                        a.dtype, a.device))
 
     def summed(c):
         out = {}
-        for prefix, per_model, zero in summers:
-            sums = [summer(c_j) if summer is not None else zero for summer, c_j in zip(per_model, c.split(sizes))]
-            out.update({prefix + k: [s[k] for s in sums] for k in zero})
+        for prefix, per_model, shapes, dtype, device in summers:
+            # a model without a row in this pass sums to zero (made only then: ResNet-18's are 45 MB a model)
+            sums = [summer(c_j) if summer is not None else
+                    {k: torch.zeros(shape, dtype=dtype, device=device) for k, shape in shapes.items()}
+                    for summer, c_j in zip(per_model, c.split(sizes))]
+            out.update({prefix + k: [s[k] for s in sums] for k in shapes})
         return {k: out[k] for k in order}
 
     return sq, summed

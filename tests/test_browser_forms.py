@@ -15,8 +15,8 @@ import os
 
 import pytest
 # a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, rerun_of, server, wait_until,  # noqa: F401
-                          watched_page)
+from test_browser import (CHROMIUM, UI, UI_MS, app_idle, browser, edit_grid_cell, rerun_of, server,  # noqa: F401
+                          wait_until, watched_page)
 
 TRAINS = False  # nothing here launches a run (the server starts no standby workers)
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -63,21 +63,7 @@ def test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disab
     # the single tier's ε, typed as 1e9 in its row of the tier table: 1e9 (too loose to plan noise for), not 19
     grid = page.locator('[class*="st-key-tier-editor-digits-single-eps-"] [data-testid="data-grid-canvas"]')
     grid.wait_for()
-    editor = page.locator("#portal .gdg-input")
-    while editor.count() == 0:  # (a click that lands while the grid is redrawn opens nothing: again)
-        grid.scroll_into_view_if_needed()
-        box = grid.bounding_box()
-        page.mouse.click(box["x"] + 10, box["y"] + 35 + 17)  # row 1 (under the 35 px header), column "tier"
-        page.keyboard.press("ArrowRight")
-        page.keyboard.press("ArrowRight")  # → ε
-        page.keyboard.press("Enter")
-        try:
-            editor.wait_for(timeout=5000)
-        except Exception:  # noqa: BLE001
-            continue
-    editor.fill("1e9")
-    with rerun_of(page):
-        editor.press("Enter")
+    edit_grid_cell(page, grid, 0, 2, "1e9")  # row 1, column ε
     wait_until(lambda: any("too loose" in e for e in errors(page)), UI, "the huge-ε message")
     shown = errors(page)
     assert len(shown) == 1, shown

@@ -7,6 +7,7 @@ test cannot be forgotten); ``slow`` is set on the test itself, for a test that t
 on a quiet 2-core machine) and is not the only check of a privacy invariant: the fast subset keeps every test
 of sensitivity, accounting, the planner, the audit estimator and the one-run bound (ResNet-18's gradient
 equalities are slow: LR, MLP and CNN check the same identity fast)."""
+import gc
 import os
 import shutil
 import tempfile
@@ -138,6 +139,28 @@ def pytest_collection_modifyitems(config, items):
     if problems:
         raise pytest.UsageError("privacy-invariant tests (tests/invariants.txt) must stay in the fast subset; "
                                 + "; ".join(problems))
+
+
+def pytest_collection_finish(session):
+    """The objects alive after collection (every module the tests import: torch, numpy, pandas, Plotly, Streamlit,
+    Opacus and the engine, over a million of them) leave the garbage collector's care: each full collection walked
+    them all again (~0.25 s each, 25-30 of them in a fast-subset worker, and five more when pytest ends). Frozen
+    objects are still freed by reference counting; only a reference cycle among them outlives the run."""
+    gc.collect()
+    gc.freeze()
+
+
+_FROZEN_AT: list = [None]
+
+
+def pytest_runtest_setup(item):
+    """Again at each module's first test: what the last module imported lazily (dp-accounting, Opacus' PRV, Plotly's
+    figure classes, Streamlit's test runner) and keeps alive joins the frozen objects, its garbage collected first."""
+    module = getattr(item, "module", None)
+    if module is not _FROZEN_AT[0]:
+        _FROZEN_AT[0] = module
+        gc.collect()
+        gc.freeze()
 
 
 # What a timed-out wait adds to its message (e.g. the browser tests' server: the runs of its store and their states).

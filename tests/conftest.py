@@ -10,6 +10,8 @@ equalities are slow: LR, MLP and CNN check the same identity fast)."""
 import gc
 import os
 import shutil
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,10 +114,20 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def _stop_as_on_ctrl_c(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):
-    """Under pytest-xdist each worker runs torch on one thread: two workers share the 2 cores, and torch's default
+    """A SIGTERM ends the run as Ctrl-C does: pytest then tears its fixtures down (the browser tests' Streamlit
+    servers and the runs they launched, Ray instances, temporary folders). Without it a terminated pytest left
+    every server a module had started running, with its standbys and its training runs.
+
+    Under pytest-xdist each worker runs torch on one thread: two workers share the 2 cores, and torch's default
     of one thread per core makes its threads spin against the other worker's (a one-run audit test took 20 s
     beside two busy processes on 2 threads, 6 s on one)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_as_on_ctrl_c)
     if hasattr(config, "workerinput"):
         import torch
 
@@ -161,6 +173,26 @@ def pytest_runtest_setup(item):
         _FROZEN_AT[0] = module
         gc.collect()
         gc.freeze()
+
+
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+_PRCTL = _prctl()  # looked up here: between fork and exec the child only calls it (no import, no dlopen)
+_SIGTERM = int(signal.SIGTERM)
+
+
+def dies_with_this_process() -> None:
+    """For ``subprocess.Popen(preexec_fn=...)``: the child gets SIGTERM when the process that started it ends,
+    however it ends (also kill -9, where no teardown runs). Linux only (``prctl(PR_SET_PDEATHSIG)``); a no-op
+    elsewhere. Popen from the main thread only: the signal follows the thread that forked."""
+    if _PRCTL is not None:
+        _PRCTL(1, _SIGTERM)  # PR_SET_PDEATHSIG
 
 
 # What a timed-out wait adds to its message (e.g. the browser tests' server: the runs of its store and their states).

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ON_TIMEOUT, wait_until
+from conftest import ON_TIMEOUT, dies_with_this_process, wait_until
 from engine.store.db import RunStore
 from engine.store.liveness import pid_alive
 
@@ -78,7 +78,8 @@ def spawn_lab(tmp: Path, **env_extra) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                              "--server.address", "127.0.0.1", "--server.headless", "true",
                              "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=dies_with_this_process)  # ends with pytest, however pytest ends
     return proc, f"http://127.0.0.1:{port}/"
 
 
@@ -574,3 +575,48 @@ def test_launch_is_in_view_on_a_first_visit(server, browser):
         assert button.is_enabled()  # the default comparison is valid
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
+    """pytest ended from outside while a browser module's server is up: SIGTERM ends it as Ctrl-C does (the
+    fixtures' teardown stops the server, its standbys and Chromium); after kill -9, where nothing of pytest
+    runs, the server still ends with it (it is in a session of its own, so only the parent-death signal reaches
+    it) and its standbys with the server. Before, every such server ran on."""
+    import psutil
+
+    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                              str(tmp_path / "inner"), "tests/test_browser_forms.py::"
+                              "test_the_talk_table_shows_its_rows_in_the_app"],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def family() -> dict:
+        """The inner pytest's descendants now: process → its command line."""
+        out = {}
+        try:
+            for p in psutil.Process(inner.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    out[p] = " ".join(p.cmdline())
+        except psutil.Error:
+            pass
+        return out
+
+    def ended(p) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE  # (ended; its new parent has not reaped it yet)
+        except psutil.Error:
+            return True
+
+    try:  # the server up and healthy: the module's Chromium starts after it
+        started = wait_until(lambda: (f := family()) and any("streamlit run" in c for c in f.values())
+                             and any("chrom" in c for c in f.values()) and f, UI,
+                             "the inner pytest's Streamlit server and Chromium")
+        os.kill(inner.pid, getattr(signal, how))
+        inner.wait(UI)
+        wait_until(lambda: all(ended(p) for p in started), UI,
+                   f"every process the inner pytest started to end after its {how}")
+        assert any("streamlit run" in c for c in started.values())
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait()

@@ -585,10 +585,14 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
     it) and its standbys with the server. Before, every such server ran on."""
     import psutil
 
-    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
-                              str(tmp_path / "inner"), "tests/test_browser_forms.py::"
-                              "test_the_talk_table_shows_its_rows_in_the_app"],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its temporary folders (a kill -9 leaves them behind), removed by this test; short: Chromium's socket paths
+    # must stay under 107 characters, which a folder inside tmp_path can pass
+    scratch = tempfile.mkdtemp(prefix="lab-inner-")
+    with open(tmp_path / "inner.log", "wb") as log:
+        inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                                  str(tmp_path / "inner"), "tests/test_browser_forms.py::"
+                                  "test_the_talk_table_shows_its_rows_in_the_app"],
+                                 cwd=ROOT, env=dict(os.environ, TMPDIR=scratch), stdout=log, stderr=subprocess.STDOUT)
 
     def family() -> dict:
         """The inner pytest's descendants now: process → its command line."""
@@ -607,10 +611,15 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
         except psutil.Error:
             return True
 
-    try:  # the server up and healthy: the module's Chromium starts after it
-        started = wait_until(lambda: (f := family()) and any("streamlit run" in c for c in f.values())
-                             and any("chrom" in c for c in f.values()) and f, UI,
-                             "the inner pytest's Streamlit server and Chromium")
+    def both_up():  # the server up and healthy: the module's Chromium starts after it
+        f = family()
+        if any("streamlit run" in c for c in f.values()) and any("chrom" in c for c in f.values()):
+            return f
+        assert inner.poll() is None, ("the inner pytest ended first", (tmp_path / "inner.log").read_text()[-2000:])
+        return None
+
+    try:
+        started = wait_until(both_up, UI, "the inner pytest's Streamlit server and Chromium")
         os.kill(inner.pid, getattr(signal, how))
         inner.wait(UI)
         wait_until(lambda: all(ended(p) for p in started), UI,
@@ -620,3 +629,4 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
         if inner.poll() is None:
             inner.kill()
             inner.wait()
+        shutil.rmtree(scratch, ignore_errors=True)

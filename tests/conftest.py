@@ -153,21 +153,17 @@ def pytest_collection_modifyitems(config, items):
                                 + "; ".join(problems))
 
 
-def pytest_collection_finish(session):
-    """The objects alive after collection (every module the tests import: torch, numpy, pandas, Plotly, Streamlit,
-    Opacus and the engine, over a million of them) leave the garbage collector's care: each full collection walked
-    them all again (~0.25 s each, 25-30 of them in a fast-subset worker, and five more when pytest ends). Frozen
-    objects are still freed by reference counting; only a reference cycle among them outlives the run."""
-    gc.collect()
-    gc.freeze()
-
-
 _FROZEN_AT: list = [None]
 
 
 def pytest_runtest_setup(item):
-    """Again at each module's first test: what the last module imported lazily (dp-accounting, Opacus' PRV, Plotly's
-    figure classes, Streamlit's test runner) and keeps alive joins the frozen objects, its garbage collected first."""
+    """At each module's first test (the first one right after collection), the objects alive then leave the
+    garbage collector's care, its garbage collected first: every module the tests import (torch, numpy, pandas,
+    Plotly, Streamlit, Opacus and the engine, over a million objects), then what each module imports lazily
+    (dp-accounting, Opacus' PRV, Plotly's figure classes, Streamlit's test runner) and keeps alive. Each full
+    collection walked them all again (~0.25 s each, 25-30 of them in a fast-subset worker, and five more when
+    pytest ends). Frozen objects are still freed by reference counting; only a reference cycle among them
+    outlives the run."""
     module = getattr(item, "module", None)
     if module is not _FROZEN_AT[0]:
         _FROZEN_AT[0] = module

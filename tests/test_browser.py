@@ -605,12 +605,6 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
             pass
         return out
 
-    def ended(p) -> bool:
-        try:
-            return p.status() == psutil.STATUS_ZOMBIE  # (ended; its new parent has not reaped it yet)
-        except psutil.Error:
-            return True
-
     def both_up():  # the server up and healthy: the module's Chromium starts after it
         f = family()
         if any("streamlit run" in c for c in f.values()) and any("chrom" in c for c in f.values()):
@@ -622,7 +616,7 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
         started = wait_until(both_up, UI, "the inner pytest's Streamlit server and Chromium")
         os.kill(inner.pid, getattr(signal, how))
         inner.wait(UI)
-        wait_until(lambda: all(ended(p) for p in started), UI,
+        wait_until(lambda: not any(pid_alive(p.pid, since=p.create_time()) for p in started), UI,
                    f"every process the inner pytest started to end after its {how}")
         assert any("streamlit run" in c for c in started.values())
     finally:

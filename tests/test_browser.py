@@ -480,27 +480,58 @@ def rerun_of(page, start: float = 5.0):
 def edit_grid_cell(page, grid, row: int, column: int, value: str) -> None:
     """Type ``value`` into cell (row, column) of a data editor's canvas ``grid`` and commit it (Enter), then wait
     for the rerun it causes to end. Rows are 35 px under a 35 px header; the cell is reached from the row's first
-    column with the arrow keys, and opened with Enter. A click or key that lands while a rerun redraws the grid is
-    lost: then nothing opens, or a neighbouring read-only cell opens (its editor is disabled); either way the
-    editor is closed and the cell reached again. Number and text cells alike (an input or a textarea)."""
+    column with the arrow keys, and opened with Enter. The grid's hidden accessibility table (cells
+    ``glide-cell-{column}-{row}``, the selected one ``aria-selected``) says where the keys got to, once drawn.
+
+    A click or key that lands while a rerun redraws the grid is lost: the selection stops short of the cell, or
+    nothing opens, or a read-only cell's disabled editor opens. Then the editor is closed and the cell reached
+    again. A click on the cell that is already selected opens that cell's editor instead of selecting it (the
+    grid's second-click activation): a start cell left selected by a failed try is left first (a click on the
+    row's last cell), else its read-only editor took every later key and each try failed alike (CI, 240 s)."""
     editor = page.locator("#portal .gdg-input")
+    start = grid.locator(f'[data-testid="glide-cell-0-{row}"]')
     deadline = time.time() + UI
+    tries = []  # what each failed try found, for the message
+
+    def selected() -> list[str]:
+        return grid.locator('td[aria-selected="true"]').evaluate_all("cells => cells.map(c => c.id)")
+
+    def close_editor():
+        page.keyboard.press("Escape")
+        try:
+            editor.wait_for(state="detached", timeout=5000)
+        except Exception:  # the key did not reach the editor: a click outside the grid closes it
+            page.mouse.click(5, 5)  # the page's top-left corner: no widget there
+            editor.wait_for(state="detached")
+
     while True:
-        assert time.time() < deadline, f"the editor of cell ({row}, {column}) did not open"
+        assert time.time() < deadline, f"the editor of cell ({row}, {column}) did not open: {tries}"
+        if editor.count():
+            close_editor()
         grid.scroll_into_view_if_needed()
         box = grid.bounding_box()
-        page.mouse.click(box["x"] + 10, box["y"] + 35 * (row + 1) + 17)
+        y = box["y"] + 35 * (row + 1) + 17
+        if start.count() == 1 and start.get_attribute("aria-selected") == "true":
+            page.mouse.click(box["x"] + box["width"] - 10, y)  # another cell of the row first (not selected)
+        page.mouse.click(box["x"] + 10, y)
         for _ in range(column):
             page.keyboard.press("ArrowRight")
+        if start.count() == 1:  # the accessibility table is drawn (it follows the selection a moment later)
+            target = [f"glide-cell-{column}-{row}"]
+            try:
+                wait_until(lambda: selected() == target, 3, "the selection", interval=0.05)
+            except AssertionError:
+                tries.append(f"the keys reached {selected()}")
+                continue
         page.keyboard.press("Enter")
         try:
             editor.wait_for(timeout=5000)
-        except Exception:  # nothing opened: again
+        except Exception:
+            tries.append("nothing opened")
             continue
         if editor.is_enabled():
             break
-        page.keyboard.press("Escape")  # a read-only cell opened, not this one
-        editor.wait_for(state="detached")
+        tries.append(f"a read-only cell opened, showing {editor.input_value()!r}")
     editor.fill(value)
     with rerun_of(page, start=10):
         editor.press("Enter")

@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, cancel_all, wait_until
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, wait_until
 from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -71,8 +71,10 @@ def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     launch = page.get_by_role("button", name="Launch comparison")
     launch.wait_for()
     field = column_of(page, "batch")
-    wait_until(lambda: field.get_by_text("at most the training set size 100, got 500").count(), UI,
-               "the message next to Batch size")
+    # (the page draws as the script runs: the checks below wait for the run that drew the message to end, else the
+    # note beside Launch could still be on its way; CI once looked a moment too early)
+    wait_until(lambda: field.get_by_text("at most the training set size 100, got 500").count() and app_idle(page), UI,
+               "the message next to Batch size, the script run ended")
     assert launch.is_disabled()
     assert page.locator(".st-key-launch-note").get_by_text("Launch is disabled until this is fixed").count() == 1
     assert column_of(page, "epochs").locator('[data-testid="stAlert"]').count() == 0  # only the bad field

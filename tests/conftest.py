@@ -27,23 +27,32 @@ if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
 
 # Modules that start a Ray instance (test_ray.py checks Ray's worker processes on the whole machine).
 RAY_MODULES = {"test_ray.py", "test_browser_ray.py"}
-# The other browser modules in two groups of about equal time (measured alone: ~280 s each on a quiet 2-core machine).
-BROWSER_B = {"test_browser_preset.py", "test_browser_live.py", "test_browser_zoom.py", "test_browser_audit.py",
-             "test_browser_forms.py", "test_browser_charts.py"}
+# The groups that start first under the README's ``--no-loadscope-reorder`` (the longest: the browser group is
+# ~380 s alone and the run's critical path; the Ray group ~100 s), each on its own worker from the start.
+FIRST_GROUPS = ("browser", "ray")
 
 
 def xdist_group(path: Path) -> str:
-    """The pytest-xdist group of a test module, used under ``-n N --dist loadgroup`` (the README's fast subset runs
-    ``-n 2`` without it; the full suite runs in one process): the tests of one group run on one worker, one after
-    another, in file order. The Ray modules are one group (one Ray instance at a
-    time on the machine); the browser modules two (at most two Streamlit servers with their workers and Chromiums at
-    a time: four at once on 2 cores made every page several times slower); any other module is its own group, so
-    its module-scoped fixtures are made once, as when the module runs alone."""
+    """The pytest-xdist group of a test module, used by the README's full command (``-n 3 --dist loadgroup``; the
+    fast subset runs ``-n 2`` without it): the tests of one group run on one worker, one after another, in file
+    order. The Ray modules are one group (one Ray instance at a time on the machine); the other browser modules one
+    (one Streamlit server with its workers and Chromium at a time beside the Ray group's: two browser groups at
+    once made every page slower on 2 cores, and the suite on 3 workers was barely faster than on one); any other
+    module is its own group, so its module-scoped fixtures are made once, as when the module runs alone."""
     if path.name in RAY_MODULES:
         return "ray"
     if path.name.startswith("test_browser"):
-        return "browser-b" if path.name in BROWSER_B else "browser-a"
+        return "browser"
     return path.stem
+
+
+def first_groups_first(items) -> None:
+    """Put the tests of ``FIRST_GROUPS`` first, in that order, the others after them as collected (a stable sort:
+    each module keeps its own order). pytest-xdist hands out groups in the order their first test comes (with
+    ``--no-loadscope-reorder``; by default it would start the groups with the most tests first), so the longest
+    groups start at once and the short ones fill the other workers around them."""
+    rank = {group: i for i, group in enumerate(FIRST_GROUPS)}
+    items.sort(key=lambda item: rank.get(xdist_group(item.path), len(rank)))
 
 
 def invariant_tests() -> set[str]:
@@ -147,6 +156,7 @@ def pytest_collection_modifyitems(config, items):
         name = f"{item.path.stem}::{getattr(item, 'originalname', item.name)}"
         left_out = bool(item.get_closest_marker("slow") or item.get_closest_marker("browser"))
         collected[name] = collected.get(name, False) or left_out
+    first_groups_first(items)
     problems = invariant_problems(invariant_tests(), collected, defined)
     if problems:
         raise pytest.UsageError("privacy-invariant tests (tests/invariants.txt) must stay in the fast subset; "

@@ -55,3 +55,19 @@ def test_a_module_is_imported_only_where_one_of_its_tests_can_be_selected():
     assert can_select("not (browser", {"browser"})  # a malformed -m: collected, and pytest says what is wrong
     assert module_marks(TESTS / "test_browser.py") == {"browser"} and module_marks(TESTS / "test_ray.py") == {"slow"}
     assert module_marks(TESTS / "test_suite.py") == set()
+
+
+def test_the_longest_groups_come_first_and_every_module_keeps_its_order():
+    from types import SimpleNamespace
+
+    from conftest import first_groups_first, xdist_group
+
+    names = ["test_a.py::x", "test_browser_zoom.py::z", "test_ray.py::r1", "test_b.py::y", "test_browser.py::b1",
+             "test_browser_ray.py::br", "test_ray.py::r2", "test_browser.py::b2", "test_a.py::x2"]
+    items = [SimpleNamespace(path=TESTS / n.split("::")[0], name=n) for n in names]
+    first_groups_first(items)
+    assert [i.name for i in items] == ["test_browser_zoom.py::z", "test_browser.py::b1", "test_browser.py::b2",
+                                       "test_ray.py::r1", "test_browser_ray.py::br", "test_ray.py::r2",
+                                       "test_a.py::x", "test_b.py::y", "test_a.py::x2"]
+    assert [xdist_group(TESTS / n) for n in ("test_browser_zoom.py", "test_browser_ray.py", "test_ray.py",
+                                             "test_a.py")] == ["browser", "ray", "ray", "test_a"]

@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import dies_with_this_process
 from test_browser import CHROMIUM, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
 from test_export import train_comparison
 
@@ -36,9 +37,10 @@ def server(tmp_path_factory):
     port = _free_port()
     log = open(tmp / "app.log", "wb")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # preexec_fn: the app (and the streamlit it forwards SIGTERM to) ends with pytest, however pytest ends
     proc = subprocess.Popen([sys.executable, "-m", "engine", "--store", str(store.path), "app", "--port", str(port),
                              "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=dies_with_this_process)
     url = f"http://127.0.0.1:{port}/"
     wait_healthy(url, proc, tmp / "app.log")
     yield url, ids

@@ -272,3 +272,39 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(files, "download_file", refuse)
     return calls
+
+
+# --- the browser modules' (tests/test_browser*.py) shared app and Chromium. Here, not in test_browser.py: a
+# session-scoped fixture that modules import is made once per importing module (pytest keeps one definition per
+# module that names it), one in conftest.py once per run. ---
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """The app the browser modules share (through ``test_browser.server``): one Streamlit server with its standby
+    workers on one store for the run, not one per module (each start cost ~12 s of CPU: Streamlit's first script
+    run and two standbys importing torch). A test that needs a fresh store uses ``test_browser.own_server``; tests
+    that count runs count the ones they launched."""
+    from test_browser import start_lab, stop_lab
+
+    from engine.store.db import RunStore
+
+    tmp = tmp_path_factory.mktemp("lab-browser")
+    proc, url = start_lab(tmp)
+    store = RunStore(tmp / "runs.sqlite")
+    try:
+        yield url, store, tmp
+    finally:
+        stop_lab(proc, store)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the run; each test opens its pages in fresh contexts (``new_page``,
+    ``new_context``: no cookie or storage of another test's)."""
+    from playwright.sync_api import sync_playwright
+    from test_browser import ARGS, CHROMIUM
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()

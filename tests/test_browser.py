@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ON_TIMEOUT, dies_with_this_process, wait_until
-from engine.store.db import RunStore
+from engine.store.db import ACTIVE, RunStore
 from engine.store.liveness import pid_alive
 
 CHROMIUM = "/usr/bin/chromium"
@@ -107,10 +107,21 @@ def stop_lab(proc: subprocess.Popen, store: RunStore | None = None) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, request):
-    """The module's own app on a fresh store. A module whose tests never launch a run sets ``TRAINS = False``: its
+def server(lab):
+    """The shared app (``lab``, tests/conftest.py) for one module: ``(url, store, tmp)``. At the module's end
+    every run it left queued or running is stopped, so the next module's launches find the workers free."""
+    url, store, _ = lab
+    with reporting_runs(store):
+        yield lab
+        stop_runs(store)
+
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory, request):
+    """The module's own app on a fresh store: ``(url, store, tmp)``, for a page that must find no run at all or a
+    layout checked with known content. A module whose own app never launches a run sets ``TRAINS = False``: that
     server starts no standby workers (two processes importing torch for nothing)."""
-    tmp = tmp_path_factory.mktemp("lab-browser")
+    tmp = tmp_path_factory.mktemp("lab-own")
     proc, url = start_lab(tmp, **({} if getattr(request.module, "TRAINS", True) else {"PRIVACY_LAB_PREWARM": "0"}))
     store = RunStore(tmp / "runs.sqlite")
     try:
@@ -118,6 +129,24 @@ def server(tmp_path_factory, request):
             yield url, store, tmp
     finally:
         stop_lab(proc, store)
+
+
+def stop_runs(store: RunStore) -> None:
+    """Stop every run of ``store`` that is queued (marked cancelled) or running (its worker gets SIGTERM, as the
+    page's Cancel sends), and wait until none is left active (the app notices its workers end)."""
+    signalled: set[int] = set()
+
+    def stopped() -> bool:
+        active = [r for r in store.list_runs() if r["status"] in ACTIVE]
+        for r in active:
+            if r["status"] == "queued":
+                store.set_status(r["id"], "cancelled")
+            elif r["pid"] and r["pid"] not in signalled and pid_alive(r["pid"]):
+                signalled.add(r["pid"])
+                os.kill(r["pid"], signal.SIGTERM)
+        return not active
+
+    wait_until(stopped, UI, "the module's runs to stop", interval=0.5)
 
 
 @contextlib.contextmanager
@@ -132,16 +161,6 @@ def reporting_runs(store: RunStore):
         yield
     finally:
         ON_TIMEOUT.remove(runs)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def wait_healthy(url: str, proc, log_path: Path, timeout: float = UI) -> None:
@@ -173,6 +192,11 @@ def click_until(button, pred, what: str, timeout: float = UI, retry: float = 10.
         except AssertionError:
             continue
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def new_runs(store: RunStore, before: set[int]) -> list[dict]:
+    """The runs of ``store`` whose ids are not in ``before``, oldest first."""
+    return sorted((r for r in store.list_runs() if r["id"] not in before), key=lambda r: r["id"])
 
 
 def cancel_all(page, store) -> None:
@@ -279,10 +303,9 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     shot(page, "train_form.png")
 
+    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
     launch.click()
-    runs = wait_until(lambda: len(store.list_runs()) == 2 and sorted(store.list_runs(), key=lambda r: r["id"]),
-                      UI, "two runs in the store")
-    first, second = runs
+    first, second = wait_until(lambda: len(new := new_runs(store, before)) == 2 and new, UI, "two runs in the store")
     assert (first["algorithm"], second["algorithm"]) == ("idp_sample", "ino")
     chart = page.locator(".st-key-chart-live-mid")
     # the live MID chart shows the first run's facet and gains points while it runs
@@ -318,8 +341,9 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     assert page.locator(".st-key-intro-box").count() == 0  # dismissed at the start: it stays dismissed
+    before = {r["id"] for r in store.list_runs()}
     launch.click()
-    wait_until(lambda: len(store.list_runs()) == 4 and all(r["status"] == "finished" for r in store.list_runs()[:2]),
+    wait_until(lambda: len(new := new_runs(store, before)) == 2 and all(r["status"] == "finished" for r in new),
                RUN, "the new comparison to finish")
     status = page.locator(".st-key-live-status")
     wait_until(lambda: status.get_by_text("finished").count() == 2, UI, "both runs shown finished")
@@ -622,8 +646,9 @@ def test_a_terminated_or_killed_pytest_leaves_no_server_behind(tmp_path, how):
     with open(tmp_path / "inner.log", "wb") as log:
         inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                                   str(tmp_path / "inner"), "tests/test_browser_forms.py::"
-                                  "test_the_talk_table_shows_its_rows_in_the_app"],
-                                 cwd=ROOT, env=dict(os.environ, TMPDIR=scratch), stdout=log, stderr=subprocess.STDOUT)
+                                  "test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disabled"],
+                                 cwd=ROOT, env=dict(os.environ, TMPDIR=scratch, PRIVACY_LAB_PREWARM="0"),  # no standbys
+                                 stdout=log, stderr=subprocess.STDOUT)
 
     def family() -> dict:
         """The inner pytest's descendants now: process → its command line."""

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from engine.audit.pa_alooa.config import AuditConfig
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, browser, server, shot, wait_until  # noqa: F401 - fixtures
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, server, shot, wait_until  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")

@@ -1,7 +1,7 @@
 """Readable live charts in a real browser (Playwright + Debian's Chromium against ``streamlit run app.py`` on
-a fresh temporary store): in one comparison, a run that diverges (a learning rate far too large) gets its
-MID facet clipped and badged "diverged" while every other facet keeps its own, readable y scale, and a
-k-seed series (two seeds trained together on the model axis) is drawn as its mean with a ± s.e. band.
+the temporary store the browser modules share): in one comparison, a run that diverges (a learning rate far
+too large) gets its MID facet clipped and badged "diverged" while every other facet keeps its own, readable y
+scale, and a k-seed series (two seeds trained together on the model axis) is drawn as its mean with a ± s.e. band.
 
 The runs are real: trained in this process into the app's store (the same ``engine.train.loop.train`` a worker
 runs) before the page opens. The test reads the chart's plotted traces, annotations and axis ranges out of
@@ -14,8 +14,8 @@ import os
 
 import pytest
 import torch
-# a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, UI, UI_MS, browser, server, wait_until  # noqa: F401
+# the app the browser modules share, and the browser (fixtures of test_browser.py)
+from test_browser import CHROMIUM, UI, UI_MS, server, wait_until  # noqa: F401
 
 from engine.config.run import RunConfig
 from engine.jobs.kinds import execute
@@ -49,7 +49,7 @@ def _axis(ref: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def comparison(server):
+def comparison(server):  # noqa: F811 - a fixture
     """Two groups' worth of real runs in one comparison: an INO-SGD series of two seeds (one job, two rows)
     and a DP-SGD run with lr 10⁴, which diverges."""
     _, store, _ = server

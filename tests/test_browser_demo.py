@@ -16,7 +16,7 @@ from engine.store.db import RunStore
 from engine.tools.demo import DEFAULT_TRAIN
 
 from conftest import wait_until
-from test_browser import (CHROMIUM, SHOTS_FOR_README, UI, UI_MS, browser, reporting_runs, shot_path,  # noqa: F401
+from test_browser import (CHROMIUM, SHOTS_FOR_README, UI, UI_MS, reporting_runs, shot_path,  # noqa: F401
                           start_lab, stop_lab)
 
 GAIN_WAIT = 900.0  # seconds from the click to INO's early lead on a loaded machine (about a minute when quiet)

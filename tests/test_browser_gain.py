@@ -14,8 +14,8 @@ import time
 import pytest
 
 from engine.tools.demo import DEFAULT_TRAIN
-from tests.test_browser import CHROMIUM, UI, UI_MS, cancel_all, wait_until
-from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
+from tests.test_browser import CHROMIUM, UI, UI_MS, cancel_all, new_runs, wait_until
+from tests.test_browser import server  # noqa: F401 - a pytest fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -54,6 +54,7 @@ def test_the_live_gain_and_its_sentence_within_a_minute_of_launch(server, browse
     page.get_by_role("button", name="Got it").click()  # the first-visit explanation
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "Launch with the defaults")
+    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
     clicked = time.monotonic()
     launch.click()
 
@@ -67,7 +68,7 @@ def test_the_live_gain_and_its_sentence_within_a_minute_of_launch(server, browse
     print(f"gain chart ({n} points) and sentence {text!r} {took:.1f} s after the click")
     assert took <= WITHIN, f"the gain chart and its sentence took {took:.1f} s (> {WITHIN:.0f} s): {text!r}"
     assert "on the ε = 1 tier" in text, text  # the default's most private tier (DEFAULT_TRAIN.highlight_tier)
-    runs = sorted(store.list_runs(), key=lambda r: r["id"])
+    runs = new_runs(store, before)
     assert [r["algorithm"] for r in runs] == list(DEFAULT_TRAIN.algos)  # the default comparison
     # the headline comes first: its sentence, then its chart, then the MID chart
     wait_until(lambda: top(page, ".st-key-chart-live-mid") is not None, UI, "the MID chart")

@@ -18,7 +18,6 @@ import pytest
 from engine.figures import frames, scaffold, training
 from engine.figures.audit import MAX_GROUPED_ALGORITHMS, fig_epsilon_bounds, fig_gpr_bars
 from tests.test_browser import CHROMIUM, UI_MS
-from tests.test_browser import browser  # noqa: F401 - pytest fixture
 from tests.test_plots import make_run
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -96,7 +95,7 @@ def six_algorithms() -> dict:
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_the_gain_chart_holds_its_pairs(browser, tmp_path, n):  # noqa: F811 - pytest fixture
+def test_the_gain_chart_holds_its_pairs(browser, tmp_path, n):
     fig = training.fig_recall_gain_over_time(frames.recall_gain_over_time(pairs(n)))
     panels = [a for a in fig.layout.annotations if a.name != "gain_spread"]
     assert len(panels) == (n if n > 1 else 0)  # small multiples: a titled panel per pair beyond one
@@ -107,7 +106,7 @@ def test_the_gain_chart_holds_its_pairs(browser, tmp_path, n):  # noqa: F811 - p
     assert not found, found
 
 
-def test_the_audit_charts_hold_six_algorithms(browser, tmp_path):  # noqa: F811 - pytest fixture
+def test_the_audit_charts_hold_six_algorithms(browser, tmp_path):
     report = six_algorithms()
     page = browser.new_page()
     found = []

@@ -19,8 +19,8 @@ import re
 
 import pytest
 
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, wait_until
-from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, new_runs, wait_until
+from tests.test_browser import server  # noqa: F401 - a pytest fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -64,6 +64,7 @@ def column_of(page, key: str):
 
 def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     url, store, _ = server
+    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
     # an out-of-range batch: Launch disabled, the reason under the Batch size field and beside Launch
@@ -110,7 +111,7 @@ def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     other.goto(url + "train")
     other.locator(".st-key-intro-box").wait_for()
     other.close()
-    assert store.list_runs() == []  # nothing was launched
+    assert {r["id"] for r in store.list_runs()} == before  # nothing was launched
 
 
 def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 - pytest fixtures
@@ -123,6 +124,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
+    before = {r["id"] for r in store.list_runs()}
     launch.click()
     wait_until(lambda: plotted_points(page) > 0, UI, "a first live point")
     builds0, patches0 = wait_until(lambda: live_stats(page), UI, "the live counters")
@@ -139,7 +141,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     # live figures on every refresh would add a build per figure and no patch); rebuilds only when a run changes
     # state (or for a figure that is not a curve)
     assert 2 * (builds - builds0) <= patches - patches0, (builds0, patches0, builds, patches, seen[-5:])
-    assert store.list_runs()  # (the comparison really runs in the store)
+    assert new_runs(store, before)  # (the comparison really runs in the store)
     cancel_all(page, store)  # stop them (in words: "cancelled by you")
     status = page.locator(".st-key-live-status")
     wait_until(lambda: status.get_by_text("cancelled by you").count() >= 1, UI, "cancelled in words")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import dies_with_this_process
-from test_browser import CHROMIUM, UI_MS, _free_port, browser, wait_healthy  # noqa: F401 - (browser: a fixture)
+from test_browser import CHROMIUM, UI_MS, _free_port, wait_healthy
 from test_export import train_comparison
 
 from engine.store.db import RunStore

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 
 import pytest
-# a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import (CHROMIUM, UI, app_idle, browser, click_until, edit_grid_cell, rerun_of,  # noqa: F401
-                          server, wait_until, watched_page)
+# this module's own app on a fresh store (its first case needs one without an audit), and the browser (fixtures of
+# test_browser.py)
+from test_browser import (CHROMIUM, UI, app_idle, click_until, edit_grid_cell, own_server,  # noqa: F401
+                          rerun_of, wait_until, watched_page)
 from test_browser_forms import type_into
 
 from app_pages._one_run import ONE_RUN, PA_ALOOA
@@ -89,8 +90,8 @@ def an_audit(store) -> None:
 # keeps the state of the widgets it did not draw while the browser draws them anew: a tier table showed its start
 # rows, the page read the old edits); with an audit it lists it and runs to its end (undrawn widgets are dropped)
 @pytest.mark.parametrize("audits", ["none yet", "one listed"])
-def test_custom_settings_survive_a_look_at_a_preset(server, browser, audits):  # noqa: F811 - pytest fixtures
-    url, store, _ = server
+def test_custom_settings_survive_a_look_at_a_preset(own_server, browser, audits):  # noqa: F811 - pytest fixtures
+    url, store, _ = own_server
     if audits == "one listed" and not store.list_runs(kind="audit"):
         an_audit(store)
     assert bool(store.list_runs(kind="audit")) == (audits == "one listed")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from engine.store.db import RunStore
-from tests.test_browser import (ARGS, CHROMIUM, RUN, UI, UI_MS, cancel_all, points, start_lab, stop_lab,
+from tests.test_browser import (CHROMIUM, RUN, UI, UI_MS, cancel_all, points, start_lab, stop_lab,
                                 wait_until)
 
 pytestmark = [pytest.mark.slow,
@@ -31,43 +31,39 @@ def ray_processes(pid: int) -> list[str]:
         return []
 
 
-def test_the_live_chart_of_a_run_on_ray_gains_points_like_a_local_one(tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_the_live_chart_of_a_run_on_ray_gains_points_like_a_local_one(tmp_path, browser):
     proc, url = start_lab(tmp_path, PRIVACY_LAB_BACKEND="ray", HOME=str(tmp_path))  # Ray's token under tmp
     store = RunStore(tmp_path / "runs.sqlite")
     try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 1300})
-            page.set_default_timeout(UI_MS)
-            page.goto(url + "train?dataset=digits&batch=64&epochs=1000&eval_every=10")
-            page.get_by_role("button", name="Got it").click()
-            wait_until(lambda: page.get_by_text("Backend: Ray (an instance on this machine, 127.0.0.1)").count(),
-                       UI, "the sidebar naming the Ray backend")
-            launch = page.get_by_role("button", name="Launch comparison")
-            wait_until(lambda: launch.is_enabled(), UI, "the launch button")
-            launch.click()
-            runs = wait_until(lambda: len(store.list_runs()) == 2 and sorted(store.list_runs(), key=lambda r: r["id"]),
-                              UI, "two runs in the store")
-            first = runs[0]
-            running = wait_until(lambda: (r := store.get_run(first["id"]))["status"] == "running" and r["pid"] and r,
-                                 RUN, "the first run to start")
-            wait_until(lambda: ray_processes(running["pid"]), RUN, "the first run's worker to start a Ray instance")
-            chart = page.locator(".st-key-chart-live-mid")
-            wait_until(lambda: chart.get_by_text(f"#{first['id']}").count() and points(chart) > 0, RUN,
-                       "a first live point of the run on Ray")
+        page = browser.new_page(viewport={"width": 1440, "height": 1300})
+        page.set_default_timeout(UI_MS)
+        page.goto(url + "train?dataset=digits&batch=64&epochs=1000&eval_every=10")
+        page.get_by_role("button", name="Got it").click()
+        wait_until(lambda: page.get_by_text("Backend: Ray (an instance on this machine, 127.0.0.1)").count(),
+                   UI, "the sidebar naming the Ray backend")
+        launch = page.get_by_role("button", name="Launch comparison")
+        wait_until(lambda: launch.is_enabled(), UI, "the launch button")
+        launch.click()
+        runs = wait_until(lambda: len(store.list_runs()) == 2 and sorted(store.list_runs(), key=lambda r: r["id"]),
+                          UI, "two runs in the store")
+        first = runs[0]
+        running = wait_until(lambda: (r := store.get_run(first["id"]))["status"] == "running" and r["pid"] and r,
+                             RUN, "the first run to start")
+        wait_until(lambda: ray_processes(running["pid"]), RUN, "the first run's worker to start a Ray instance")
+        chart = page.locator(".st-key-chart-live-mid")
+        wait_until(lambda: chart.get_by_text(f"#{first['id']}").count() and points(chart) > 0, RUN,
+                   "a first live point of the run on Ray")
+        seen = points(chart)
+        for _ in range(3):  # refresh after refresh, the chart gains what the Ray task streams
+            wait_until(lambda n=seen: points(chart) > n, RUN, "more live points from Ray")
             seen = points(chart)
-            for _ in range(3):  # refresh after refresh, the chart gains what the Ray task streams
-                wait_until(lambda n=seen: points(chart) > n, RUN, "more live points from Ray")
-                seen = points(chart)
-            assert store.get_run(first["id"])["status"] == "running" and ray_processes(running["pid"])
-            cancel_all(page, store)
-            wait_until(lambda: page.locator(".st-key-live-status").get_by_text("cancelled").count(), UI,
-                       "the runs marked cancelled")
-            assert store.get_run(first["id"])["status"] == "cancelled" and store.eval_metrics(first["id"])
-            wait_until(lambda: not ray_processes(running["pid"]) and not psutil.pid_exists(running["pid"]), UI,
-                       "the cancelled worker and its Ray instance to end")
-            browser.close()
+        assert store.get_run(first["id"])["status"] == "running" and ray_processes(running["pid"])
+        cancel_all(page, store)
+        wait_until(lambda: page.locator(".st-key-live-status").get_by_text("cancelled").count(), UI,
+                   "the runs marked cancelled")
+        assert store.get_run(first["id"])["status"] == "cancelled" and store.eval_metrics(first["id"])
+        wait_until(lambda: not ray_processes(running["pid"]) and not psutil.pid_exists(running["pid"]), UI,
+                   "the cancelled worker and its Ray instance to end")
+        page.close()
     finally:
         stop_lab(proc, store)

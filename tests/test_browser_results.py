@@ -1,10 +1,13 @@
 """Results and the TIF sweep in a real browser (Playwright drives Debian's Chromium against ``streamlit run
-app.py`` on a fresh temporary run store).
+app.py`` on a temporary run store: the module's own fresh one where a page must find no run of the user's, or
+whose layout is checked with known content; else the one the browser modules share).
 
 * On a fresh store Results shows the lab's example runs (``engine.tools.demo.example_runs``), labelled
   "example", and its first chart, the recall gain INO − IDP over training, plots the example's positive
   gain for the most private tier: the test reads the plotted data out of the page and checks it against
   the engine's frames.
+* The Results page's "For a talk" table shows its data rows in the app (the Plotly table showed its header; issue
+  16, point 5).
 * The TIF explorer launches a tiny sweep (small digits runs: one IDP-SGD reference and a 2 × 1 grid of
   INO-SGD runs) whose heatmap appears on the page with the gains the engine computes from the store.
 
@@ -17,9 +20,12 @@ import math
 import os
 
 import pytest
-# a fresh app on a fresh temporary store for this module, and the browser (fixtures of test_browser.py)
-from test_browser import CHROMIUM, RUN, UI_MS, app_idle, browser, outside_figure, server, shot_path
-from test_browser import wait_until as poll  # noqa: F401
+# the shared app, this module's own app on a fresh store, and the browser (fixtures of test_browser.py)
+from test_browser import (CHROMIUM, RUN, UI, UI_MS, app_idle, outside_figure, own_server,  # noqa: F401
+                          server, shot_path)
+from test_browser import wait_until as poll
+
+TRAINS = False  # its own app (own_server) launches no run: no standby workers there
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -48,12 +54,12 @@ def traces(page, key: str) -> list[dict]:
     return chart.evaluate(TRACES_JS)
 
 
-def test_results_on_a_fresh_store_shows_the_example_ino_gain(server, browser):
+def test_results_on_a_fresh_store_shows_the_example_ino_gain(own_server, browser):  # noqa: F811 - fixtures
     demo = pytest.importorskip("engine.tools.demo", reason="engine.tools.demo (the shipped example runs) is not in this build")
     from engine.figures import frames
     from engine.figures import talk_frames as tf
 
-    url, store, _ = server
+    url, store, _ = own_server
     assert not store.list_runs()  # a fresh store: nothing of the user's own
     try:
         runs = demo.example_runs()
@@ -86,7 +92,27 @@ def _fill(page, key: str, value: str) -> None:
     box.press("Enter")
 
 
-def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
+def test_the_talk_table_shows_its_rows_in_the_app(own_server, browser):  # noqa: F811 - fixtures
+    pytest.importorskip("engine.tools.demo", reason="the shipped example runs are not in this build")
+    url, _, _ = own_server  # a fresh store: the table shows the example comparison
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(UI_MS)
+    page.goto(url + "results")
+    table = page.locator(".st-key-talk-table [data-testid='stDataFrame']")
+    table.wait_for()
+    table.scroll_into_view_if_needed()
+    # the grid's accessible table: its header row and one row per algorithm of the example comparison
+    rows = table.locator("table tr")
+    poll(lambda: rows.count() >= 3, UI, "the talk table's data rows")
+    text = table.locator("table").inner_text()
+    assert "INO-SGD" in text and "IDP-SGD" in text and "±" in text, text
+    assert "-0.0" not in text and "−0.0" not in text, text
+    box = table.bounding_box()
+    assert box["height"] >= 3 * 30, box  # header + rows drawn, not the header alone
+    page.close()
+
+
+def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):  # noqa: F811 - fixtures
     from engine.jobs.runs import run_record
     from engine.tools import sweep
 
@@ -129,7 +155,7 @@ def test_tif_explorer_launches_a_sweep_whose_heatmap_appears(server, browser):
     page.close()
 
 
-def test_a_cancelled_and_a_finished_run_are_compared_over_the_steps_both_reached(server, browser):
+def test_a_cancelled_and_a_finished_run_are_compared_over_the_steps_both_reached(server, browser):  # noqa: F811 - fixtures
     """The tour's case: IDP-SGD cancelled at step 901 of 1406 beside a finished INO-SGD run whose recall is the same
     over those steps. Results (with "Include unfinished") says the span above the headline, and the headline's INO
     gain is the one over the steps both reached (0.0 pp), not each run's own-length AUC's (+10.8 pp)."""
@@ -171,12 +197,12 @@ CLIPPED_JS = """keys => keys.map(key => {
     ("audit", ["a_algos"]),  # the audit's algorithm chips
     ("results?all=true", ["talk-table"]),  # the talk table's last column
 ])
-def test_nothing_is_cut_off(server, browser, path, keys):
+def test_nothing_is_cut_off(own_server, browser, path, keys):  # noqa: F811 - fixtures
     """The widgets the tour found clipped show all of their text at 1400 × 900 (a laptop's browser window)."""
     from test_common_span import stored
     from test_plots import make_run
 
-    url, store, _ = server
+    url, store, _ = own_server
     if not store.list_runs(group_id="cmp-cut-off"):  # content for the pickers and tables: two INO/IDP pairs
         stored(store.path, [make_run(k, "idp_sample" if k % 2 else "ino", group="cmp-cut-off") for k in range(1, 5)])
     page = browser.new_page(viewport={"width": 1400, "height": 900})

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.test_browser import CHROMIUM, RUN, UI, cancel_all, rerun_of, wait_until, watched_page
-from tests.test_browser import browser, server  # noqa: F401 - pytest fixtures
+from tests.test_browser import server  # noqa: F401 - a pytest fixture
 from tests.test_browser_preset import choose
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),

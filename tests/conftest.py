@@ -28,7 +28,7 @@ if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
 # Modules that start a Ray instance (test_ray.py checks Ray's worker processes on the whole machine).
 RAY_MODULES = {"test_ray.py", "test_browser_ray.py"}
 # The groups that start first under the README's ``--no-loadscope-reorder`` (the longest: the browser group is
-# ~380 s alone and the run's critical path; the Ray group ~100 s), each on its own worker from the start.
+# ~320 s alone, the Ray group ~110 s), each on its own worker from the start.
 FIRST_GROUPS = ("browser", "ray")
 
 
@@ -36,8 +36,8 @@ def xdist_group(path: Path) -> str:
     """The pytest-xdist group of a test module, used by the README's full command (``-n 3 --dist loadgroup``; the
     fast subset runs ``-n 2`` without it): the tests of one group run on one worker, one after another, in file
     order. The Ray modules are one group (one Ray instance at a time on the machine); the other browser modules one
-    (one Streamlit server with its workers and Chromium at a time beside the Ray group's: two browser groups at
-    once made every page slower on 2 cores, and the suite on 3 workers was barely faster than on one); any other
+    (they share one Streamlit server and one Chromium, the ``lab`` and ``browser`` fixtures below, which a group
+    on one worker makes once; and two browser groups at once made every page slower on 2 cores); any other
     module is its own group, so its module-scoped fixtures are made once, as when the module runs alone."""
     if path.name in RAY_MODULES:
         return "ray"

@@ -226,6 +226,21 @@ def points(chart) -> int:
     return chart.locator(".scatterlayer path.point").count()
 
 
+def last_plotted_x(chart) -> float:
+    """The largest x (a step) Plotly draws in ``chart`` (a chart's locator), -1 while it draws nothing. How a live
+    chart shows new evaluations: a curve longer than ``MAX_DRAWN_POINTS`` (engine/figures/scaffold.py) is drawn
+    thinned to that many points, so it grows at its end, not in its count of points."""
+    plot = chart.locator(".js-plotly-plot")
+    try:
+        return plot.first.evaluate("""gd => {
+            let m = -1;
+            for (const cd of gd.calcdata || []) for (const p of cd) if (typeof p.x === 'number' && p.x > m) m = p.x;
+            return m;
+        }""", timeout=5000) if plot.count() else -1
+    except Exception:  # noqa: BLE001 - the div is being redrawn: read it again
+        return -1
+
+
 def shot(page, name: str, locator=None) -> None:
     if locator is not None:
         locator.scroll_into_view_if_needed()
@@ -310,8 +325,8 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     chart = page.locator(".st-key-chart-live-mid")
     # the live MID chart shows the first run's facet and gains points while it runs
     wait_until(lambda: chart.get_by_text(f"#{first['id']}").count() and points(chart) > 0, UI, "a first live point")
-    n0 = points(chart)
-    wait_until(lambda: points(chart) > n0, UI, "more live points")
+    x0 = last_plotted_x(chart)
+    wait_until(lambda: last_plotted_x(chart) > x0, UI, f"the live curves to reach past step {x0}")
     assert store.get_run(first["id"])["status"] == "running"
     status = page.locator(".st-key-live-status")
     # at least two workers (engine.jobs.manager.default_max_workers): the comparison's runs train side by side

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from app_pages._look import INTRO_COOKIE
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, new_runs, wait_until
+from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, last_plotted_x, new_runs, wait_until
 from tests.test_browser import server  # noqa: F401 - a pytest fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -47,15 +47,8 @@ def plotted_points(page) -> int:
 
 
 def plotted_last_step(page) -> float:
-    """The largest x (step) the live MID chart draws (a long curve is drawn thinned to a fixed number of
-    points, so it grows at its end, not in its count)."""
-    return page.evaluate(f"""() => {{
-        const gd = document.querySelector({PLOT!r});
-        if (!gd || !gd.calcdata) return -1;
-        let m = -1;
-        for (const cd of gd.calcdata) for (const p of cd) if (typeof p.x === 'number' && p.x > m) m = p.x;
-        return m;
-    }}""")
+    """The largest x (step) the live MID chart draws."""
+    return last_plotted_x(page.locator(".st-key-chart-live-mid"))
 
 
 def column_of(page, key: str):

@@ -194,8 +194,13 @@ def click_until(button, pred, what: str, timeout: float = UI, retry: float = 10.
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def run_ids(store: RunStore) -> set[int]:
+    """The ids of the runs in ``store`` now (the browser modules share one store: a test compares with these)."""
+    return {r["id"] for r in store.list_runs()}
+
+
 def new_runs(store: RunStore, before: set[int]) -> list[dict]:
-    """The runs of ``store`` whose ids are not in ``before``, oldest first."""
+    """The runs of ``store`` whose ids are not in ``before`` (:func:`run_ids` earlier), oldest first."""
     return sorted((r for r in store.list_runs() if r["id"] not in before), key=lambda r: r["id"])
 
 
@@ -318,7 +323,7 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     shot(page, "train_form.png")
 
-    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
+    before = run_ids(store)  # (the store is shared with the other browser modules)
     launch.click()
     first, second = wait_until(lambda: len(new := new_runs(store, before)) == 2 and new, UI, "two runs in the store")
     assert (first["algorithm"], second["algorithm"]) == ("idp_sample", "ino")
@@ -356,7 +361,7 @@ def test_live_comparison_cancel_kill_and_export(server, browser):
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
     assert page.locator(".st-key-intro-box").count() == 0  # dismissed at the start: it stays dismissed
-    before = {r["id"] for r in store.list_runs()}
+    before = run_ids(store)
     launch.click()
     wait_until(lambda: len(new := new_runs(store, before)) == 2 and all(r["status"] == "finished" for r in new),
                RUN, "the new comparison to finish")

@@ -14,8 +14,8 @@ import os
 
 import pytest
 # the app the browser modules share, and the browser (fixtures of test_browser.py)
-from test_browser import (CHROMIUM, UI, UI_MS, app_idle, edit_grid_cell, rerun_of, server,  # noqa: F401
-                          wait_until, watched_page)
+from test_browser import (CHROMIUM, UI, UI_MS, app_idle, edit_grid_cell, rerun_of, run_ids,  # noqa: F401
+                          server, wait_until, watched_page)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
@@ -36,7 +36,7 @@ def type_into(page, key: str, value: str) -> None:
 
 def test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disabled(server, browser):  # noqa: F811
     url, store, _ = server
-    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
+    before = run_ids(store)  # (the store is shared with the other browser modules)
     page = watched_page(browser, viewport={"width": 1440, "height": 1300})
     page.goto(url + "train?dataset=digits&preset=single")
     page.get_by_role("button", name="Got it").click()
@@ -68,5 +68,5 @@ def test_epochs_and_a_tier_epsilon_are_refused_with_one_message_and_launch_disab
     assert len(shown) == 1, shown
     assert "tier 1: no privacy plan: ε = 1e+09" in shown[0] and "tiers.tiers" not in shown[0], shown
     assert launch.is_disabled()
-    assert {r["id"] for r in store.list_runs()} == before  # nothing was launched
+    assert run_ids(store) == before  # nothing was launched
     page.close()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from engine.tools.demo import DEFAULT_TRAIN
-from tests.test_browser import CHROMIUM, UI, UI_MS, cancel_all, new_runs, wait_until
+from tests.test_browser import CHROMIUM, UI, UI_MS, cancel_all, new_runs, run_ids, wait_until
 from tests.test_browser import server  # noqa: F401 - a pytest fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -54,7 +54,7 @@ def test_the_live_gain_and_its_sentence_within_a_minute_of_launch(server, browse
     page.get_by_role("button", name="Got it").click()  # the first-visit explanation
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "Launch with the defaults")
-    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
+    before = run_ids(store)  # (the store is shared with the other browser modules)
     clicked = time.monotonic()
     launch.click()
 

@@ -20,7 +20,8 @@ import re
 import pytest
 
 from app_pages._look import INTRO_COOKIE
-from tests.test_browser import CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, last_plotted_x, new_runs, wait_until
+from tests.test_browser import (CHROMIUM, RUN, UI, UI_MS, app_idle, cancel_all, last_plotted_x, new_runs, run_ids,
+                                wait_until)
 from tests.test_browser import server  # noqa: F401 - a pytest fixture
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -58,7 +59,7 @@ def column_of(page, key: str):
 
 def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     url, store, _ = server
-    before = {r["id"] for r in store.list_runs()}  # (the store is shared with the other browser modules)
+    before = run_ids(store)  # (the store is shared with the other browser modules)
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.set_default_timeout(UI_MS)
     # an out-of-range batch: Launch disabled, the reason under the Batch size field and beside Launch
@@ -108,7 +109,7 @@ def test_form_feedback(server, browser):  # noqa: F811 - pytest fixtures
     other.goto(url + "train")
     other.locator(".st-key-intro-box").wait_for()
     other.close()
-    assert {r["id"] for r in store.list_runs()} == before  # nothing was launched
+    assert run_ids(store) == before  # nothing was launched
 
 
 def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 - pytest fixtures
@@ -121,7 +122,7 @@ def test_live_chart_appends_without_rebuilding(server, browser):  # noqa: F811 -
     page.get_by_role("button", name="Got it").click()
     launch = page.get_by_role("button", name="Launch comparison")
     wait_until(lambda: launch.is_enabled(), UI, "the launch button")
-    before = {r["id"] for r in store.list_runs()}
+    before = run_ids(store)
     launch.click()
     wait_until(lambda: plotted_points(page) > 0, UI, "a first live point")
     builds0, patches0 = wait_until(lambda: live_stats(page), UI, "the live counters")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,31 +27,97 @@ from experiments import common  # noqa: E402
 from experiments.common import ConfigError, finite  # noqa: E402
 from engine.audit.one_run.config import OneRunConfig  # noqa: E402
 from engine.audit.pa_alooa.config import AuditConfig  # noqa: E402
+from engine.config.run import MAX_CLASS_ID, MAX_NAME_CHARS, MAX_TIERS, TierConfig  # noqa: E402
+from engine.config.schema import check_int, check_list, check_positive, check_str, parse_section  # noqa: E402
 from engine.figures.experiments import COLLUSION_COLUMNS, collusion_sentence, fig_collusion  # noqa: E402
 from engine.jobs.kinds import execute  # noqa: E402
 from engine.train.loop import preview  # noqa: E402
 
 NAME = "collusion"
+MAX_SETTINGS = 1000
+
+
+@dataclass(frozen=True)
+class OtherTier:
+    """A tier whose budget the settings vary (``other_tiers[k]``)."""
+
+    classes: tuple[int, ...]
+    name: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its name and one ε per other tier (``settings[k]``)."""
+
+    name: str
+    epsilons: tuple[float, ...]
+
+
+MODE_SECTIONS = ("one_run", "audit")  # what a mode of this spec overrides (dotted keys of each section)
+
+
+def check_spec(spec: dict) -> dict:
+    """The study's own sections checked whole with the engine's typed checks, before anything trains: the fixed tier
+    (a tier with its ε, classes and name), the other tiers (classes and name each), the settings (a name and one
+    finite ε > 0 per other tier each). One ConfigError naming the field (``settings[2].epsilons[0]``) otherwise."""
+    if "name" not in spec["fixed_tier"]:
+        raise ConfigError("fixed_tier.name", "is required (the study follows this tier by its name)")
+    fixed = parse_section(TierConfig, spec["fixed_tier"], "fixed_tier.")
+    fixed.validate("fixed_tier.")
+    check_str(fixed.name, "fixed_tier.name", nonempty=True)
+    check_list(fixed.classes, "fixed_tier.classes", nonempty=True)
+    others = check_list(spec.get("other_tiers"), "other_tiers", max_len=MAX_TIERS - 1, nonempty=True)
+    for k, raw in enumerate(others):
+        tier = parse_section(OtherTier, raw, f"other_tiers[{k}].")
+        check_list(tier.classes, f"other_tiers[{k}].classes", nonempty=True)
+        for j, c in enumerate(tier.classes):
+            check_int(c, f"other_tiers[{k}].classes[{j}]", 0, MAX_CLASS_ID)
+        check_str(tier.name, f"other_tiers[{k}].name", max_len=MAX_NAME_CHARS, nonempty=True)
+    settings = check_list(spec.get("settings"), "settings", max_len=MAX_SETTINGS, nonempty=True)
+    for k, raw in enumerate(settings):
+        setting = parse_section(Setting, raw, f"settings[{k}].")
+        check_str(setting.name, f"settings[{k}].name", max_len=MAX_NAME_CHARS, nonempty=True)
+        if len(setting.epsilons) != len(others):
+            raise ConfigError(f"settings[{k}].epsilons", f"needs one ε per other tier ({len(others)}), "
+                                                         f"got {len(setting.epsilons)}")
+        for j, e in enumerate(setting.epsilons):
+            check_positive(e, f"settings[{k}].epsilons[{j}]")
+    return spec
 
 
 def tiers_of(spec: dict, setting: dict) -> dict:
-    """The tiers of one setting: the fixed tier, then each other tier at the setting's budget."""
-    others = spec["other_tiers"]
-    eps = setting.get("epsilons")
-    if not isinstance(eps, list) or len(eps) != len(others):
-        raise ConfigError("settings", f"setting {setting.get('name')!r} needs one ε per other tier ({len(others)})")
+    """The tiers of one (checked) setting: the fixed tier, then each other tier at the setting's budget."""
     tiers = [dict(spec["fixed_tier"])]
     tiers += [{"classes": t["classes"], "epsilon": float(e), "name": f"{t['name']} at ε={e:g}"}
-              for t, e in zip(others, eps)]
+              for t, e in zip(spec["other_tiers"], setting["epsilons"])]
     return {"assign": "class", "tiers": tiers}
 
 
 def configs(spec: dict, mode: dict, setting: dict, *, device=None, threads=None) -> tuple[OneRunConfig, AuditConfig]:
+    """The validated one-run and audit configs of one setting; a ConfigError names the section (``audit.R``)."""
     run_extra = {f"run.{k}": v for k, v in (("device", device), ("threads", threads)) if v is not None}
     tiers = {"run.tiers": tiers_of(spec, setting), **run_extra}
-    one = common.with_overrides(common.with_overrides(spec["one_run"], mode.get("one_run", {})), tiers)
-    audit = common.with_overrides(common.with_overrides(spec["audit"], mode.get("audit", {})), tiers)
-    return OneRunConfig.from_dict(one).validate(), AuditConfig.from_dict(audit).validate()
+    out = []
+    for section, cls in (("one_run", OneRunConfig), ("audit", AuditConfig)):
+        d = common.with_overrides(common.with_overrides(spec[section], mode.get(section, {})), tiers)
+        try:
+            out.append(cls.from_dict(d).validate())
+        except ConfigError as e:
+            raise e.under(f"{section}.") from None
+    return out[0], out[1]
+
+
+def planned_configs(spec: dict, mode_name: str, *, device=None, threads=None) -> list[tuple[str, OneRunConfig,
+                                                                                            AuditConfig]]:
+    """(setting name, one-run config, audit config) of every setting of the (checked) spec in ``mode_name``: all
+    built and validated before the first one trains."""
+    mode, _ = common.mode_of(spec, mode_name)
+    for key, value in mode.items():
+        if key not in MODE_SECTIONS:
+            raise ConfigError(f"modes.{mode_name}.{key}", f"unknown field; allowed: {', '.join(MODE_SECTIONS)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"modes.{mode_name}.{key}", "must be a JSON object of dotted overrides")
+    return [(s["name"], *configs(spec, mode, s, device=device, threads=threads)) for s in spec["settings"]]
 
 
 def run_experiment(args) -> tuple[dict, str]:
@@ -58,16 +125,15 @@ def run_experiment(args) -> tuple[dict, str]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = common.load_spec_sections(args.config, ("fixed_tier", "audit", "one_run", "modes"))
-    mode, _ = common.mode_of(spec, args.mode)
+    spec = check_spec(common.load_spec_sections(args.config, ("fixed_tier", "audit", "one_run", "modes")))
+    planned = planned_configs(spec, args.mode, device=args.device, threads=args.threads)
+    fixed = spec["fixed_tier"]["name"]
+    # the plan each one-run audit trains with, also before anything trains (a dataset that cannot load stops here)
+    plans = [preview(one_cfg.run_for(one_cfg.algorithms[0])) for _, one_cfg, _ in planned]
     store = common.open_store(common.store_path(args, NAME))
     started = time.time()
-    fixed = spec["fixed_tier"]["name"]
     rows = []
-    for setting in spec.get("settings") or []:
-        one_cfg, audit_cfg = configs(spec, mode, setting, device=args.device, threads=args.threads)
-        label = setting["name"]
-        plan = preview(one_cfg.run_for(one_cfg.algorithms[0]))  # the plan the one-run audit trains with
+    for (label, one_cfg, audit_cfg), setting, plan in zip(planned, spec["settings"], plans):
         k = list(plan.tier_names).index(fixed)
         rid = store.create_run(one_cfg.to_dict(), kind="one_run", status="queued", name=f"{NAME} {label} one-run")
         one = execute(store, rid, one_cfg, kind="one_run", backend=args.backend)

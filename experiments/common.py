@@ -115,6 +115,8 @@ def mode_of(spec: dict, mode: str) -> tuple[dict, list[int]]:
     modes = spec["modes"]
     if mode not in modes:
         raise ConfigError("mode", f"this experiment has no {mode} mode (it has: {', '.join(modes)})")
+    if not isinstance(modes[mode], dict):
+        raise ConfigError(f"modes.{mode}", f"must be a JSON object of overrides, got {type(modes[mode]).__name__}")
     m = dict(modes[mode])
     seeds = check_list(m.pop("seeds", [0]), f"modes.{mode}.seeds", max_len=1000, nonempty=True)
     for k, s in enumerate(seeds):

@@ -17,13 +17,17 @@ import pytest
 
 from engine.figures import frames, scaffold, training
 from engine.figures.audit import MAX_GROUPED_ALGORITHMS, fig_epsilon_bounds, fig_gpr_bars
+from engine.figures.one_run import claimed_vs_empirical
 from tests.test_browser import CHROMIUM, UI_MS
+from tests.test_layout_fit import three_runs
+from tests.test_one_run_figures import make_report
 from tests.test_plots import make_run
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 
 NARROW_PX, WIDE_PX = 640, 1400  # a half-width column of the wide page on a laptop; a full-width chart
+AUDIT_PX = 1000  # the Audit page's full-width chart at 1400 × 900 (the sidebar beside it)
 MIN_PLOT_PX = 180  # a plot area squeezed below this by notes and legends (the tour saw a thin strip) is a problem
 
 # Every box Plotly drew that must stay clear: the title, each annotation (notes, panel titles), the legend; and the
@@ -34,7 +38,8 @@ BOXES = """() => {
   const named = (sel, kind) => [...document.querySelectorAll(sel)].filter(e => e.getBoundingClientRect().width > 0)
       .map(e => ({kind, text: (e.textContent || '').slice(0, 60), ...box(e)}));
   return {figure: box(svg),
-          texts: [...named('.gtitle', 'title'), ...named('.annotation-text-g', 'note'), ...named('.legend .bg', 'legend')],
+          texts: [...named('.gtitle', 'title'), ...named('.gtitle-subtitle', 'subtitle'),
+                  ...named('.annotation-text-g', 'note'), ...named('.legend .bg', 'legend')],
           plots: named('.nsewdrag', 'plot')};
 }"""
 
@@ -115,4 +120,31 @@ def test_the_audit_charts_hold_six_algorithms(browser, tmp_path):
         assert "Δ not resolved" not in (fig.layout.title.text or "")  # said below the plot, not in the title
         found += [f"{name}: {p}" for p in problems(page, fig, WIDE_PX, tmp_path, name)]
     page.close()
+    assert not found, found
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_the_epsilon_chart_holds_three_and_more_runs(browser, tmp_path, n):
+    """Issue 58 point 7: with 3 runs the ε-spent chart's panel titles ran into each other, the last cut at the edge
+    (three panels in a row of a half-width column). Drawn as the Train page draws it (half width, wrapped) and
+    full width: no title, note or legend over another or out of the figure."""
+    (spec,) = training.build_figures(three_runs(n), names=["epsilon_spent"])
+    page = browser.new_page()
+    narrow = scaffold.wrap_title(spec.figure, 52, note_width=62)
+    found = problems(page, narrow, NARROW_PX, tmp_path, f"eps{n}") + \
+        problems(page, spec.figure, WIDE_PX, tmp_path, f"eps{n}")
+    page.close()
+    assert not found, found
+
+
+@pytest.mark.parametrize("width", [AUDIT_PX, WIDE_PX])
+def test_the_one_run_note_is_whole_inside_the_figure(browser, tmp_path, width):
+    """Issue 58 point 7: the one-run audit figure's note (its subtitle) ended mid-word at the figure's edge
+    ("… · lin"). Both canary kinds, a broken claim, a partial report: every line inside the figure."""
+    fig = claimed_vs_empirical(make_report(broken=True, partial=True), kind="both")
+    page = browser.new_page()
+    found = problems(page, fig, width, tmp_path, "one-run")
+    page.close()
+    # the broken bar's own annotation points at the bar: inside its plot area by design
+    found = [p for p in found if not (p.startswith("note 'exceeds claim") and p.endswith("over a plot area"))]
     assert not found, found

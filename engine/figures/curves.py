@@ -16,8 +16,8 @@ import pandas as pd
 
 from engine.figures import bands as bd
 from engine.figures.scaffold import (ALGORITHM_COLORS, EXTRA_COLORS, LEGEND_BESIDE, Plan, Span, Trace, algo_symbol,
-                                     axis_name, esc, escape_columns, facets, notes_below, rgba, stacked_panels,
-                                     tier_color)
+                                     axis_name, esc, escape_columns, facets, fit_line, notes_below, rgba,
+                                     stacked_panels, tier_color, wrap_words)
 from engine.models.metrics import mid_markers
 
 CURVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent", "recall_gain_time")
@@ -285,10 +285,24 @@ def accuracy_plan(overall: pd.DataFrame, *, x_axis: str = "step", smoothing: flo
 
 # --- ε spent, recall gain ------------------------------------------------------------------------------
 
-def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis: str = "step", bands: bool = True,
+# Under RDP the ε of the first steps is loose: why the curve jumps early (PLD's rises smoothly). The chart's note.
+RDP_EARLY_NOTE = ("RDP: its conversion to (ε, δ) adds log(1/δ)/(α − 1), which dominates after few steps, so the first "
+                  "steps' ε spent is loose and jumps early; the curve is an upper bound, and the final ε is what the "
+                  "plan promised.")
+EPSILON_PANEL_PX = 220  # each run's panel of the ε-spent chart (stacked, one column)
+# a panel title (16 px) on one line of the narrowest chart (a half-width column, the legend beside the plot)
+PANEL_TITLE_CHARS = 44
+NOTE_CHARS = 110  # the notes under the plot, as lines of at most this many characters (Plotly does not wrap them)
+
+
+def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, accountants: dict | None = None,
+                       x_axis: str = "step", bands: bool = True,
                        title: str = "ε spent per tier vs budget (dashed)") -> Plan:
     """Per unit: each tier's ε spent so far (the run's accountant's) and its budget as a dashed line. The seeds of a
-    series spend the same ε: one panel per series. ``x_axis="epsilon"`` plots over steps (ε is the y axis)."""
+    series spend the same ε: one panel per series, stacked in one column (each panel's title, the unit and the
+    head of its DP note, on one line of at most :data:`PANEL_TITLE_CHARS`; the note's rest below the plot), the
+    legend beside. ``notes``: run label (raw) → its DP note; ``accountants``: run label → its accountant's name
+    (a run under RDP adds :data:`RDP_EARLY_NOTE`). ``x_axis="epsilon"`` plots over steps (ε is the y axis)."""
     notes = notes or {}  # keyed by run label (raw)
     accounted = hist.dropna(subset=["epsilon_spent"]) if not hist.empty else hist
     # runs without a formal guarantee record ε spent as null: name them (and why) instead of a curve
@@ -322,15 +336,25 @@ def epsilon_spent_plan(hist: pd.DataFrame, *, notes: dict | None = None, x_axis:
                                                  line=dict(color=color, dash="dash", width=1.5),
                                                  legendgroup=f"tier|{tier}", showlegend=False), p))
     _legend(traces, "budget", "budget ε (dashed)", mode="lines", line=dict(color=NEUTRAL, dash="dash", width=1.5))
-    out_notes = [_missing_note(missing, axis)] if missing else []
+    panels, lines = [], []
+    for u in units:
+        head, _, rest = unit_note.get(u, "").partition(": ")  # "no formal DP guarantee: <why>"
+        panels.append(fit_line(f"{u} — {head}" if head else u, PANEL_TITLE_CHARS))
+        if rest:
+            lines.append(f"{u}: {unit_note[u]}")
+    if missing:
+        lines.append(_missing_note(missing, axis)["text"])
     if unaccounted:
-        out_notes.append(dict(text=text, xref="paper", yref="paper", x=0, y=-0.18, showarrow=False, xanchor="left",
-                              font=dict(size=11)))
+        lines.append(text)
+    if any((accountants or {}).get(r) == "rdp" for r in accounted["run"].unique()):
+        lines.append(esc(RDP_EARLY_NOTE))
+    words = [w for line in lines for w in wrap_words(line, NOTE_CHARS)]
+    plot_px, spacing = stacked_panels(len(units), EPSILON_PANEL_PX)
+    below, layout = notes_below(words, plot_px=plot_px, name="epsilon_notes")
     x_title = bd.x_title(axis, per_tier=True) + (" (ε spent is the y axis)" if x_axis == "epsilon" else "")
-    nrows, _ = facets(len(units))
-    return Plan(title, traces, panels=[f"{u} — {unit_note[u]}" if unit_note.get(u) else u for u in units],
-                notes=out_notes, x_title=x_title, y_title="ε", shared_y=False, height=max(380, 320 * nrows),
-                y_rangemode="tozero")
+    return Plan(title, traces, panels=panels, notes=[below] if below is not None else [], x_title=x_title,
+                y_title="ε", shared_y=False, max_cols=1, vertical_spacing=spacing, height=layout["height"],
+                y_rangemode="tozero", layout=dict(margin=layout["margin"], legend=LEGEND_BESIDE))
 
 
 # More INO/IDP pairs (or series of paired seeds) than this on one gain chart: one panel per pair (small

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.audit.one_run.report import KINDS, NO_CLAIM, NO_FORMAL_DP, OneRunReport
-from engine.figures.scaffold import EXTRA_COLORS, FigureSpec, algo_color, base_figure, empty_figure, esc
+from engine.figures.scaffold import EXTRA_COLORS, FigureSpec, algo_color, base_figure, empty_figure, esc, wrap_words
 
 ONE_RUN_FIGURES = ("one_run_epsilon",)
 TITLE = "Claimed vs empirical ε per tier"
@@ -29,6 +29,9 @@ NO_RESULTS = "No one-run audit results yet"
 BROKEN_COLOR = "#D62728"
 GROUP_WIDTH = 0.8  # of one tier's unit on the x axis, shared by its bars
 SEGMENT = 0.85  # a claimed-ε segment spans this much of its bar (neighbouring segments stay apart)
+# the subtitle's lines (12 px), whole words, at most this long: they fit a chart of ~760 px (the Audit page's
+# full width on a laptop is more); one line of ~190 characters ran past the figure's edge ("… · lin")
+SUBTITLE_CHARS = 110
 
 
 def as_one_run_report(report) -> OneRunReport:
@@ -173,6 +176,7 @@ def claimed_vs_empirical(report, *, kind: str = "white", theme: str = "light", t
         lines.append(f"hatched: {NO_CLAIM}")
     if report.partial:
         lines.append("partial: the other algorithms are still training")
+    lines = [w for line in lines for w in wrap_words(line, SUBTITLE_CHARS)]  # Plotly clips a subtitle, never wraps it
     fig.update_layout(title_subtitle=dict(text="<br>".join(lines), font=dict(size=12 if theme != "presentation" else 16)))
     top = max(float(np.nanmax(frame["epsilon_hat_max"].astype(float))),
               float(np.nanmax(frame["epsilon"].astype(float))) if frame["epsilon"].notna().any() else 0.0)

@@ -198,6 +198,29 @@ def _wrap_words(text: str, width: int) -> list[str]:
     return lines + [line]
 
 
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` (escaped) as lines of at most ``width`` characters, broken at spaces only (whole words; a longer
+    word stays whole on a line of its own): what a figure's own notes are cut into, since Plotly clips a text
+    longer than its figure instead of wrapping it."""
+    return _wrap_words(text, width)
+
+
+def _entity_safe(text: str, at: int) -> int:
+    """``at`` moved back to before an HTML entity (``&lt;``) it would cut."""
+    amp = text.rfind("&", 0, at)
+    return amp if amp >= 0 and ";" in text[amp:at + 8] and ";" not in text[amp:at] else at
+
+
+def fit_line(text: str, width: int) -> str:
+    """``text`` (escaped) on one line of at most ``width`` characters: as it is when it fits, else cut at a word
+    (or, for one long word, at ``width``; never inside an entity) and ended with "…"."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width)
+    cut = cut if cut > width // 2 else _entity_safe(text, width - 1)
+    return text[:cut].rstrip(" ·—-:,") + "…"
+
+
 def wrap_title(fig: go.Figure, width: int, *, note_width: int | None = None) -> go.Figure:
     """A copy for a figure drawn in a narrow column, whose title is broken into lines of at most ``width``
     characters and (``note_width``) whose notes above the plot (left-anchored paper annotations, e.g. the gain

@@ -78,10 +78,17 @@ def fig_accuracy(overall: pd.DataFrame, *, theme: str = "light", x_axis: str = "
     return render(cv.accuracy_plan(overall, x_axis=x_axis, smoothing=smoothing, bands=bands, title=title), theme)
 
 
-def fig_epsilon_spent(hist: pd.DataFrame, *, theme: str = "light", notes: dict | None = None, x_axis: str = "step",
-                      bands: bool = True, title: str = "ε spent per tier vs budget (dashed)") -> go.Figure:
+def fig_epsilon_spent(hist: pd.DataFrame, *, theme: str = "light", notes: dict | None = None,
+                      accountants: dict | None = None, x_axis: str = "step", bands: bool = True,
+                      title: str = "ε spent per tier vs budget (dashed)") -> go.Figure:
     """Per run: each tier's ε spent so far (under the run's accountant) and its budget as a dashed line."""
-    return render(cv.epsilon_spent_plan(hist, notes=notes, x_axis=x_axis, bands=bands, title=title), theme)
+    return render(cv.epsilon_spent_plan(hist, notes=notes, accountants=accountants, x_axis=x_axis, bands=bands,
+                                        title=title), theme)
+
+
+def run_accountant(run: dict) -> str:
+    """The accountant whose ε a run spends: its plan's (a plan stored before it said so: RDP), else its config's."""
+    return (run.get("plan") or {}).get("accountant") or (run.get("config") or {}).get("accountant") or "rdp"
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -254,7 +261,9 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
             plan = cv.accuracy_plan(data, **opts)
         elif name == "epsilon_spent":
             h = hist()
-            plan = cv.epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs}, x_axis=x_axis, bands=bands)
+            plan = cv.epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs},
+                                         accountants={run_label(r): run_accountant(r) for r in runs}, x_axis=x_axis,
+                                         bands=bands)
             data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]]
         elif name == "recall_gain_time":
             data = fr.recall_gain_over_time(runs, hist(), memo)

@@ -5,7 +5,6 @@ table — and export everything. Before the user has finished runs of their own 
 runs (``engine.tools.demo.example_runs``), labelled "example"."""
 from __future__ import annotations
 
-import math
 import time
 
 import pandas as pd
@@ -17,7 +16,7 @@ from app_pages import _widgets as widgets
 from app_pages._look import format_pp, intro, md, no_negative_zero, plot_theme
 from engine.audit.pa_alooa.report import as_report
 from engine.dp.algorithms import draws
-from engine.figures import export, frames
+from engine.figures import evidence, export, frames
 from engine.figures.common_span import common_span
 from engine.figures.headline import undersampled_note
 from engine.figures import talk_frames as tf
@@ -112,7 +111,10 @@ with st.container():  # a variable number of notes must not shift (remount) the 
         them = "it" if len(left_out) == 1 else "them"
         st.caption(md(f"Left out: {', '.join(run_label(r) for r in left_out)} diverged (a tier's loss went non-finite "
                       f"or stayed far above its start); turn on **Include unfinished** to choose {them}."))
-    for r in runs:
+    rerun_of = evidence.reruns(runs)  # a rerun's notes are its kept run's: said once
+    if rerun_of:
+        st.caption(md(f"⚠ {evidence.rerun_note(runs)}"))
+    for r in evidence.distinct(runs, rerun_of):
         if diverged_note(r):
             st.warning(md(f"{run_label(r)} {diverged_note(r)}"), icon=":material/trending_up:")
         if dp_note(r):
@@ -138,16 +140,14 @@ with st.container(key="span-note"):  # a note that comes and goes must not shift
         st.caption(md(f"⚠ {sparse}"))
 with st.container(key="headline"):
     m1, m2, m3 = st.columns(3)
-    if gain is not None:
-        se = f" ± {format_pp(gain['auc_se'], signed=False)} (s.e. over {gain['pairs']} paired seeds)" \
-            if math.isfinite(gain["auc_se"]) else ""
+    if gain is not None:  # the engine's headline rules (engine.figures.evidence): no winner of a diverged pair
+        if gain["not_comparable"]:
+            st.warning(md(gain["not_comparable"]), icon=":material/block:")
         over = f", {md(gain['span'])}" if gain["span"] else ""
         m1.metric(f"INO gain, {md(gain['tier'])} recall AUC", format_pp(gain["auc_gain"]),
-                  help=f"INO − IDP area under the {md(gain['tier'])} tier's recall curve{se}{over}")
-        if gain["peak_step"] is not None:
-            m2.metric(f"Peak INO gain, {md(gain['tier'])} recall", format_pp(gain["peak_gain"]),
-                      help=f"largest mean gain along training: step {gain['peak_step']} "
-                           f"({100 * gain['peak_progress']:.0f} % of training); final: {format_pp(gain['final_gain'])}")
+                  help=md(gain["not_comparable"] or gain["auc_words"]) + over)
+        m2.metric(f"INO gain in IDP-SGD's MID, {md(gain['tier'])} recall", format_pp(gain["mid_gain"]),
+                  help=md(gain["not_comparable"] or gain["mid_words"]) + over)
     else:
         m1.metric("INO gain", "—", help="select an INO-SGD run and the IDP-SGD run it builds on")
     spans = frames.mid_spans(runs)

@@ -43,7 +43,8 @@ RISEN = [2.30, 2.52, 2.47, 2.41]  # IDP-SGD's loss of the tier: above its initia
 
 def test_ahead_and_in_the_mid():
     g = gain_frame(STEPS, [[0.30, 0.12, 0.14, 0.171]], [DIPPING], total=1406)
-    assert headline.gain_sentence(g) == ("INO-SGD ahead by +2.1 recall points on the ε = 1 tier at step 117; "
+    assert headline.gain_sentence(g) == ("INO-SGD ahead by +2.1 recall points on the ε = 1 tier at step 117 "
+                                         "(1 seed: no spread); "
                                          "IDP-SGD still in its MID")
 
 
@@ -95,7 +96,8 @@ def test_the_sentence_and_the_mid_chart_read_one_rule(count):
 def test_the_sentence_names_ino_sgds_mid_too():
     g = gain_frame(STEPS, [[0.30, 0.12, 0.14, 0.171]], [DIPPING], total=1406)
     g["ino_loss"] = g["step"].map(dict(zip(STEPS, [2.30, 2.4, 2.25, 2.1])))  # INO-SGD back below its start at 78
-    assert headline.gain_sentence(g) == ("INO-SGD ahead by +2.1 recall points on the ε = 1 tier at step 117; "
+    assert headline.gain_sentence(g) == ("INO-SGD ahead by +2.1 recall points on the ε = 1 tier at step 117 "
+                                         "(1 seed: no spread); "
                                          "IDP-SGD still in its MID; INO-SGD out of its MID since step 78")
     g["ino_loss"] = 2.30  # never above its start, and INO-SGD's run over: it had none
     done = g.assign(progress=g["step"] / 117)

@@ -103,7 +103,9 @@ def recall_gain_spread(gain: pd.DataFrame) -> pd.DataFrame:
 
 
 def gain_spread_words(spread: pd.DataFrame) -> list[str]:
-    """The gain summary in words (raw text), one line per pair series and tier, the most private tier first."""
+    """The gain summary in words (raw text), one line per pair series and tier, the most private tier first. One
+    seed: its gain averaged over the evaluations, never its largest (between evaluations one seed's gain swings by
+    tens of points: the lab's headline rules, :mod:`engine.figures.evidence`), and that it has no spread."""
     lines = []
     if spread.empty:
         return lines
@@ -111,8 +113,10 @@ def gain_spread_words(spread: pd.DataFrame) -> list[str]:
         n = int(g["n"].max())
         best = g.loc[g["mean_gain"].idxmax()]
         if n < 2:
-            lines.append(f"{tier} ({series}): best gain {100 * best['mean_gain']:+.1f} points at step "
-                         f"{int(best['step'])}; one seed, so the seed spread is unknown (repeat over k seeds).")
+            mean = float(np.nanmean(g["mean_gain"].to_numpy(float))) if g["mean_gain"].notna().any() else math.nan
+            lines.append(f"{tier} ({series}): gain {100 * mean:+.1f} points averaged over its {len(g)} evaluations; "
+                         "1 seed: no spread, so no one evaluation's gain can be told from noise (repeat over k "
+                         "seeds).")
             continue
         k = int(g["beyond_spread"].sum())
         verdict = (f"beyond the seed spread (mean − 2·SE > 0) at {k} of {len(g)} evaluations" if k

@@ -21,6 +21,7 @@ import pandas as pd
 
 from engine.config.run import AlgorithmConfig
 from engine.dp.algorithms import find_algorithm
+from engine.figures import evidence as ev
 from engine.figures.common_span import Span, common_span
 from engine.jobs.runs import (algorithm_label, dp_note, run_config, run_label, run_seed, seed_index, series_key,
                               series_label)
@@ -30,23 +31,44 @@ from engine.train.records import EvalRecord
 ID_COLUMNS = ["run_id", "run", "algorithm", "seed", "seed_index", "series"]
 
 
-def series_labels(runs: list[dict]) -> dict[int, str]:
+def series_labels(runs: list[dict], rerun_of: dict | None = None) -> dict[int, str]:
     """Run id → the label of its series (:func:`engine.jobs.runs.series_label` of the series' lowest seed index):
-    the replicates of one series (same group and config but the seed) share it."""
+    the replicates of one series (same group and config but the seed) share it. A series of reruns
+    (:func:`engine.figures.evidence.reruns`) is marked: "INO-SGD #14 (rerun of #12)"."""
+    rerun_of = ev.reruns(runs) if rerun_of is None else rerun_of
     members: dict[str, list[dict]] = {}
     for run in sorted(runs, key=seed_index):
         members.setdefault(series_key(run), []).append(run)
     out = {}
     for group in members.values():
-        label = series_label(group[0], [r["id"] for r in group])
-        out.update({r["id"]: label for r in group})
+        ids = [r["id"] for r in group]
+        label = series_label(group[0], ids)
+        if all(i in rerun_of for i in ids):
+            label += ev.rerun_mark([rerun_of[i] for i in ids])
+        out.update({i: label for i in ids})
     return out
 
 
-def _ident(run: dict, labels: dict) -> dict:
-    """The identifying columns of every frame: run, algorithm, seed, seed index and series."""
-    return {"run_id": run["id"], "run": run_label(run), "algorithm": run.get("algorithm", ""), "seed": run_seed(run),
-            "seed_index": seed_index(run), "series": labels.get(run["id"], run_label(run))}
+def run_names(runs: list[dict], rerun_of: dict | None = None) -> dict[int, str]:
+    """Run id → its label in frames and legends (:func:`engine.jobs.runs.run_label`), a rerun's marked."""
+    rerun_of = ev.reruns(runs) if rerun_of is None else rerun_of
+    return {r["id"]: run_label(r) + (ev.rerun_mark([rerun_of[r["id"]]]) if r["id"] in rerun_of else "")
+            for r in runs}
+
+
+def _labels(runs: list[dict]) -> tuple[dict, dict]:
+    """(series labels, run labels) of the runs, reruns marked in both: what :func:`_ident` reads."""
+    rerun_of = ev.reruns(runs)
+    return series_labels(runs, rerun_of), run_names(runs, rerun_of)
+
+
+def _ident(run: dict, labels: tuple[dict, dict]) -> dict:
+    """The identifying columns of every frame: run, algorithm, seed, seed index and series (``labels``:
+    :func:`_labels`)."""
+    series, names = labels
+    name = names.get(run["id"], run_label(run))
+    return {"run_id": run["id"], "run": name, "algorithm": run.get("algorithm", ""), "seed": run_seed(run),
+            "seed_index": seed_index(run), "series": series.get(run["id"], name)}
 
 
 def run_evals(run: dict, memo: dict | None = None) -> list[EvalRecord]:
@@ -155,7 +177,7 @@ def tier_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """One row per (run, evaluation, tier); ``raw_loss`` keeps non-finite losses (divergence), ``loss`` has nan.
     ``memo``: see :func:`_run_rows` (the live figures' incremental refresh)."""
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     for run in runs:
         ident = _ident(run, labels)
         evals = run_evals(run, memo)
@@ -199,7 +221,7 @@ CLASS_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "progress", "private_e
 def class_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     """One row per (run, evaluation, class); ``private_epsilon_spent``: ε spent of the most private tier."""
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     for run in runs:
         ident = _ident(run, labels)
         evals = run_evals(run, memo)
@@ -240,7 +262,7 @@ OVERALL_COLUMNS = ID_COLUMNS + ["step", "epoch", "elapsed", "private_epsilon_spe
 
 def overall_history(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     for run in runs:
         ident = _ident(run, labels)
         evals = run_evals(run, memo)
@@ -265,7 +287,7 @@ def mid_spans(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
     evaluation), "recovered" (back at or below it).
     """
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     for run in runs:
         evals = run_evals(run, memo)
         if not evals or not evals[0].tiers:
@@ -302,7 +324,7 @@ def owner_recall(runs: list[dict], memo: dict | None = None, span: Span | None =
     """Recall per data owner at each run's last compared evaluation (``span``: default the runs' common span):
     per class when tiers are assigned by class, else per tier."""
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     span = common_span(runs) if span is None else span
     for run in runs:
         last = compared_eval(run, span, memo)
@@ -341,15 +363,18 @@ def pair_runs(runs: list[dict]) -> list[tuple[dict, dict]]:
     """(INO-SGD run, IDP-SGD run it builds on) pairs — a run of an algorithm whose gains are measured against
     others (its registry entry's ``gain_against``, engine.dp.algorithms) with one of those: the one of the same
     planner mode preferred (``gain_reference``: IDP-SGD of INO's mode); same group preferred, and within it the
-    same ``seed_index`` and seed (replicate j of INO pairs with replicate j of IDP: same batches and noise)."""
+    same ``seed_index`` and seed (replicate j of INO pairs with replicate j of IDP: same batches and noise).
+    A rerun (:func:`engine.figures.evidence.reruns`: same config and seed as a run kept) is no new pair: an INO
+    rerun pairs with nothing, and an IDP-SGD one gives way to its kept run (the same curves)."""
     pairs = []
+    rerun_of = ev.reruns(runs)
     for ino in runs:
         entry = find_algorithm(ino.get("algorithm"))
-        if entry is None or not entry.gain_against:
+        if entry is None or not entry.gain_against or ino["id"] in rerun_of:
             continue
         cfg = run_config(ino)
         want = entry.gain_reference(cfg.algorithm if cfg is not None else AlgorithmConfig(name=entry.name))
-        idps = [r for r in runs if r.get("algorithm") in entry.gain_against]
+        idps = [r for r in ev.distinct(runs, rerun_of) if r.get("algorithm") in entry.gain_against]
         cands = [r for r in idps if r["algorithm"] == want] or idps
         if not cands:
             continue
@@ -397,21 +422,24 @@ def recall_gain_by_class(runs: list[dict], memo: dict | None = None, span: Span 
 
 
 GAIN_TIME_COLUMNS = PAIR_COLUMNS + ["step", "epoch", "elapsed", "progress", "tier", "tier_index", "epsilon",
-                                    "epsilon_spent", "ino_recall", "idp_recall", "gain", "idp_loss", "ino_loss"]
+                                    "epsilon_spent", "ino_recall", "idp_recall", "gain", "idp_loss", "ino_loss",
+                                    "diverged"]
 
 
 def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, memo: dict | None = None) -> pd.DataFrame:
     """Per-tier recall gain INO − IDP along training (IDP interpolated onto INO's progress), one row per seed
     pair (:func:`pair_runs`: replicate j with replicate j) and INO evaluation; step, epoch, elapsed and ε spent
     are INO's, and so is IDP-SGD's tier loss (``idp_loss``, interpolated the same way) beside INO's own
-    (``ino_loss``): the headline reads both algorithms' MID from them by the one MID rule. ``hist``: the runs'
-    :func:`tier_history` when the caller has it."""
+    (``ino_loss``): the headline reads both algorithms' MID from them by the one MID rule. ``diverged``: the
+    pair's runs that diverged, in words (:func:`engine.figures.evidence.diverged_words`; '' for none): a pair with
+    one has no winner. ``hist``: the runs' :func:`tier_history` when the caller has it."""
     hist = tier_history(runs, memo) if hist is None else hist
     labels = series_labels(runs)
     parts = []
     for ino, idp in pair_runs(runs):
         a, b = hist[hist.run_id == ino["id"]], hist[hist.run_id == idp["id"]]
         ident = _pair_ident(ino, idp, labels)
+        diverged = ev.diverged_words([(ino, ev.diverged_at(ino, a)), (idp, ev.diverged_at(idp, b))])
         for tier, ga in a.groupby("tier", sort=False):
             gb = b[b.tier == tier].sort_values("progress")
             if gb.empty:
@@ -426,6 +454,7 @@ def recall_gain_over_time(runs: list[dict], hist: pd.DataFrame | None = None, me
             part["idp_loss"] = np.interp(ga["progress"].to_numpy(float), gb["progress"].to_numpy(float),
                                          gb["loss"].to_numpy(float))
             part["ino_loss"] = ga["loss"].to_numpy(float)
+            part["diverged"] = diverged
             for k, v in ident.items():
                 part[k] = v
             parts.append(part)
@@ -456,7 +485,7 @@ FINAL_COLUMNS = ID_COLUMNS + ["status", "steps", "loss", "accuracy", "balanced_a
 def final_table(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
     """Overall loss and accuracy per run at its last compared evaluation (``span``: default the common span)."""
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     span = common_span(runs) if span is None else span
     for run in runs:
         last = compared_eval(run, span, memo)
@@ -472,7 +501,7 @@ def final_table(runs: list[dict], memo: dict | None = None, span: Span | None = 
 def fairness_table(runs: list[dict], memo: dict | None = None, span: Span | None = None) -> pd.DataFrame:
     """Outcome-fairness metrics per run at its last compared evaluation (``span``: default the common span)."""
     rows = []
-    labels = series_labels(runs)
+    labels = _labels(runs)
     span = common_span(runs) if span is None else span
     for run in runs:
         last = compared_eval(run, span, memo)

@@ -1,7 +1,9 @@
 """The lab's headline while a comparison trains: INO-SGD's paired recall gain over IDP-SGD on the most private
 tier — as a frame (:func:`private_gain`, the Train page's ``private_gain`` figure in
 :mod:`engine.figures.training`) and as one sentence (:func:`gain_sentence`), e.g. "INO-SGD ahead by +2.1 recall
-points on the ε = 1 tier at step 117; IDP-SGD still in its MID".
+points on the ε = 1 tier at step 117 (1 seed: no spread); IDP-SGD still in its MID", by the lab's headline rules
+(:mod:`engine.figures.evidence`: a pair with a diverged run has no winner, a rerun is no second pair, one seed
+says it has no spread).
 
 Both read the one gain frame, :func:`engine.figures.frames.recall_gain_over_time` (INO − IDP per seed pair and
 INO evaluation, IDP interpolated onto INO's progress), cut to the tier :func:`engine.figures.talk_frames.
@@ -14,6 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from engine.figures import evidence as ev
 from engine.figures import frames as fr
 from engine.figures import talk_frames as tf
 from engine.figures.bands import mean_se
@@ -89,17 +92,23 @@ def gain_sentence(gain: pd.DataFrame) -> str | None:
     the paired seeds, ± its s.e. when there are several), and each algorithm's MID (:func:`mid_state`, IDP-SGD's
     then INO-SGD's) where it can be decided (from the tier's loss averaged over the pairs, up to that evaluation;
     "finished" when INO-SGD's progress there is its whole run). A mean gain within ±:data:`LEVEL_POINTS` points
-    (after rounding to one decimal, so never "−0.0") is "level". None without a gain."""
+    (after rounding to one decimal, so never "−0.0") is "level"; one pair says it has no spread
+    (:func:`engine.figures.evidence.spread_words`). A pair with a diverged run (the frame's ``diverged``) gives
+    no winner: the sentence names the run (:func:`engine.figures.evidence.not_comparable_sentence`). None
+    without a gain."""
     curve = gain_curve(gain).dropna(subset=["gain"])
     if curve.empty:
         return None
+    diverged = [w for w in gain["diverged"].dropna().unique() if w] if "diverged" in gain else []
+    if diverged:
+        return ev.not_comparable_sentence(diverged, f"on the ε = {float(curve['epsilon'].iloc[-1]):g} tier")
     pairs = int(gain["ino_run_id"].nunique()) if "ino_run_id" in gain else int(curve["n"].max())
     full = curve[curve["n"] >= pairs]
     at = (full if not full.empty else curve).iloc[-1]
     points, step = _points(float(at["gain"])), int(at["step"])
     se = _points(float(at["se"])) if math.isfinite(float(at["se"])) else None
     spread = f" ± {abs(se):.1f}" if se is not None and int(at["n"]) > 1 else ""
-    seeds = f" (mean of {int(at['n'])} paired seeds)" if int(at["n"]) > 1 else ""
+    seeds = f" (mean of {int(at['n'])} paired seeds)" if int(at["n"]) > 1 else f" ({ev.spread_words(math.nan, 1)})"
     where = f"on the ε = {float(at['epsilon']):g} tier at step {step}"
     if abs(points) <= LEVEL_POINTS:
         text = f"INO-SGD and IDP-SGD level (within ±{LEVEL_POINTS:g} recall points) {where}{seeds}"

@@ -16,10 +16,12 @@ import pandas as pd
 
 from engine.audit.pa_alooa.report import as_report
 from engine.dp.algorithms import draws
+from engine.figures import evidence as ev
 from engine.figures import frames as fr
 from engine.figures.bands import mean_se
 from engine.figures.common_span import common_span
 from engine.jobs.runs import algorithm_label, run_label, seed_index, series_key
+from engine.models.metrics import mid_markers
 from engine.train.records import PlanRecord
 
 # The stored keys of an INO-SGD evaluation's state (``Importance.state()`` in engine.dp.mechanisms; read as
@@ -58,7 +60,9 @@ FRONTIER_COLUMNS = ["kind", "series", "algorithm", "run_id", "tier", "tier_index
 def frontier_frame(runs: list[dict]) -> pd.DataFrame:
     """Final recall and recall AUC per (series, tier): mean ± s.e. over the series' seeds (``error_bars``
     "seeds"); when no series has replicates, over the runs of one algorithm ("runs"). Plus one row per
-    run (``kind`` "run") behind each mean (``kind`` "mean")."""
+    run (``kind`` "run") behind each mean (``kind`` "mean"). A rerun (:func:`engine.figures.evidence.reruns`) is
+    counted once: its kept run stands for both."""
+    runs = ev.distinct(runs)
     auc = fr.recall_auc_table(runs)
     if auc.empty:
         return pd.DataFrame(columns=FRONTIER_COLUMNS)
@@ -83,19 +87,22 @@ def frontier_frame(runs: list[dict]) -> pd.DataFrame:
 # --- INO − IDP paired by seed -----------------------------------------------------------------------------
 
 PAIRED_COLUMNS = ["series", "series_key", "ino_run_id", "idp_run_id", "seed_index", "tier", "tier_index", "epsilon",
-                  "gain_final", "gain_auc"]
+                  "gain_final", "gain_auc", "diverged"]
 
 
 def paired_gains(runs: list[dict], span=None) -> pd.DataFrame:
     """Per INO-SGD run and tier: final-recall and recall-AUC gain over its IDP-SGD run, paired by seed
     (:func:`engine.figures.frames.pair_runs`), in percentage points, over the runs' common ``span`` (default:
-    :func:`engine.figures.common_span.common_span` of ``runs``); ``series`` is INO's series label."""
+    :func:`engine.figures.common_span.common_span` of ``runs``); ``series`` is INO's series label; ``diverged``:
+    the pair's runs that diverged, in words ('' for none: :func:`engine.figures.evidence.diverged_words`)."""
+    hist = fr.tier_history(runs)
     auc = fr.recall_auc_table(runs, span=span).set_index(["run_id", "tier"])
     labels = fr.series_labels(runs)
     rows = []
     for ino, idp in fr.pair_runs(runs):
         if ino["id"] not in auc.index.get_level_values(0):
             continue
+        diverged = ev.diverged_words([(r, ev.diverged_at(r, hist[hist.run_id == r["id"]])) for r in (ino, idp)])
         for (_, tier), a in auc.loc[[ino["id"]]].iterrows():
             if (idp["id"], tier) not in auc.index:
                 continue
@@ -104,15 +111,18 @@ def paired_gains(runs: list[dict], span=None) -> pd.DataFrame:
                          "idp_run_id": idp["id"], "seed_index": seed_index(ino), "tier": tier,
                          "tier_index": int(a["tier_index"]), "epsilon": float(a["epsilon"]),
                          "gain_final": 100.0 * (a["final_recall"] - b["final_recall"]),
-                         "gain_auc": 100.0 * (a["recall_auc"] - b["recall_auc"])})
+                         "gain_auc": 100.0 * (a["recall_auc"] - b["recall_auc"]), "diverged": diverged})
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
 def gain_summary(runs: list[dict]) -> dict | None:
-    """The most private tier's INO − IDP gain of one INO-SGD series (the first one's, when the selection
-    holds several, e.g. a sweep): recall AUC gain (pp) ± s.e. over its paired seeds, and the peak of the
-    mean gain along training (pp, at which progress / step), all over the runs' common span (``span``: its
-    words when it cuts a run, else None). None without a pair."""
+    """The Results headline: the most private tier's INO − IDP gain of one INO-SGD series (the first one's, when
+    the selection holds several, e.g. a sweep), by the lab's headline rules (:mod:`engine.figures.evidence`): the
+    recall AUC gain (pp) ± s.e. over its paired seeds, the final gain, and the gain averaged over IDP-SGD's MID
+    window on the tier (:func:`mid_window_gain`), each with its spread in words ("1 seed: no spread"), all over
+    the runs' common span (``span``: its words when it cuts a run, else None); reruns counted once (``pairs``).
+    No peak of the noisy gain curve. With a diverged run in a pair, ``not_comparable`` is the sentence that says
+    so and every gain is nan (no winner). None without a pair."""
     tier = most_private_tier(runs)
     span = common_span(runs)
     pg = paired_gains(runs, span)
@@ -122,18 +132,58 @@ def gain_summary(runs: list[dict]) -> dict | None:
     if p.empty:
         return None
     p = p[p.series_key == p.sort_values("ino_run_id")["series_key"].iloc[0]]
-    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": len(p), "span": span.words(),
-           "auc_gain": _mean(p["gain_auc"]),
-           "auc_se": _se(p["gain_auc"]), "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
-           "peak_gain": float("nan"), "peak_step": None, "peak_progress": None}
+    n = len(p)
+    out = {"tier": tier[0], "epsilon": tier[1], "series": p["series"].iloc[0], "pairs": n, "span": span.words(),
+           "auc_gain": _mean(p["gain_auc"]), "auc_se": _se(p["gain_auc"]),
+           "final_gain": _mean(p["gain_final"]), "final_se": _se(p["gain_final"]),
+           "mid_gain": float("nan"), "mid_se": float("nan"), "mid_pairs": 0, "mid_window": None,
+           "not_comparable": None}
     t = fr.recall_gain_over_time(runs)
     t = t[(t.tier == tier[0]) & t.ino_run_id.isin(set(p["ino_run_id"]))]
     if not t.empty:
-        curve = t.groupby("step", sort=True).agg(gain=("gain", "mean"), progress=("progress", "mean"))
-        k = curve["gain"].idxmax()
-        out.update(peak_gain=100.0 * float(curve.at[k, "gain"]), peak_step=int(k),
-                   peak_progress=float(curve.at[k, "progress"]))
+        out.update(mid_window_gain(t))
+    diverged = [w for w in p["diverged"].unique() if w]
+    if diverged:
+        out["not_comparable"] = ev.not_comparable_sentence(diverged, f"on the ε = {tier[1]:g} tier")
+        out.update({k: float("nan") for k in ("auc_gain", "auc_se", "final_gain", "final_se", "mid_gain", "mid_se")})
+    out["auc_spread"] = ev.spread_words(out["auc_se"], n)
+    out["final_spread"] = ev.spread_words(out["final_se"], n)
+    out["mid_spread"] = ev.spread_words(out["mid_se"], out["mid_pairs"])
+    out["auc_words"] = f"INO − IDP area under the {tier[0]} tier's recall curve, {out['auc_spread']}"
+    out["mid_words"] = _mid_words(out)
     return out
+
+
+def _mid_words(summary: dict) -> str:
+    """What the MID-window gain is, in words (the Results headline's help)."""
+    window = summary["mid_window"]
+    if window is None:
+        return f"IDP-SGD had no MID on the {summary['tier']} tier: no window to average the gain over"
+    where = f"steps {window[0]}–{window[1]}" if window[1] is not None else f"from step {window[0]}, still in it"
+    if summary["mid_pairs"] > 1:
+        where = f"each seed's own; the first's: {where}"
+    return (f"INO − IDP recall gain averaged over the evaluations inside IDP-SGD's MID window on the "
+            f"{summary['tier']} tier ({where}), not its largest value, {summary['mid_spread']}")
+
+
+def mid_window_gain(gain: pd.DataFrame) -> dict:
+    """The gain where the lab's phenomenon lives, smoothed over evaluations rather than read at its largest: per
+    pair of a one-tier gain frame (:func:`engine.figures.frames.recall_gain_over_time`), the mean gain over the
+    evaluations inside IDP-SGD's MID window on the tier (the lab's one MID rule on its tier loss, ``idp_loss``:
+    from the first evaluation above its initial value to the first back at or below it, or to the last one);
+    then the mean (pp) ± s.e. over the pairs with a window (``mid_pairs``), and the window of the first pair
+    (``mid_window``: (start, end), end None while IDP-SGD is still in it). Pairs without a MID are left out."""
+    values, window = [], None
+    for _, g in gain.sort_values("step").groupby("ino_run_id", sort=True):
+        m = mid_markers([[v] for v in g["idp_loss"].to_numpy(float)], list(g["step"]))[0]
+        if m["onset_step"] is None:
+            continue
+        value = ev.window_mean(g["step"], g["gain"], m["onset_step"], m["end_step"])
+        if math.isfinite(value):
+            values.append(100.0 * value)
+            window = window or (int(m["onset_step"]), None if m["end_step"] is None else int(m["end_step"]))
+    mean, se, n = mean_se(values)
+    return {"mid_gain": mean, "mid_se": se, "mid_pairs": n, "mid_window": window}
 
 
 # --- INO internals and DP-SGD-S clips over training ---------------------------------------------------------
@@ -297,11 +347,16 @@ def _pm(mean: float, se: float, digits: int = 1, signed: bool = False) -> str | 
     return s + (f" ± {se:.{digits}f}" if math.isfinite(se) else "")
 
 
+NOT_COMPARABLE = "not comparable (diverged)"  # a gain cell of a pair with a diverged run
+
+
 def results_table(runs: list[dict], report=None) -> pd.DataFrame:
     """One row per algorithm (series): runs (seeds), overall accuracy, the most private tier's final recall
     and recall AUC, its gain vs IDP-SGD (pp, ± s.e. over paired seeds) and the audit's Δ (pp) if audited; all
     over the runs' common span (:func:`engine.figures.common_span.common_span`: the figure says so when it cuts
-    a run)."""
+    a run). A rerun (:func:`engine.figures.evidence.reruns`) is counted once, and a series with a diverged run in
+    a pair has no gain: "not comparable (diverged)" (:mod:`engine.figures.evidence`)."""
+    runs = ev.distinct(runs)
     span = common_span(runs)
     final = fr.final_table(runs, span=span)
     tier = most_private_tier(runs)
@@ -325,14 +380,15 @@ def results_table(runs: list[dict], report=None) -> pd.DataFrame:
         area = [auc.at[i, "recall_auc"] for i in ids if i in auc.index]
         gg = gains[gains.ino_run_id.isin(ids)]
         delta = deltas.get(algo)
+        broken = bool((gg["diverged"] != "").any())
         rows.append({"algorithm": series, "runs": len(ids),
                      "accuracy (%)": _pm(100 * _mean(g["accuracy"]), 100 * _se(g["accuracy"])),
                      f"{t} recall (%)": _pm(100 * _mean(rec), 100 * _se(rec)),
                      f"{t} recall AUC (%)": _pm(100 * _mean(area), 100 * _se(area)),
-                     f"{t} gain vs IDP, AUC (pp)": _pm(_mean(gg["gain_auc"]), _se(gg["gain_auc"]), signed=True)
-                     if not gg.empty else None,
-                     f"{t} gain vs IDP, final (pp)": _pm(_mean(gg["gain_final"]), _se(gg["gain_final"]), signed=True)
-                     if not gg.empty else None,
+                     f"{t} gain vs IDP, AUC (pp)": NOT_COMPARABLE if broken else
+                     _pm(_mean(gg["gain_auc"]), _se(gg["gain_auc"]), signed=True) if not gg.empty else None,
+                     f"{t} gain vs IDP, final (pp)": NOT_COMPARABLE if broken else
+                     _pm(_mean(gg["gain_final"]), _se(gg["gain_final"]), signed=True) if not gg.empty else None,
                      "audit Δ (pp)": None if delta is None else f"{delta:.2f}"})
     out = pd.DataFrame(rows)
     if not deltas:

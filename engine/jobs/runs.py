@@ -7,6 +7,7 @@ name is user text: figure builders escape it, see :func:`engine.figures.scaffold
 """
 from __future__ import annotations
 
+import hashlib
 import json
 
 from engine.config.run import ALGORITHM_LABELS
@@ -59,6 +60,16 @@ def series_key(run: dict) -> str:
     cfg = {k: v for k, v in (run.get("config") or {}).items() if k not in ("seed", "seed_index")}
     return json.dumps([run.get("group_id"), run.get("kind", "train"), run.get("algorithm"), run.get("name") or "",
                        cfg], sort_keys=True, default=str)
+
+
+def config_hash(run: dict) -> str:
+    """What identical runs share, as a short hex digest: kind, algorithm and the whole stored config, the seed (and
+    a k-seed job's seed index) included: two runs with the same hash train the same model on the same batches and
+    noise (a rerun: bit-identical curves; engine.figures.evidence counts them once). The name and group are
+    labels, not training, and are left out."""
+    text = json.dumps([run.get("kind") or "train", run.get("algorithm"), run.get("config") or {}], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def series_label(run: dict, member_ids=None) -> str:

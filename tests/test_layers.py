@@ -217,7 +217,9 @@ CLIENTS = ("experiments", "bench", "app_pages")
 
 def top_names(module: str) -> set[str]:
     """The names an engine module binds at its top (definitions, assignments, imports; inside a top-level
-    ``if`` / ``try`` too) and its sub-modules: what ``from module import name`` can find."""
+    ``if`` / ``try`` too), the names its ``__all__`` declares (a package that loads them on first use, PEP 562:
+    ``test_every_declared_name_of_a_package_loads`` checks they resolve) and its sub-modules: what ``from module
+    import name`` can find."""
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
     names = {m.rpartition(".")[2] for m in MODULES if m.rpartition(".")[0] == module}
     todo = list(tree.body)
@@ -228,6 +230,8 @@ def top_names(module: str) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in getattr(node, "targets", [])):
+                names.update(ast.literal_eval(node.value))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
@@ -265,6 +269,22 @@ def wrong_client_imports(label: str, imports) -> list[str]:
         elif name is not None and name.startswith("_"):
             wrong.append(f"{where} imports {module}.{name}: a module's private name")
     return wrong
+
+
+def test_every_declared_name_of_a_package_loads():
+    """What a package's ``__all__`` declares is there, loaded at once or on first use (engine.data loads its
+    torch-backed names lazily so that the store and the command line's light commands start without torch)."""
+    import importlib
+
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        declared = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+        package = importlib.import_module(module)
+        for name in (declared[0] if declared else []):
+            assert getattr(package, name, None) is not None, f"{module}.__all__ names {name}, which does not load"
 
 
 def test_the_engines_clients_import_what_the_engine_has():

@@ -14,10 +14,15 @@ exact preprocessing of each dataset.
 Layer 1 of data → config → store → models → dp → train → audit → jobs → figures → tools → cli: the bottom; may import nothing else of the engine.
 """
 
-from .base import Dataset, DatasetInfo, LoadReport
+import importlib
+
 from .errors import DataError
 from .files import data_dir
-from .registry import DATASETS, clear_cache, dataset_names, load_dataset
+
+# The names below load their module (and torch with it) on first use (PEP 562), so what needs only DataError or
+# data_dir — the store's lifecycle, the command line's --help, list and app — starts without importing torch.
+_LAZY = {"Dataset": "base", "DatasetInfo": "base", "LoadReport": "base", "DATASETS": "registry",
+         "clear_cache": "registry", "dataset_names": "registry", "load_dataset": "registry"}
 
 __all__ = [
     "DataError",
@@ -30,3 +35,11 @@ __all__ = [
     "dataset_names",
     "clear_cache",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # once: later lookups are plain module attributes
+    return value

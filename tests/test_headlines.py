@@ -8,7 +8,6 @@ live sentence (engine/figures/headline.py), the Results headline and the talk ta
 """
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -118,6 +117,17 @@ def test_the_one_seed_gain_table_names_no_best_evaluation():
     runs = [make_run(1, "idp_sample"), spiky(make_run(2, "ino", gain=0.01), 40, 0.466)]
     words = gain_spread_words(recall_gain_spread(frames.recall_gain_over_time(runs)))
     assert words and all("best" not in w and "1 seed: no spread" in w for w in words), words
+    assert words[0].startswith("ε=1 (INO #2 − IDP-SGD (SAMPLE) #1): gain +")  # averaged over its evaluations
+
+
+def test_the_gain_charts_note_gives_no_winner_to_a_diverged_pair():
+    from engine.figures import training
+
+    runs = [diverging(make_run(1, "idp_sample"), 10, status="diverged"), make_run(2, "ino", gain=0.3)]
+    (spec,) = training.build_figures(runs, names=["recall_gain_time"])
+    note = next(a.text for a in spec.figure.layout.annotations if a.name == "gain_spread")
+    assert "no winner: IDP-SGD (SAMPLE) #1 diverged at step 10; a pair with a diverged run is not comparable" in note
+    assert "beyond the seed spread" not in note and "gain +" not in note
 
 
 # --- 6. reruns count once -----------------------------------------------------------------------------------------
@@ -136,9 +146,8 @@ def test_identical_runs_are_reruns_of_one_another():
     assert evidence.reruns(a + b) == {13: 11, 14: 12}
     other = comparison(13, "b", seed=1)  # another seed: new evidence
     assert evidence.reruns(a + other) == {}
-    cut = copy.deepcopy(b)  # the rerun reached further: it is the one kept
-    a[0]["evals"] = a[0]["evals"][:5]
-    assert evidence.reruns(a + cut)[11] == 13
+    a[0]["evals"], a[0]["status"] = a[0]["evals"][:5], "cancelled"  # the first stopped short: its rerun is kept
+    assert evidence.reruns(a + b) == {11: 13, 14: 12}
 
 
 def test_a_rerun_pair_is_counted_once_and_drawn_marked():

@@ -467,7 +467,8 @@ def test_gain_is_paired_by_seed_index_and_judged_against_the_seed_spread():
     assert row["se"] == pytest.approx(np.std(gains, ddof=1) / 2) and row["beyond_spread"] and row["p"] < 0.01
     assert not spread[spread.tier == "ε=3"]["beyond_spread"].any()  # gain exactly 0 there
     words = bands.gain_spread_words(spread)
-    assert words[0].startswith("ε=1 (INO-SGD #21–24 − IDP-SGD (SAMPLE) #11–14): best mean gain +10.5 ± 0.6 points")
+    assert words[0].startswith("ε=1 (INO-SGD #21–24 − IDP-SGD (SAMPLE) #11–14): gain +10.5 points averaged over "
+                               "training, ± 0.6 points (s.e. over 4 paired seeds)")
     assert "beyond the seed spread (mean − 2·SE > 0) at 11 of 11 evaluations" in words[0]
     assert "not beyond the seed spread" in words[-1]
     fig = training.fig_recall_gain_over_time(gain)

@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from engine.figures.evidence import spread_words
 from engine.models.metrics import DIVERGENCE_FACTOR, diverged_step
 
 X_AXES = ("step", "epoch", "elapsed", "epsilon")
@@ -77,13 +78,15 @@ def mean_se(values) -> tuple[float, float, int]:
 
 
 GAIN_SPREAD_COLUMNS = ["series", "tier", "tier_index", "epsilon", "step", "progress", "mean_gain", "se", "n", "p",
-                       "beyond_spread"]
+                       "beyond_spread", "avg_gain", "avg_se", "diverged"]
 
 
 def recall_gain_spread(gain: pd.DataFrame) -> pd.DataFrame:
     """Is the gain beyond the seed spread? Per pair series, tier and evaluation (from
     :func:`engine.figures.frames.recall_gain_over_time`): the mean paired gain over seeds, its standard error,
-    n, the paired t-test's two-sided p, and ``beyond_spread`` = n ≥ 2 and mean − 2·SE > 0."""
+    n, the paired t-test's two-sided p, and ``beyond_spread`` = n ≥ 2 and mean − 2·SE > 0. Per pair series and
+    tier (on each of its rows): ``avg_gain`` ± ``avg_se``, each pair's gain averaged over its evaluations, then the
+    mean ± s.e. over the pairs (nan s.e. for one), and ``diverged``, the words of its pairs' diverged runs ('')."""
     if gain.empty:
         return pd.DataFrame(columns=GAIN_SPREAD_COLUMNS)
     from scipy.stats import ttest_1samp
@@ -99,30 +102,45 @@ def recall_gain_spread(gain: pd.DataFrame) -> pd.DataFrame:
         p[key] = float(ttest_1samp(x, 0.0).pvalue) if len(x) >= 2 and np.ptp(x) > 0 else float("nan")
     out["p"] = [p.get(k, float("nan")) for k in out[keys].itertuples(index=False, name=None)]
     out["beyond_spread"] = (out["n"] >= 2) & (out["mean_gain"] - 2 * out["se"] > 0)
+    pair = "ino_run_id" if "ino_run_id" in gain else "seed_index"
+    per_series = {}
+    for key, g in gain.groupby(["series", "tier"], sort=False, dropna=False):
+        avg, se, _ = mean_se(g.groupby(pair, sort=False)["gain"].mean())
+        words = g["diverged"].dropna().unique() if "diverged" in g else ()
+        per_series[key] = (avg, se, ", ".join(dict.fromkeys(w for w in words if w)))
+    stats = [per_series.get(k, (math.nan, math.nan, "")) for k in out[["series", "tier"]].itertuples(index=False,
+                                                                                                       name=None)]
+    out["avg_gain"], out["avg_se"], out["diverged"] = [list(c) for c in zip(*stats)] if stats else ([], [], [])
     return out[GAIN_SPREAD_COLUMNS]
 
 
 def gain_spread_words(spread: pd.DataFrame) -> list[str]:
-    """The gain summary in words (raw text), one line per pair series and tier, the most private tier first. One
-    seed: its gain averaged over the evaluations, never its largest (between evaluations one seed's gain swings by
-    tens of points: the lab's headline rules, :mod:`engine.figures.evidence`), and that it has no spread."""
+    """The gain summary in words (raw text), one line per pair series and tier, the most private tier first, by the
+    lab's headline rules (:mod:`engine.figures.evidence`): a series with a diverged run has no winner; otherwise
+    the gain averaged over training (each pair's over its evaluations, ± s.e. over the pairs; "1 seed: no
+    spread"), never the largest value along the curve (between evaluations one seed's gain swings by tens of
+    points), and at how many evaluations the mean is beyond the seed spread."""
     lines = []
     if spread.empty:
         return lines
     for (series, tier), g in spread.sort_values(["tier_index", "step"]).groupby(["series", "tier"], sort=False):
         n = int(g["n"].max())
-        best = g.loc[g["mean_gain"].idxmax()]
+        head = f"{tier} ({series})"
+        diverged = str(g["diverged"].iloc[0] or "") if "diverged" in g else ""
+        if diverged:
+            lines.append(f"{head}: no winner: {diverged}; a pair with a diverged run is not comparable.")
+            continue
+        avg = f"gain {100 * float(g['avg_gain'].iloc[0]):+.1f}"
         if n < 2:
-            mean = float(np.nanmean(g["mean_gain"].to_numpy(float))) if g["mean_gain"].notna().any() else math.nan
-            lines.append(f"{tier} ({series}): gain {100 * mean:+.1f} points averaged over its {len(g)} evaluations; "
-                         "1 seed: no spread, so no one evaluation's gain can be told from noise (repeat over k "
-                         "seeds).")
+            lines.append(f"{head}: {avg} points averaged over its {len(g)} evaluations; "
+                         f"{spread_words(math.nan, 1)}, so no one evaluation's gain can be told from noise (repeat "
+                         "over k seeds).")
             continue
         k = int(g["beyond_spread"].sum())
         verdict = (f"beyond the seed spread (mean − 2·SE > 0) at {k} of {len(g)} evaluations" if k
                    else "not beyond the seed spread (mean − 2·SE ≤ 0) at any evaluation")
-        lines.append(f"{tier} ({series}): best mean gain {100 * best['mean_gain']:+.1f} ± {100 * best['se']:.1f} "
-                     f"points (± SE, {n} paired seeds) at step {int(best['step'])}; {verdict}.")
+        lines.append(f"{head}: {avg} points averaged over training, "
+                     f"{spread_words(100 * float(g['avg_se'].iloc[0]), n, unit='points')}; {verdict}.")
     return lines
 
 

@@ -9,7 +9,7 @@ the talk table) say them; pages only display what these say.
   winner: its words name the run and say the pair is not comparable (:func:`not_comparable_sentence`).
 * **A rerun is not new evidence.** Runs with the same :func:`engine.jobs.runs.config_hash` (kind, algorithm and
   stored config, the seed included) train the same model on the same batches and noise: bit-identical curves. The
-  lowest id of those that reached furthest is kept, the others are its reruns (:func:`reruns`): figures may draw
+  lowest id (of those that did not stop short) is kept, the others are its reruns (:func:`reruns`): figures may draw
   them, marked "rerun of #12" (:func:`rerun_mark`), and every count, mean ± s.e. over seeds and gain pair counts
   the kept run once (:func:`distinct`).
 * **No peak of a noisy curve.** A gain is a recall AUC gain or a gain averaged over evaluations, with its
@@ -64,17 +64,14 @@ def not_comparable_sentence(words: list[str], where: str) -> str:
 
 # --- reruns ---------------------------------------------------------------------------------------------------
 
-def _reached(run: dict) -> int:
-    evals = run.get("evals") or []
-    if not evals:
-        return -1
-    e = evals[-1]
-    return int(e.step if hasattr(e, "step") else e.get("step", 0))
+# a run that stopped short gives way to an identical run that did not (the kept run is the whole evidence)
+_STOPPED_SHORT = ("cancelled", "failed", "interrupted")
 
 
 def reruns(runs: list[dict]) -> dict[int, int]:
     """Run id → the id of the run it is a rerun of (same :func:`engine.jobs.runs.config_hash`): of each set of
-    identical runs the one that reached furthest (the lowest id among those) is kept and absent here."""
+    identical runs the lowest id is kept (and absent here), one that did not stop short (cancelled, failed,
+    interrupted) preferred; stable while they train, so a live legend does not swap its marks."""
     same: dict[str, list[dict]] = {}
     for run in runs:
         same.setdefault(config_hash(run), []).append(run)
@@ -82,7 +79,7 @@ def reruns(runs: list[dict]) -> dict[int, int]:
     for group in same.values():
         if len(group) < 2:
             continue
-        kept = min(group, key=lambda r: (-_reached(r), r["id"]))
+        kept = min(group, key=lambda r: (r.get("status") in _STOPPED_SHORT, r["id"]))
         out.update({r["id"]: kept["id"] for r in group if r["id"] != kept["id"]})
     return out
 

@@ -213,3 +213,17 @@ def test_the_results_headline_gives_no_winner_to_a_diverged_pair(tmp_path, monke
     assert gain.value == "—"
     said = [w.value.replace("\\", "") for w in at.warning if "No winner" in w.value]
     assert len(said) == 1 and "IDP-SGD (SAMPLE) #1 diverged at step 10" in said[0], [w.value for w in at.warning]
+
+
+def test_a_rerun_stopped_short_does_not_cut_the_comparison():
+    from engine.figures.common_span import common_span
+
+    runs = comparison(11, "a") + comparison(13, "b")
+    for r in runs[2:]:  # the rerun cancelled halfway: the same curves as far as it got
+        r["evals"], r["status"] = r["evals"][:6], "cancelled"
+    assert evidence.reruns(runs) == {13: 11, 14: 12}
+    span = common_span(runs)
+    assert span.words() is None and span.runs == 2
+    assert tf.gain_summary(runs)["span"] is None
+    whole = tf.gain_summary(comparison(11, "a"))
+    assert tf.gain_summary(runs)["auc_gain"] == pytest.approx(whole["auc_gain"])

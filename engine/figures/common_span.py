@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from engine.figures import evidence as ev
 from engine.jobs.runs import run_label
 
 # how a run that stopped short is named in the span's words (any other status: its own name)
@@ -100,9 +101,11 @@ class Span:
 
 def common_span(runs: list[dict]) -> Span:
     """The span every number comparing ``runs`` (run records with their evaluations) is computed over: see the
-    module's rule. Runs without evaluations take no part."""
+    module's rule. Runs without evaluations take no part, and neither do reruns (:func:`engine.figures.evidence.
+    reruns`: counted once, a rerun stopped short does not cut the comparison): each is read as far as its kept run."""
+    rerun_of = ev.reruns(runs)
     reached = {}
-    for run in runs:
+    for run in ev.distinct(runs, rerun_of):
         last = _last_step(run)
         if last is None:
             continue
@@ -118,6 +121,9 @@ def common_span(runs: list[dict]) -> Span:
         limits[run_id] = limit
         if limit < last:
             cut.append(run_id)
+    for rerun, kept in rerun_of.items():
+        if kept in limits:
+            limits[rerun] = limits[kept]
     short = tuple((run_label(v[0]), v[0].get("status", ""), v[3]) for v in reached.values()
                   if v[3] <= share and v[3] < 1.0) if cut else ()
     return Span(share=share, limits=limits, cut=tuple(cut), short=short, runs=len(reached),

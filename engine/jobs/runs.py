@@ -63,12 +63,12 @@ def series_key(run: dict) -> str:
 
 
 def config_hash(run: dict) -> str:
-    """What identical runs share, as a short hex digest: kind, algorithm and the whole stored config, the seed (and
-    a k-seed job's seed index) included: two runs with the same hash train the same model on the same batches and
-    noise (a rerun: bit-identical curves; engine.figures.evidence counts them once). The name and group are
-    labels, not training, and are left out."""
-    text = json.dumps([run.get("kind") or "train", run.get("algorithm"), run.get("config") or {}], sort_keys=True,
-                      default=str)
+    """What identical runs share, as a short hex digest: kind, algorithm, the whole stored config, the seed (and
+    a k-seed job's seed index) included, and the planned steps it made of them: two runs with the same hash train
+    the same model on the same batches and noise (a rerun: bit-identical curves; engine.figures.evidence counts
+    them once). The name and group are labels, not training, and are left out."""
+    text = json.dumps([run.get("kind") or "train", run.get("algorithm"), run.get("config") or {},
+                       run.get("total_steps")], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -150,7 +150,7 @@ with st.container(key="headline"):
                   help=md(gain["not_comparable"] or gain["mid_words"]) + over)
     else:
         m1.metric("INO gain", "—", help="select an INO-SGD run and the IDP-SGD run it builds on")
-    spans = frames.mid_spans(runs)
+    spans = frames.mid_spans(evidence.distinct(runs, rerun_of))  # a rerun is counted once
     if tier is not None and not spans.empty:
         s_t = spans[spans.tier == tier[0]]
         mids = [f"{r['run']}: " + ("none" if r["state"] == "none" else f"steps {r['onset_step']}–"

@@ -202,6 +202,8 @@ def test_the_results_headline_shows_no_peak_and_counts_a_rerun_once(tmp_path, mo
     assert not [x for x in labels if "Peak" in x or "peak" in x], labels
     mid = next(m for m in at.metric if m.label.startswith("INO gain in IDP-SGD's MID"))
     assert "1 seed: no spread" in mid.help.replace("\\", "")
+    mid_count = next(m for m in at.metric if m.label.startswith("MID of tier"))
+    assert mid_count.value == "2/2 runs"  # the reruns' MIDs are the same MIDs, counted once
     notes = [c.value.replace("\\", "") for c in at.caption if "rerun of" in c.value]
     assert len(notes) == 1 and "INO-SGD #4 is a rerun of #2" in notes[0], notes
 

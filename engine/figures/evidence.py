@@ -31,10 +31,14 @@ from engine.models.metrics import diverged_step
 # --- divergence -----------------------------------------------------------------------------------------------
 
 
+UNKNOWN_STEP = -1  # diverged, at a step nobody recorded (a store row older than its summary's step)
+
+
 def diverged_at(run: dict, history: pd.DataFrame | None = None) -> int | None:
     """The step from which ``run`` has diverged, or None: its stored step when it ended *diverged*, else the
     lab's one rule on ``history`` (its rows of :func:`engine.figures.frames.tier_history`: ``step``, ``tier``,
-    ``raw_loss``), the first step any tier's loss diverged from."""
+    ``raw_loss``), the first step any tier's loss diverged from; :data:`UNKNOWN_STEP` for a run that ended
+    diverged with its step neither recorded nor in ``history``."""
     stored = (run.get("summary") or {}).get("diverged_step") if run.get("status") == "diverged" else None
     if stored is not None:
         return int(stored)
@@ -46,13 +50,14 @@ def diverged_at(run: dict, history: pd.DataFrame | None = None) -> int | None:
                 steps.append(int(s))
     if steps:
         return min(steps)
-    return 0 if run.get("status") == "diverged" else None  # ended diverged without its step recorded
+    return UNKNOWN_STEP if run.get("status") == "diverged" else None
 
 
 def diverged_words(runs_steps: list[tuple[dict, int | None]]) -> str:
     """'' when none of the runs diverged; else "INO-SGD #2 diverged at step 13, IDP-SGD (SAMPLE) #1 diverged at
     step 13" (``runs_steps``: (run, :func:`diverged_at`) in the order to name them)."""
-    return ", ".join(f"{run_label(r)} diverged at step {s}" for r, s in runs_steps if s is not None)
+    return ", ".join(f"{run_label(r)} diverged" + (f" at step {s}" if s != UNKNOWN_STEP else "")
+                     for r, s in runs_steps if s is not None)
 
 
 def not_comparable_sentence(words: list[str], where: str) -> str:

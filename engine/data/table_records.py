@@ -189,9 +189,8 @@ class TablePreview:
 
     def lines(self) -> list[str]:
         """The preview in words (the CLI's dry run prints these; the page shows the same numbers)."""
-        mib = self.size_bytes / (1 << 20)
         out = [f"{self.file}: {self.rows:,} rows ({self.rows_train:,} train, {self.rows_test:,} test; {self.split}), "
-               f"{mib:.1f} MiB, sha256 {self.sha256}",
+               f"{self.size_bytes:,} bytes, sha256 {self.sha256}",
                f"encoded features: {self.encoded_features} ({len(self.numeric)} numeric standardised with the "
                f"training split's mean and std, {len(self.categorical)} categorical one-hot, at most "
                f"{self.max_categories} categories each)",

@@ -42,10 +42,6 @@ def state_words(run: dict) -> str:
         return "cancelled by you" if stopped_by_user(error) else "cancelled"
     if status == "interrupted":
         return "interrupted (worker stopped)"
-    if status == "failed":
-        return "failed (see the message)"
-    if status == "diverged":
-        return "diverged (see the note)"
     return status
 
 
@@ -127,8 +123,23 @@ def kind_status_row(run: dict, mgr, queue: dict[int, int] | None = None) -> None
     status_row(run, view.progress(run, queue, smooth_eta()), mgr, key_prefix=view.key_prefix, resume=view.resume)
 
 
-def status_badge(status: str, words: str | None = None) -> None:
-    st.badge(words or status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
+def status_badge(status: str) -> None:
+    """The state in one word (its column is narrow: "diverged (see the note)" was cut to "diverged (see th…" at
+    1400 px); what more there is to say — :func:`state_words`, the error, the diverged note — is the caption beside
+    it (:func:`status_detail`)."""
+    st.badge(status, icon=STATUS_ICONS.get(status), color=STATUS_COLORS.get(status, "gray"))
+
+
+def status_detail(run: dict) -> str | None:
+    """The line beside a run's badge: why it stopped (the state in words and the error), the diverged note, or
+    None."""
+    if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
+        return f"{state_words(run)}: {run['error']}"
+    if run["status"] in ("cancelled", "interrupted"):
+        return state_words(run)
+    if diverged_note(run):
+        return f"⚠ {diverged_note(run)}"
+    return None
 
 
 def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
@@ -142,7 +153,7 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
     done = run["status"] in ENDED  # (the row's step may lag its last batch of step metrics)
     c1.progress(1.0 if done else min(1.0, step / total) if total else 0.0, text=md(text))
     with c2:
-        status_badge(run["status"], state_words(run))
+        status_badge(run["status"])
     if is_active(run):
         if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
             mgr.cancel(run["id"])
@@ -152,7 +163,6 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
                      help="Continue from the last completed chunk of models"):
             mgr.resume(run["id"])
             st.rerun()
-    if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
-        c1.caption(md(f"{state_words(run)}: {run['error']}"))
-    elif diverged_note(run):
-        c1.caption(md(f"⚠ {diverged_note(run)}"))
+    detail = status_detail(run)
+    if detail:
+        c1.caption(md(detail))

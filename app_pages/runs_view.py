@@ -67,11 +67,27 @@ df = pd.DataFrame([{
     "id": r["id"], "status": r["status"],
     "algorithm": algorithms_label(r), "dataset": dataset_name(r),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": format_seconds(_duration(r)),
-    "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-    "comparison": r["group_id"] or "", "DP": dp_note(r) or "formal DP", "error": r["error"] or "",
+    "created": time.strftime("%m-%d %H:%M:%S", time.localtime(r["created_at"])),
+    "comparison": r["group_id"] or "", "note": "; ".join(filter(None, (r["error"], dp_note(r)))),
 } for r in runs])
+# Every column's width set: with widths from their content the table outgrew the page (1211 px in a box of 938 at
+# 1400 × 900, its last column cut at the right edge). 915 px with the selection column: a longer text shows its
+# start in the cell and whole in the run's details below.
+RUNS_COLUMNS = {
+    "id": st.column_config.NumberColumn("id", width=50, format="%d"),
+    "status": st.column_config.TextColumn("status", width=90),
+    "algorithm": st.column_config.TextColumn("algorithm", width=130),
+    "dataset": st.column_config.TextColumn("dataset", width=75),
+    "kind": st.column_config.TextColumn("kind", width=65),
+    "progress": st.column_config.TextColumn("progress", width=75, help="steps done / planned"),
+    "duration": st.column_config.TextColumn("duration", width=70),
+    "created": st.column_config.TextColumn("created", width=100, help="month-day time"),
+    "comparison": st.column_config.TextColumn("comparison", width=85),
+    "note": st.column_config.TextColumn("note", width=140, help="why it stopped (its error) and its DP warning; "
+                                                                "empty: formal DP and no error"),
+}
 event = st.dataframe(df, hide_index=True, width="stretch", key="runs-table", on_select="rerun",
-                     selection_mode="multi-row")
+                     selection_mode="multi-row", column_config=RUNS_COLUMNS)
 watch(tuple((r["id"], r["status"], r["step"]) for r in runs))
 rows = list(event.selection.rows) if event is not None else []
 selected = [runs[i] for i in rows if i < len(runs)]

@@ -15,10 +15,11 @@ import os
 
 import pytest
 
+from engine.config.run import RunConfig
 from engine.figures import frames, scaffold, training
 from engine.figures.audit import MAX_GROUPED_ALGORITHMS, fig_epsilon_bounds, fig_gpr_bars
 from engine.figures.one_run import claimed_vs_empirical
-from tests.test_browser import CHROMIUM, UI_MS
+from tests.test_browser import CHROMIUM, UI, UI_MS, server, wait_until  # noqa: F401 (server: a fixture)
 from tests.test_layout_fit import three_runs
 from tests.test_one_run_figures import make_report
 from tests.test_plots import make_run
@@ -148,3 +149,64 @@ def test_the_one_run_note_is_whole_inside_the_figure(browser, tmp_path, width):
     # the broken bar's own annotation points at the bar: inside its plot area by design
     found = [p for p in found if not (p.startswith("note 'exceeds claim") and p.endswith("over a plot area"))]
     assert not found, found
+
+
+# --- the pages at 1400 × 900 (issue 58 point 7): the status badges and the Runs table --------------------------
+
+LAPTOP = {"width": 1400, "height": 900}
+BADGES = "cmp-layout-badges"
+# a text cut by its box: an element (or its text) wider than it shows, whose overflow is hidden (an ellipsis)
+CUT = """root => [...root.querySelectorAll('*')].filter(e => {
+    const s = getComputedStyle(e);
+    return e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0 && (s.overflowX === 'hidden' || s.overflowX === 'clip'
+        || s.textOverflow === 'ellipsis');
+  }).map(e => (e.textContent || '').trim().slice(0, 60))"""
+
+# each status badge's words (its icon, a ligature, left out)
+BADGE_WORDS = """root => [...root.querySelectorAll('.stMarkdownBadge')].map(b => [...b.childNodes]
+    .filter(n => !(n.nodeType === 1 && n.getAttribute('role') === 'img')).map(n => n.textContent).join('').trim())"""
+
+
+@pytest.fixture(scope="module")
+def ended_runs(server):  # noqa: F811 - a fixture
+    """One comparison of four runs that ended each way a badge says (none trains: rows of the shared store)."""
+    _, store, _ = server
+    config = RunConfig().replace(**{"data.name": "digits", "model.name": "lr"})
+    ids = {s: store.create_run(config, group_id=BADGES, name=f"ended {s}") for s in
+           ("diverged", "failed", "cancelled", "interrupted")}
+    store.finish_runs({ids["diverged"]: {"diverged_step": 13}}, {ids["diverged"]: "diverged"})
+    store.set_status(ids["failed"], "failed", "ValueError: the learning rate schedule ended before the first step")
+    store.set_status(ids["cancelled"], "cancelled", "cancelled by the user at step 40")
+    store.set_status(ids["interrupted"], "interrupted", "worker process 7 ended")
+    return ids
+
+
+def test_the_status_badges_are_whole(server, browser, ended_runs):  # noqa: F811
+    """The badge of a diverged run read "diverged (see th…": each badge is the state in a word, whole, its detail in
+    the caption beside it."""
+    url, _, _ = server
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(url + f"train?dataset=digits&group={BADGES}")
+    rows = page.locator(".st-key-live-status")
+    wait_until(lambda: all(f"ended {s} #{i}" in (rows.text_content() if rows.count() else "")
+                           for s, i in ended_runs.items()), UI, "the four runs' status rows")
+    badges = rows.evaluate(BADGE_WORDS)
+    cut = rows.evaluate(CUT)
+    text = rows.text_content()
+    page.close()
+    assert sorted(badges) == sorted(ended_runs), badges
+    assert not cut, cut
+    assert "diverged at step 13" in text and "cancelled by you" in text and "worker stopped" in text
+
+
+def test_the_runs_table_shows_its_last_column(server, browser, ended_runs):  # noqa: F811
+    """The Runs table's last column was cut at the right edge: at 1400 × 900 every column fits the table's width
+    (no horizontal scrolling)."""
+    url, _, _ = server
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(url + "runs")
+    table = page.locator(".st-key-runs-table")
+    wait_until(lambda: table.locator(".dvn-scroller").count() == 1, UI, "the Runs table")
+    sizes = table.locator(".dvn-scroller").evaluate("e => [e.scrollWidth, e.clientWidth]")
+    page.close()
+    assert sizes[0] <= sizes[1] + 1, f"the table is {sizes[0]} px wide in a box of {sizes[1]} px"

@@ -134,6 +134,20 @@ def test_junk_in_a_numeric_column_names_the_column_the_count_and_the_first_value
     assert "age=3O" in t.dataset.feature_names or "3O" in {c for cc in t.preview.categorical for c in cc.categories}
 
 
+def test_junk_in_a_later_block_of_a_numeric_column_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(table_file, "BLOCK_BYTES", 1024)  # the file is read in many blocks
+    msg = refused(tmp_path, rows_csv(n=400, extra=["3O,red,f,yes,1"]))
+    assert "column 'age' is numeric in its first rows but holds '3O' further down" in msg
+
+
+def test_a_column_whose_type_changes_after_the_first_block_is_still_numeric(tmp_path, monkeypatch):
+    monkeypatch.setattr(table_file, "BLOCK_BYTES", 1024)
+    lines = ["n,late,y,sex,eps"] + [f"{i},,{i % 2},f,1" for i in range(300)] + [
+        f"{i + 0.5},{i},{i % 2},f,1" for i in range(300)]  # n: integers then decimals; late: empty then numbers
+    t = load(tmp_path, "\n".join(lines) + "\n")
+    assert [n.column for n in t.preview.numeric] == ["n", "late"] and t.preview.numeric[1].missing == 300
+
+
 def test_duplicate_column_names_are_refused(tmp_path):
     assert "duplicate column name 'age' (columns 1 and 3)" in refused(tmp_path, "age,y,age,sex,eps\n1,a,2,f,1\n")
 

@@ -147,7 +147,7 @@ class FeatureEncoder:
 
     def __init__(self, table, features: list[str], categorical: set[str], tr: np.ndarray, te: np.ndarray):
         self.table, self.tr, self.te = table, tr, te
-        self.numeric_cols: list[tuple[str, np.ndarray]] = []
+        self.numeric_cols: list[tuple[str, np.ndarray | None]] = []  # values per row when read from text
         self.categorical_cols: list[tuple[str, np.ndarray, list[str]]] = []
         for name in features:  # classify and check every column before any memory is allocated
             col = table.column(name)
@@ -157,6 +157,11 @@ class FeatureEncoder:
             codes, values = text_codes(col)
             if name not in categorical:
                 _junk_check(name, codes, values)
+                number = [is_number_text(v) for v in values if v != MISSING]
+                if number and all(number):  # text that is all numbers (a column empty where its type was read)
+                    as_float = np.array([float(v) if v != MISSING else np.nan for v in values])
+                    self.numeric_cols.append((name, as_float[codes]))
+                    continue
             if len(values) > MAX_CATEGORIES:
                 raise DataError(f"categorical column {name!r} has {len(values):,} distinct values, more than the "
                                 f"{MAX_CATEGORIES} a feature may have; leave it out of data.features or bin it into "
@@ -188,8 +193,8 @@ class FeatureEncoder:
             cats.append(CategoricalCode(name, tuple(cat_names), int((column_of[codes[te]] < 0).sum())))
             offset += len(cat_names)
         nums = []
-        for name, _ in self.numeric_cols:
-            v = numeric_values(self.table.column(name), name)
+        for name, v in self.numeric_cols:
+            v = numeric_values(self.table.column(name), name) if v is None else v
             inf = np.isinf(v)
             if inf.any():
                 raise DataError(f"column {name!r} has {int(inf.sum()):,} infinite value(s) (first in data row "

@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from .files import ASSETS_DIR, data_dir
 
 MAX_TABLE_BYTES = 1 << 30  # largest table file (stored, and a .csv.gz decompressed): 1 GiB
 SNIFF_BYTES = 64 << 10
+BLOCK_BYTES = 4 << 20  # CSV text parsed at a time
 DELIMITERS = ",;\t|"
 NULL_VALUES = ("", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
 FORMATS = ("csv", "csv.gz", "parquet")
@@ -174,7 +176,6 @@ def read_table(path: Path, *, string_columns: tuple[str, ...] = ()):
 
 def _read_csv(path: Path, fmt: str, string_columns: tuple[str, ...]):
     import pyarrow as pa
-    from pyarrow import csv as pacsv
 
     with _open_text(path, fmt) as f:
         head = f.read(SNIFF_BYTES)
@@ -187,21 +188,51 @@ def _read_csv(path: Path, fmt: str, string_columns: tuple[str, ...]):
     header = next(csv.reader(io.StringIO(sample.splitlines()[0]), delimiter=delimiter))
     names = [h.strip() for h in header]
     _check_names(names, path.name)
+    first = _stream_csv(path, fmt, names, delimiter, {c: "string" for c in string_columns if c in names}, 1)
+    types = {}
+    for f in first:  # the first block's inferred types, frozen for the rest of the file: an integer column
+        t = f.type  # may hold a decimal further down, a column empty in the first block may hold text
+        types[f.name] = ("double" if pa.types.is_integer(t) else
+                         "string" if not (pa.types.is_floating(t) or pa.types.is_string(t)) else str(t))
+    table = _stream_csv(path, fmt, names, delimiter, types, None)
+    return table, delimiter
+
+
+_CONVERSION = re.compile(r"In CSV column #(\d+): CSV conversion error to \w+: invalid value '(.*)'")
+
+
+def _stream_csv(path: Path, fmt: str, names: list[str], delimiter: str, types: dict, max_batches: int | None):
+    """Read the CSV block by block (a block's text is freed once parsed: the peak stays near the parsed table)
+    with the given column types; ``max_batches`` 1: only the first block's schema (what Arrow infers)."""
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    batches, rows = [], 0
     try:
         # a plain file: Arrow reads it itself; a .csv.gz: through the capped stream
         with _open_text(path, fmt) if fmt == "csv.gz" else contextlib.nullcontext(str(path)) as f:
-            table = pacsv.read_csv(
+            with pacsv.open_csv(
                 f,
-                read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=8 << 20),
+                read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=BLOCK_BYTES),
                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=False),
                 convert_options=pacsv.ConvertOptions(
                     null_values=list(NULL_VALUES), strings_can_be_null=True, quoted_strings_can_be_null=True,
-                    column_types={c: pa.string() for c in string_columns if c in names}),
-            )
-    except pa.ArrowInvalid as e:  # a row with the wrong number of cells, a bad quote, bad UTF-8 …
+                    column_types={c: pa.type_for_alias(t) for c, t in types.items()}),
+            ) as reader:
+                if max_batches == 1:
+                    return reader.schema
+                for batch in reader:
+                    batches.append(batch)
+                    rows += batch.num_rows
+                return pa.Table.from_batches(batches, schema=reader.schema)
+    except pa.ArrowInvalid as e:  # a row with the wrong number of cells, a bad quote, bad UTF-8, junk …
+        m = _CONVERSION.search(str(e))
+        if m and int(m.group(1)) < len(names):
+            raise DataError(f"column {names[int(m.group(1))]!r} is numeric in its first rows but holds "
+                            f"{m.group(2)!r} further down (at or after data row {rows + 1:,}); fix it, or name the "
+                            "column in data.categorical if it holds categories.") from e
         raise DataError(f"{path.name} is not a well-formed CSV table (delimiter {delimiter!r}): "
                         f"{str(e).splitlines()[0]}") from e
-    return table, delimiter
 
 
 def _read_parquet(path: Path):

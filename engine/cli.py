@@ -30,7 +30,8 @@ from engine.audit.one_run.report import one_run_table
 from engine.audit.pa_alooa.presets import preset
 from engine.audit.pa_alooa.summary import compact_summary, summary_table
 from engine.config.backend import BACKEND_ENV, BackendConfig
-from engine.config.run import ACCOUNTANTS, RunConfig, load_config
+from engine.config.job import algorithms_advisories
+from engine.config.run import ACCOUNTANTS, RunConfig, check_plan_request, load_config
 from engine.config.schema import ConfigError, replace_dotted
 from engine.data import load_dataset
 from engine.dp import accounting
@@ -62,8 +63,8 @@ def cmd_run(args) -> int:
     if args.algorithm:
         config = config.replace(**{"algorithm.name": args.algorithm}).validate()
     config = apply_overrides(config, args.overrides)
-    _print_data_report(config)  # first: a dataset that cannot load is the one message (not a warning before it)
-    _print_advisories(config)
+    n_train = _print_data_report(config)  # first: a dataset that cannot load is the one message (not a warning)
+    _print_advisories(config.advisories(n_train))
     store = _store(args)
     store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
     ids = store.create_job(config.seed_configs(), status="queued")
@@ -102,18 +103,31 @@ def _seed_note(run: dict) -> str:
     return f" (seed {run['seed']}, {run['seed_index'] + 1} of {run['seeds']} in job #{run['job_id']})"
 
 
-def _print_advisories(config: RunConfig) -> None:
-    """A valid setting far from what trains (``RunConfig.advisories``): one warning line each, then the run goes."""
-    for e in config.advisories():
+def _print_advisories(advisories: list[ConfigError]) -> None:
+    """Valid settings far from what trains or that the algorithm ignores (``RunConfig.advisories``, an audit's
+    ``algorithms_advisories``): one warning line each, then the command goes on."""
+    for e in advisories:
         print(f"warning: {e}", file=sys.stderr)
 
 
-def _print_data_report(config: RunConfig) -> None:
-    """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any."""
+def _job_advisories(job, config, n_train: int | None = None) -> list[ConfigError]:
+    """A job config's advisories: its run's (data, optimizer; a training run's algorithm and, with its training-set
+    size ``n_train``, its batch) and, for a job that trains one run per algorithm (the audits), each of its
+    ``algorithms``' ignored fields, named ``algorithms[k].field``."""
+    run, algorithms = job.run_config(config), job.algorithms(config)
+    if len(algorithms) == 1 and algorithms[0] is run.algorithm:  # a training run: its own algorithm
+        return run.advisories(n_train)
+    return run.advisories() + algorithms_advisories(algorithms)
+
+
+def _print_data_report(config: RunConfig) -> int:
+    """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any; its number of
+    training samples."""
     ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
                       max_train=config.data.max_train)
     if ds.report.skipped:
         print(f"note: {ds.report}", file=sys.stderr)
+    return len(ds.y_train)
 
 
 def cmd_worker(args) -> int:
@@ -121,14 +135,25 @@ def cmd_worker(args) -> int:
     return run_worker(args.store, args.run_id, threads=args.threads, prepared=args.prepared)
 
 
+PLAN_FLAGS = {"mode": "--mode", "epsilons": "--epsilons", "tier_sizes": "--tier-sizes", "delta": "--delta",
+              "batch_size": "--batch-size", "clip_norm": "--clip-norm", "steps": "--steps",
+              "allow_large": "--allow-large"}
+PLAN_DEFAULTS = {"mode": "sample", "delta": 1e-5, "clip_norm": 1.0, "allow_large": False}  # without a CONFIG
+
+
 def cmd_plan(args) -> int:
     if args.config:
+        given = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name) not in (None, False)]
+        if given:  # a run config's plan is the config's: a flag beside it would be ignored
+            raise ConfigError(given[0], "plans without a CONFIG only; set the field in the config (or use "
+                                        "`rerun --set`) instead")
         config = load_config(args.config)
         if args.accountant is not None:
-            config = config.replace(accountant=args.accountant)
+            config = config.replace(accountant=args.accountant).validate()
         data = prepare_data(config)
         if data.dataset.report.skipped:
             print(f"note: {data.dataset.report}", file=sys.stderr)
+        _print_advisories(config.advisories(len(data.dataset.y_train)))
         steps = total_steps(config, len(data.dataset.y_train))
         plan = make_plan(config, data.tiers.sizes, steps)
         names = data.tiers.names
@@ -139,9 +164,14 @@ def cmd_plan(args) -> int:
     else:
         missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
         if missing:
-            raise ConfigError(missing[0], "is required without a CONFIG (see --help)")
-        kw = dict(mode=args.mode, epsilons=args.epsilons, delta=args.delta, tier_sizes=args.tier_sizes,
-                  batch_size=args.batch_size, clip_norm=args.clip_norm, steps=args.steps)
+            raise ConfigError(PLAN_FLAGS[missing[0]], "is required without a CONFIG (see --help)")
+        flags = {name: getattr(args, name) if getattr(args, name) is not None else default
+                 for name, default in PLAN_DEFAULTS.items()}
+        kw = dict(mode=flags["mode"], epsilons=args.epsilons, delta=flags["delta"], tier_sizes=args.tier_sizes,
+                  batch_size=args.batch_size, clip_norm=flags["clip_norm"], steps=args.steps)
+        # the checks and caps a run config's fields have: the planner is never asked what a run config refuses
+        check_plan_request(**{k: v for k, v in kw.items() if k != "mode"}, allow_large=flags["allow_large"],
+                           fields=PLAN_FLAGS, lift="give --allow-large")
         with plan_errors("plan"):
             plan = accounting.plan(**kw, accountant=args.accountant or "rdp")
         rdp = plan
@@ -239,6 +269,7 @@ def cmd_audit(args) -> int:
     if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
         config = config.replace(controls=True).validate()
     config = apply_overrides(config, getattr(args, "overrides", None))
+    _print_advisories(_job_advisories(JOB_KINDS["audit"], config))
     run_id, report = _execute_here(_store(args), config, kind="audit", label="audit", progress=not args.json)
     if args.json:
         print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
@@ -263,6 +294,7 @@ def cmd_one_run(args) -> int:
     per algorithm (white-box gradient and black-box input canaries), in this process, into the store."""
     config = load_one_run_config(args.config) if args.config else OneRunConfig()
     config = apply_overrides(config, args.overrides)
+    _print_advisories(_job_advisories(JOB_KINDS["one_run"], config))
     run_id, report = _execute_here(_store(args), config, kind="one_run", label="one-run audit",
                                    progress=not args.json)
     if args.json:
@@ -308,8 +340,8 @@ def cmd_rerun(args) -> int:
     config = apply_overrides(config, args.overrides)
     store = _store(args)
     store.mark_dead_runs()
-    _print_data_report(job.run_config(config))
-    _print_advisories(job.run_config(config))
+    n_train = _print_data_report(job.run_config(config))
+    _print_advisories(_job_advisories(job, config, n_train))
     rows = job.rows(config)
     # a new comparison of its own unless --join: a re-run with other settings must not change the old one's figures
     group = old.get("group_id") if args.join and old.get("group_id") else new_group_id(job.group_prefix)
@@ -417,13 +449,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")
     pl.add_argument("config", nargs="?", help="plan for this run config (else use the flags)")
-    pl.add_argument("--mode", default="sample", choices=("dpsgd", "sample", "scale"))
-    pl.add_argument("--epsilons", type=float, nargs="+")
-    pl.add_argument("--tier-sizes", dest="tier_sizes", type=int, nargs="+")
-    pl.add_argument("--delta", type=float, default=1e-5)
-    pl.add_argument("--batch-size", dest="batch_size", type=int)
-    pl.add_argument("--clip-norm", dest="clip_norm", type=float, default=1.0)
-    pl.add_argument("--steps", type=int)
+    pl.add_argument("--mode", choices=("dpsgd", "sample", "scale"), help="without a CONFIG (default: sample)")
+    pl.add_argument("--epsilons", type=float, nargs="+", help="without a CONFIG: each tier's ε")
+    pl.add_argument("--tier-sizes", dest="tier_sizes", type=int, nargs="+",
+                    help="without a CONFIG: each tier's number of samples")
+    pl.add_argument("--delta", type=float, help="without a CONFIG (default: 1e-5; at most a run config's cap)")
+    pl.add_argument("--batch-size", dest="batch_size", type=int, help="without a CONFIG: the expected batch")
+    pl.add_argument("--clip-norm", dest="clip_norm", type=float, help="without a CONFIG (default: 1.0)")
+    pl.add_argument("--steps", type=int, help="without a CONFIG: optimizer steps (capped as a run config's are)")
+    pl.add_argument("--allow-large", dest="allow_large", action="store_true",
+                    help="without a CONFIG: lift the cap on steps (a run config's \"allow_large\")")
     pl.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
                     help="whose ε the plan meets (default: the CONFIG's, else rdp); not rdp: RDP's q and C beside")
     pl.add_argument("--json", action="store_true")

@@ -13,6 +13,7 @@ privacy preparation fixes before step 1), so every fact has one owner and nothin
 """
 from __future__ import annotations
 
+import dataclasses
 import types
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +27,7 @@ TIF_SHAPES = ("beta", "linear", "power", "step", "piecewise")
 GROUP_BY = ("tier", "class", "attribute")
 CLIP_RULES = ("quantile", "reference")  # DP-SGD-S: the lab's bounded relative quantile rule; fair-privacy's rule
 MAX_GROUPS = 100_000
+MAX_KNOTS = 1_000
 
 # A spec's ``plan_mode``: what engine.dp.accounting plans (one of its MODES: one σ for everybody "dpsgd", per-tier
 # sampling rates "sample", per-tier clip norms "scale"); IDP_MODE: the one the config's ``idp_mode`` names (INO-SGD
@@ -80,68 +82,82 @@ def tif_knots_problem(knots) -> str | None:
     return None
 
 
-def _check_ino(a, p: str) -> None:
-    """INO-SGD's fields: the IDP-SGD planner it builds on, the TIF and its parameters, the tail length γ."""
-    check_choice(a.idp_mode, p + "idp_mode", ("sample", "scale"))
-    check_choice(a.tif, p + "tif", TIF_SHAPES)
-    if a.tail_length is None and a.tail_fraction is None:
-        raise ConfigError(p + "tail_length", "INO-SGD needs tail_length or tail_fraction")
-    if a.tail_length is not None:
-        check_positive(a.tail_length, p + "tail_length")
-    elif a.tail_fraction is not None:
-        check_positive(a.tail_fraction, p + "tail_fraction")
-    if a.tif == "beta":
-        check_positive(a.alpha, p + "alpha")
-        check_positive(a.beta, p + "beta")
-    if a.tif == "power":
-        check_positive(a.power, p + "power")
-    if a.tif == "step":
-        check_number(a.step_cut, p + "step_cut", 0, 1)
-    if a.tif == "piecewise":
-        try:
-            problem = tif_knots_problem(a.knots)
-        except (ValueError, TypeError) as e:  # not numbers at all
-            problem = str(e)
-        if problem is not None:
-            raise ConfigError(p + "knots", problem)
+IDP_MODES = ("sample", "scale")  # INO-SGD's ``idp_mode``: the IDP-SGD planner it builds on
 
 
-def _check_tracked_quantile(a, p: str) -> None:
-    """The fields of a privately tracked quantile of gradient norms (Andrew et al. 2021): its target quantile, step
-    and start, and its count noise (None: the default). DP-SGD-S's group clips and DPSGD-Global-Adapt's threshold Z
-    both track one (``engine.dp.mechanisms.tracked_quantile_step``)."""
-    check_number(a.quantile, p + "quantile", 0, 1, low_open=True, high_open=True)
-    check_positive(a.quantile_lr, p + "quantile_lr")
-    if a.initial_clip is not None:
-        check_positive(a.initial_clip, p + "initial_clip")
-    if a.count_noise_std is not None:
-        check_positive(a.count_noise_std, p + "count_noise_std")
+def _optional_positive(value, field: str) -> None:
+    if value is not None:
+        check_positive(value, field)
 
 
-def _check_group_clip(a, p: str) -> None:
-    """DP-SGD-S's fields: the clip rule, τ, the clip range, the groups and their sizes, its tracked quantile."""
-    check_choice(a.clip_rule, p + "clip_rule", CLIP_RULES)
-    check_positive(a.tau, p + "tau")
-    check_number(a.ema, p + "ema", 0, 1, high_open=True)
-    check_positive(a.c_min, p + "c_min")
-    check_positive(a.c_max, p + "c_max")
+def _check_knots(knots, field: str) -> None:
+    check_list(knots, field, max_len=MAX_KNOTS)
+    if knots:  # () is the default of every algorithm (and INO-SGD's piecewise TIF needs knots: _check_ino)
+        _refuse_bad_knots(knots, field)
+
+
+def _refuse_bad_knots(knots, field: str) -> None:
+    try:
+        problem = tif_knots_problem(knots)
+    except (ValueError, TypeError) as e:  # not numbers at all
+        problem = str(e)
+    if problem is not None:
+        raise ConfigError(field, problem)
+
+
+def _check_group_sizes(sizes, field: str) -> None:
+    if sizes is not None:
+        check_list(sizes, field, max_len=MAX_GROUPS, nonempty=True)
+        for k, n in enumerate(sizes):
+            check_int(n, f"{field}[{k}]", 1, 10**12)
+
+
+# The values each AlgorithmConfig field may take for ANY algorithm (field → check(value, dotted field)): a value
+# outside is refused whatever the algorithm, including one that ignores the field (a quantile of 1.5 is nobody's
+# quantile). Which algorithm reads which field is its spec's ``fields``; a valid value an algorithm ignores is
+# an advisory (:func:`ignored_fields`), not a refusal.
+FIELD_CHECKS: dict[str, Callable[[object, str], object]] = {
+    "idp_mode": lambda v, f: check_choice(v, f, IDP_MODES),
+    "tif": lambda v, f: check_choice(v, f, TIF_SHAPES),
+    "alpha": check_positive,
+    "beta": check_positive,
+    "power": check_positive,
+    "step_cut": lambda v, f: check_number(v, f, 0, 1),
+    "knots": _check_knots,
+    "tail_length": _optional_positive,
+    "tail_fraction": _optional_positive,
+    "clip_rule": lambda v, f: check_choice(v, f, CLIP_RULES),
+    "tau": check_positive,
+    "quantile": lambda v, f: check_number(v, f, 0, 1, low_open=True, high_open=True),
+    "ema": lambda v, f: check_number(v, f, 0, 1, high_open=True),
+    "c_min": check_positive,
+    "c_max": check_positive,
+    "initial_clip": _optional_positive,
+    "group_by": lambda v, f: check_choice(v, f, GROUP_BY),
+    "group_sizes": _check_group_sizes,
+    "group_size_noise_std": _optional_positive,
+    "private_quantile": lambda v, f: v,  # true or false: its type is all there is to check
+    "quantile_lr": check_positive,
+    "count_noise_std": _optional_positive,
+}
+
+
+def check_field_values(a, p: str) -> None:
+    """Every field of the AlgorithmConfig-like ``a`` within what any algorithm accepts (:data:`FIELD_CHECKS`), and
+    the pairs no algorithm accepts (c_min above c_max); one ConfigError naming ``p`` + the field otherwise."""
+    for name, check in FIELD_CHECKS.items():
+        check(getattr(a, name), p + name)
     if a.c_min > a.c_max:
         raise ConfigError(p + "c_min", f"must be at most c_max = {_show(a.c_max)}, got {_show(a.c_min)}")
-    if a.group_sizes is not None:
-        check_list(a.group_sizes, p + "group_sizes", max_len=MAX_GROUPS, nonempty=True)
-        for k, n in enumerate(a.group_sizes):
-            check_int(n, f"{p}group_sizes[{k}]", 1, 10**12)
-    if a.group_size_noise_std is not None:
-        check_positive(a.group_size_noise_std, p + "group_size_noise_std")
-    _check_tracked_quantile(a, p)
-    check_choice(a.group_by, p + "group_by", GROUP_BY)
 
 
-def _check_clipping_bias(a, p: str) -> None:
-    """DPSGD-F's fields: its groups and the noise of its per-step counts (None: the default)."""
-    check_choice(a.group_by, p + "group_by", GROUP_BY)
-    if a.count_noise_std is not None:
-        check_positive(a.count_noise_std, p + "count_noise_std")
+def _check_ino(a, p: str) -> None:
+    """What INO-SGD needs beyond valid values: a tail length γ (absolute or as a fraction), knots for a piecewise
+    TIF."""
+    if a.tail_length is None and a.tail_fraction is None:
+        raise ConfigError(p + "tail_length", "INO-SGD needs tail_length or tail_fraction")
+    if a.tif == "piecewise":
+        _refuse_bad_knots(a.knots, p + "knots")
 
 
 def _ino_detail(a) -> str:
@@ -160,7 +176,9 @@ class AlgorithmSpec:
     plan_mode: str | None  # what engine.dp.accounting plans: one of its MODES, IDP_MODE, or None (no plan)
     picker_rank: int  # its place in the dashboard's algorithm pickers (Train, Audit): the lab's comparison first
     no_formal_dp_reason: Callable[[object], str | None] = _formal  # the formal-DP rule: why none (None: it has one)
-    check: Callable[[object, str], None] | None = None  # validates the config fields it uses (field prefix)
+    check: Callable[[object, str], None] | None = None  # what it needs beyond valid field values (field prefix)
+    # the AlgorithmConfig fields it reads (beyond its name): a value set in any other is ignored (an advisory)
+    fields: tuple[str, ...] = ()
     label_detail: Callable[[object], str] | None = None  # what an audit's label adds for this configuration
     # its gains (the headline, the sweep's cells) are paired by seed against one of these; the preferred one
     # plans with the same planner mode (:meth:`gain_reference`)
@@ -191,6 +209,15 @@ class AlgorithmSpec:
         return (same or list(self.gain_against) or [None])[0]
 
 
+# The fields each algorithm reads (engine.dp: its mechanism and set-up): INO-SGD's planner, TIF and tail length γ;
+# a privately tracked quantile of gradient norms (Andrew et al. 2021: its target, step, start and count noise),
+# which DP-SGD-S's group clips and DPSGD-Global-Adapt's threshold Z both track; DP-SGD-S's clip rule, clip range
+# and groups with their sizes.
+INO_FIELDS = ("idp_mode", "tif", "alpha", "beta", "power", "step_cut", "knots", "tail_length", "tail_fraction")
+TRACKED_QUANTILE_FIELDS = ("quantile", "quantile_lr", "initial_clip", "count_noise_std")
+GROUP_CLIP_FIELDS = ("clip_rule", "tau", "ema", "c_min", "c_max", "group_by", "group_sizes", "group_size_noise_std",
+                     "private_quantile", *TRACKED_QUANTILE_FIELDS)
+
 # Colours and markers: picked from Okabe–Ito and Paul Tol's bright, vibrant, muted and high-contrast sets so that
 # every two of the six algorithms stay apart (CIEDE2000 ΔE ≥ 17) in normal vision and under simulated
 # protanopia, deuteranopia and tritanopia (Machado et al. 2009, severity 1), and so that INO-SGD, light amber, is
@@ -205,18 +232,18 @@ ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec(name="idp_scale", label="IDP-SGD (SCALE)", colour="#882255", symbol="triangle-up",
                   plan_mode="scale", picker_rank=2),
     AlgorithmSpec(name="ino", label="INO-SGD", colour="#DDAA33", symbol="square", plan_mode=IDP_MODE, picker_rank=1,
-                  check=_check_ino, label_detail=_ino_detail, gain_against=("idp_sample", "idp_scale"),
-                  figures=("ino_internals",)),
+                  check=_check_ino, fields=INO_FIELDS, label_detail=_ino_detail,
+                  gain_against=("idp_sample", "idp_scale"), figures=("ino_internals",)),
     AlgorithmSpec(name="dpsgd_s", label="DP-SGD-S", colour="#33BBEE", symbol="star", plan_mode="dpsgd", picker_rank=4,
-                  no_formal_dp_reason=_group_clip_reason, check=_check_group_clip, controls="dpsgd", grouped=True,
+                  no_formal_dp_reason=_group_clip_reason, fields=GROUP_CLIP_FIELDS, controls="dpsgd", grouped=True,
                   figures=("group_clip",)),
     # the fairness baselines of the DP-SGD-S paper's code: group clips from noisy clipped counts (Xu et al.
     # 2021); one global scale with a privately tracked threshold (Esipova et al. 2023). Colours: the two
     # farthest (ΔE00 ≥ 13 from every other algorithm and control colour in every vision) at mid lightness.
     AlgorithmSpec(name="dpsgd_f", label="DPSGD-F", colour="#775544", symbol="triangle-down", plan_mode="dpsgd",
-                  picker_rank=6, check=_check_clipping_bias, grouped=True, figures=("group_clip",)),
+                  picker_rank=6, fields=("group_by", "count_noise_std"), grouped=True, figures=("group_clip",)),
     AlgorithmSpec(name="dpsgd_global_adapt", label="DPSGD-Global-Adapt", colour="#AACC99", symbol="pentagon",
-                  plan_mode="dpsgd", picker_rank=7, check=_check_tracked_quantile),
+                  plan_mode="dpsgd", picker_rank=7, fields=TRACKED_QUANTILE_FIELDS, figures=("global_scale",)),
 )}
 ALGORITHMS = tuple(ALGORITHM_SPECS)  # the valid config names
 ALGORITHM_LABELS = {name: s.label for name, s in ALGORITHM_SPECS.items()}
@@ -237,3 +264,27 @@ def no_formal_dp_reason(algorithm: str, *, private_quantile: bool = True, clip_r
     spec = ALGORITHM_SPECS.get(algorithm)
     fields = types.SimpleNamespace(private_quantile=private_quantile, clip_rule=clip_rule)
     return None if spec is None else spec.no_formal_dp_reason(fields)
+
+
+def ignored_fields(config) -> tuple[str, ...]:
+    """The fields of the AlgorithmConfig ``config`` set away from their default that its algorithm does not read
+    (its spec's ``fields``), in the config's order; () for an unknown name."""
+    spec = ALGORITHM_SPECS.get(config.name)
+    if spec is None:
+        return ()
+    return tuple(f.name for f in dataclasses.fields(config) if f.name in FIELD_CHECKS and f.name not in spec.fields
+                 and getattr(config, f.name) != f.default)
+
+
+def ignored_advisory(field: str, value, labels, prefix: str = "algorithm.") -> ConfigError:
+    """The advisory for a valid ``value`` of ``field`` that the algorithms ``labels`` ignore: it names the ones
+    that read it (a warning, not a refusal: the run trains as if it were unset)."""
+    users = [s.label for s in ALGORITHM_SPECS.values() if field in s.fields]
+    verb = "uses" if len(users) == 1 else "use"
+    return ConfigError(prefix + field, f"{_show(value)} is ignored by {_words(labels)}: only {_words(users)} {verb} "
+                                       "it (the run trains as if it were unset)")
+
+
+def _words(items) -> str:
+    items = list(dict.fromkeys(items))
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -2,6 +2,7 @@
 its ``run`` object, parsed, validated and written the same way for every such job.
 
     validate_algorithms(algorithms)          a non-empty tuple of valid AlgorithmConfigs (errors name algorithms[k])
+    algorithms_advisories(algorithms)        the valid values each ignores (advisories naming algorithms[k].field)
     parse_algorithms(value, path)            names or objects → AlgorithmConfigs
     parse_run(value, path, default, refused) the job's ``run`` over its defaults, the keys it does not use refused
     run_dict(run, refused)                   what the job stores as its ``run``
@@ -24,6 +25,12 @@ def validate_algorithms(algorithms) -> None:
             algo.validate()
         except ConfigError as e:
             raise ConfigError(e.field.replace("algorithm", f"algorithms[{k}]", 1), e.message) from None
+
+
+def algorithms_advisories(algorithms) -> list[ConfigError]:
+    """The valid values each of a job's algorithms ignores (``AlgorithmConfig.advisories``), named
+    ``algorithms[k].field``: warnings, the job trains as if they were unset."""
+    return [e for k, algo in enumerate(algorithms) for e in algo.advisories(f"algorithms[{k}].")]
 
 
 def parse_run(value, path: str, *, default: RunConfig, refused: dict) -> RunConfig:

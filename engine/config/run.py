@@ -12,7 +12,8 @@ Both raise :class:`ConfigError`, which names the offending field and the allowed
 so the CLI can print one line and the UI can show it in ``st.error``. Field *types* are checked
 by the shared helpers of :mod:`engine.config.schema` (re-exported here: ``check_int``,
 ``check_number``, ``check_str``, ``parse_section`` ...) when JSON is parsed and again in
-``validate()``; the limits below (``MAX_*``) bound the work one config can ask for.
+``validate()``; the limits (``MAX_*``, :mod:`engine.config.limits`, re-exported here) bound the work one config
+can ask for.
 """
 from __future__ import annotations
 
@@ -23,8 +24,15 @@ import os
 from dataclasses import dataclass, field
 
 from engine.config.algorithms import (ALGORITHM_LABELS, ALGORITHM_SPECS, ALGORITHMS, CLIP_RULES, GROUP_BY,  # noqa: F401
-                                      MAX_GROUPS, NO_DP_REASONS, TIF_SHAPES, algorithm_spec, no_formal_dp_reason,
+                                      MAX_GROUPS, MAX_KNOTS, NO_DP_REASONS, TIF_SHAPES, algorithm_spec,
+                                      check_field_values, ignored_advisory, ignored_fields, no_formal_dp_reason,
                                       tif_knots_problem)
+from engine.config.limits import (ACCOUNTANTS, LARGE_BATCH_FRACTION, LIFT_IN_CONFIG, MAX_AUDIT_MODEL_STEPS,  # noqa: F401
+                                  MAX_BATCH_SIZE, MAX_CHUNK_MODELS, MAX_CLASS_ID, MAX_CNN_PADDING, MAX_DELTA,
+                                  MAX_HIDDEN_LAYERS, MAX_HIDDEN_WIDTH, MAX_MODEL_PARAMS, MAX_NAME_CHARS,
+                                  MAX_PATH_CHARS, MAX_SEED, MAX_SEEDS, MAX_THREADS, MAX_TIERS, MAX_TOTAL_STEPS,
+                                  MAX_TRAIN, STEPS_RULES, total_steps, check_work, check_epsilon, check_delta,
+                                  check_batch_size, check_clip_norm, check_plan_request)
 from engine.config.schema import (ConfigError, _show, check_choice, check_int, check_list, check_number, check_positive,
                                   check_section, check_str, parse_config_json, parse_section, read_config_text,
                                   replace_dotted)
@@ -35,54 +43,6 @@ MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
 TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
-
-
-# --- documented limits (a config over them is refused with a ConfigError naming the field) --------
-MAX_TOTAL_STEPS = 1_000_000  # optimizer steps of one run; RunConfig.allow_large=True lifts it
-MAX_AUDIT_MODEL_STEPS = 50_000_000  # audits: models trained × steps each (engine.audit); same override
-MAX_THREADS = 64
-MAX_CHUNK_MODELS = 4096  # audits: models trained at once in one chunk (engine.audit)
-MAX_BATCH_SIZE = 10_000_000
-MAX_HIDDEN_WIDTH = 65_536
-MAX_HIDDEN_LAYERS = 16
-MAX_MODEL_PARAMS = 50_000_000  # weights of the model built for the data (engine.models.nets)
-MAX_TIERS = 1_000
-MAX_KNOTS = 1_000
-MAX_CLASS_ID = 1_000_000
-MAX_NAME_CHARS = 200
-MAX_PATH_CHARS = 4096
-MAX_SEED = 2**63 - 1
-MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
-MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
-STEPS_RULES = ("round", "floor_per_epoch")
-#: the accountants a run may plan and report under (engine.dp.accountants implements one per name)
-ACCOUNTANTS = ("rdp", "prv", "pld")
-MAX_CNN_PADDING = 8
-
-
-def total_steps(epochs: float, n_train: int, batch_size: int, rule: str = "round") -> int:
-    """Optimizer steps of a run, at least 1. The one steps formula (training, audits, previews and the
-    work cap all use it). ``rule``: "round" (default) T = round(E · N / B) — 12 epochs of MNIST at B = 512
-    are 1406 steps; "floor_per_epoch" T = E · ⌊N / B⌋ (rounded), the reference code's count (1404)."""
-    if rule == "floor_per_epoch":
-        steps = epochs * (n_train // batch_size)
-    else:
-        steps = epochs * n_train / batch_size
-    if not math.isfinite(steps):
-        raise ConfigError("epochs", f"plans too many steps ({_show(epochs)} epochs)")
-    return max(1, int(round(steps)))
-
-
-def check_work(work: int, field: str, *, limit: int = MAX_TOTAL_STEPS, allow_large: bool = False,
-               what: str = "steps", at_least: bool = False) -> int:
-    """Refuse planned work over ``limit`` unless ``allow_large``: one ConfigError naming ``field``
-    (the knob to turn down, e.g. ``epochs`` or ``R``) with the estimate and how to lift the cap. ``at_least``:
-    ``work`` is a lower bound (known before the data are), and the message says so."""
-    if work > limit and not allow_large:
-        shown = ("at least " if at_least else "") + (f"{work:,}" if work < 1e12 else f"{work:.3g}")
-        raise ConfigError(field, f"plans {shown} {what}, over the limit of {limit:,}; lower it, "
-                                 f"or set \"allow_large\": true in the run config to run it anyway")
-    return work
 
 
 @dataclass(frozen=True)
@@ -101,7 +61,7 @@ class DataConfig:
                 raise ConfigError("data.data_dir", f"{self.data_dir!r} is a file, not a folder: give the folder that "
                                                    "holds mnist/, adult/ …")
         if self.max_train is not None:
-            check_int(self.max_train, "data.max_train", 2, 10**9)
+            check_int(self.max_train, "data.max_train", 2, MAX_TRAIN)
 
     def advisories(self) -> list[ConfigError]:
         """A data folder that does not exist (a typo, an unmounted disk) is said, not refused: the datasets the lab
@@ -124,7 +84,7 @@ class TierConfig:
 
     def validate(self, prefix: str = "tiers.tiers[0].") -> None:
         check_section(self, prefix)
-        check_positive(self.epsilon, prefix + "epsilon")
+        check_epsilon(self.epsilon, prefix + "epsilon")
         for k, c in enumerate(self.classes):
             check_int(c, f"{prefix}classes[{k}]", 0, MAX_CLASS_ID)
         for k, v in enumerate(self.values):
@@ -250,15 +210,26 @@ class AlgorithmConfig:
         return None if spec is None else spec.no_formal_dp_reason(self)
 
     def validate(self, prefix: str = "algorithm.") -> None:
-        """Types of every field always; ranges of the fields this algorithm uses (its spec's ``check``).
-        ``prefix`` names the fields (an audit passes ``algorithms[k].``)."""
+        """Types and values of every field whatever the algorithm (a value no algorithm accepts is refused even where
+        this one ignores it: ``engine.config.algorithms.FIELD_CHECKS``), then what this algorithm needs beyond them
+        (its spec's ``check``). ``prefix`` names the fields (an audit passes ``algorithms[k].``)."""
         p = prefix
         check_section(self, p)
         check_choice(self.name, p + "name", ALGORITHMS)
-        check_list(self.knots, p + "knots", max_len=MAX_KNOTS)
+        check_field_values(self, p)
         spec = algorithm_spec(self.name)
-        if spec.check is not None:  # the fields this algorithm uses (engine.config.algorithms)
+        if spec.check is not None:
             spec.check(self, p)
+
+    def ignored_fields(self) -> tuple[str, ...]:
+        """The fields set away from their default that this algorithm does not read (its spec's ``fields``)."""
+        return ignored_fields(self)
+
+    def advisories(self, prefix: str = "algorithm.") -> list[ConfigError]:
+        """A valid value this algorithm ignores, each as a ConfigError naming its field (a warning: the run trains
+        as if it were unset)."""
+        label = ALGORITHM_LABELS[self.name]
+        return [ignored_advisory(f, getattr(self, f), [label], prefix) for f in self.ignored_fields()]
 
 
 # The learning rates each optimizer trains the lab's models with (the presets and the papers: SGD 0.05–4 on
@@ -334,12 +305,12 @@ class RunConfig:
         self.algorithm.validate()
         self.optimizer.validate()
         check_positive(self.epochs, "epochs")
-        check_int(self.batch_size, "batch_size", 1, MAX_BATCH_SIZE)
+        check_batch_size(self.batch_size)
         # total_steps >= epochs since batch_size <= n_train is required: refuse before loading any data
         check_work(max(1, int(round(self.epochs))), "epochs", allow_large=self.allow_large, at_least=True)
-        check_number(self.delta, "delta", 0, MAX_DELTA, low_open=True)
+        check_delta(self.delta)
         check_choice(self.accountant, "accountant", ACCOUNTANTS)
-        check_positive(self.clip_norm, "clip_norm")
+        check_clip_norm(self.clip_norm)
         check_int(self.seed, "seed", 0, MAX_SEED)
         check_int(self.seeds, "seeds", 1, MAX_SEEDS)
         check_int(self.seed_index, "seed_index", 0, self.seeds - 1)
@@ -359,10 +330,24 @@ class RunConfig:
             check_number(self.train_epochs, "train_epochs", 0, self.epochs, low_open=True)
         return self
 
-    def advisories(self) -> list[ConfigError]:
-        """Valid settings far from what trains (warnings shown before Launch and by the CLI, never a refusal),
-        each a ConfigError naming its field."""
-        return self.data.advisories() + self.optimizer.advisories()
+    def advisories(self, n_train: int | None = None) -> list[ConfigError]:
+        """Valid settings far from what trains or that the algorithm ignores (warnings shown before Launch and by the
+        CLI, never a refusal), each a ConfigError naming its field; with the training-set size ``n_train``, also
+        :meth:`batch_advisories`."""
+        return comparison_advisories([self]) + ([] if n_train is None else self.batch_advisories(n_train))
+
+    def batch_advisories(self, n_train: int) -> list[ConfigError]:
+        """A batch over :data:`LARGE_BATCH_FRACTION` of the ``n_train`` training samples (a batch size carried over
+        from a larger dataset): few steps, each sampling so many of the data that the accountant gets little
+        amplification from subsampling and plans much more noise per step for the same ε."""
+        n, b = int(n_train), int(self.batch_size)
+        if n < 1 or b <= LARGE_BATCH_FRACTION * n or b > n:  # (a batch over the data is refused once they load)
+            return []
+        steps = total_steps(self.epochs, n, b, self.steps_rule)
+        return [ConfigError("batch_size", f"{b} is {b / n:.0%} of the {n:,} training samples: {steps:,} steps in "
+                                          f"all, each sampling so much of the data that the plan needs far more "
+                                          f"noise for the same ε; a batch of at most {int(LARGE_BATCH_FRACTION * n):,} "
+                                          "trains more steps at less noise")]
 
     def planned_steps(self, n_train: int) -> int:
         """:func:`total_steps` for a training set of ``n_train`` samples, refused (ConfigError naming
@@ -425,6 +410,20 @@ class RunConfig:
     @property
     def label(self) -> str:
         return self.name or ALGORITHM_LABELS.get(self.algorithm.name, self.algorithm.name)
+
+
+def comparison_advisories(configs) -> list[ConfigError]:
+    """The advisories of a comparison, runs whose configs differ only in their algorithm (the Train form): the data
+    and optimizer ones once, and a valid value that every algorithm of the comparison ignores, in one sentence
+    naming them (a value one of them reads is no advisory: that run uses it)."""
+    if not configs:
+        return []
+    first = configs[0]
+    ignored = set(first.algorithm.ignored_fields()).intersection(*(c.algorithm.ignored_fields() for c in configs))
+    labels = [ALGORITHM_LABELS[c.algorithm.name] for c in configs]
+    algorithm = [ignored_advisory(f, getattr(first.algorithm, f), labels)
+                 for f in first.algorithm.ignored_fields() if f in ignored]
+    return first.data.advisories() + first.optimizer.advisories() + algorithm
 
 
 _OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0, "accountant": "rdp"}

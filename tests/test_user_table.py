@@ -148,6 +148,19 @@ def test_a_column_whose_type_changes_after_the_first_block_is_still_numeric(tmp_
     assert [n.column for n in t.preview.numeric] == ["n", "late"] and t.preview.numeric[1].missing == 300
 
 
+def test_a_malformed_row_a_nested_parquet_column_or_a_mistyped_schema_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert "is not a well-formed CSV table (delimiter ',')" in refused(tmp_path, rows_csv(extra=["1,2,3,4,5,6,7"]))
+    pq.write_table(pa.table({"x": [[1, 2], [3]], "y": ["a", "b"], "sex": ["f", "m"], "eps": [1.0, 2.0]}),
+                   tmp_path / "n.parquet")
+    with pytest.raises(DataError, match=r"^column 'x' holds list<.*> values, which the lab cannot read"):
+        load_user_table({**SCHEMA, "file": "n.parquet"}, max_tiers=MAX_TIERS, data_dir=tmp_path, use_cache=False)
+    with pytest.raises(DataError, match=r"^data.attributes must be a list, got 'sex'"):
+        TableSchema(file="t.csv", label="y", attributes="sex")
+
+
 def test_duplicate_column_names_are_refused(tmp_path):
     assert "duplicate column name 'age' (columns 1 and 3)" in refused(tmp_path, "age,y,age,sex,eps\n1,a,2,f,1\n")
 

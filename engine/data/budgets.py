@@ -15,14 +15,13 @@ tiers=(TierConfig(epsilon=ε_k, name=names[k]), …), assignment=tuple(train))``
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import DataError
 from .table_encode import is_number_text, is_numeric_column, numeric_values, text_codes
-from .table_records import TierCount
+from .table_records import TierCount, check_bins
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +49,7 @@ def budget_values(column, name: str) -> np.ndarray:
     if is_numeric_column(column):
         b = numeric_values(column, name)
     else:
-        codes, values = text_codes(column)
+        codes, values = text_codes(column, name)
         bad = [k for k, v in enumerate(values) if not is_number_text(v) and v != "(missing)"]
         if bad:
             rows = np.isin(codes, bad)
@@ -66,21 +65,6 @@ def budget_values(column, name: str) -> np.ndarray:
         raise DataError(f"budget column {name!r}: {n:,} row{'s have' if n != 1 else ' has'} a missing, non-finite "
                         f"or non-positive budget (first: data row {first + 1}); each owner's ε must be a number > 0.")
     return b
-
-
-def check_bins(bins) -> tuple[float, ...]:
-    """The bins rule's upper edges: a non-empty list of finite positive numbers, strictly increasing."""
-    if isinstance(bins, (str, bytes)) or not hasattr(bins, "__iter__"):
-        raise DataError(f"tiers.bins must be a list of upper edges such as [1, 2, 4, 8], got {bins!r}.")
-    edges = list(bins)
-    for k, e in enumerate(edges):
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
-            raise DataError(f"tiers.bins[{k}] must be a finite number > 0, got {e!r}.")
-        if k and e <= edges[k - 1]:
-            raise DataError(f"tiers.bins must increase: {edges[k - 1]!r} then {e!r}.")
-    if not edges:
-        raise DataError("tiers.bins is empty: give upper edges such as [1, 2, 4, 8].")
-    return tuple(float(e) for e in edges)
 
 
 def too_many_tiers(column: str, n: int, max_tiers: int) -> str:

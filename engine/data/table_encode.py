@@ -37,7 +37,7 @@ def is_number_text(s: str) -> bool:
     return bool(_NUMBER.match(s))
 
 
-def text_codes(column) -> tuple[np.ndarray, list[str]]:
+def text_codes(column, name: str) -> tuple[np.ndarray, list[str]]:
     """(code per row, the distinct texts): a column's values as text, a missing cell as :data:`MISSING`."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -46,10 +46,14 @@ def text_codes(column) -> tuple[np.ndarray, list[str]]:
     if pa.types.is_floating(arr.type):  # a float NaN is a missing cell, like an empty one
         arr = pc.if_else(pc.is_nan(arr), pa.scalar(None, arr.type), arr)
     if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.string())
+        try:
+            arr = arr.cast(pa.string())
+        except pa.ArrowException as e:  # nested Parquet types (lists, structs …)
+            raise DataError(f"column {name!r} holds {arr.type} values, which the lab cannot read as numbers or "
+                            "categories; leave it out.") from e
     enc = arr.dictionary_encode()
     values = [str(v) for v in enc.dictionary.to_pylist()]
-    codes = enc.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+    codes = enc.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int32)
     if (codes == len(values)).any():
         values.append(MISSING)
     return codes, values
@@ -61,7 +65,7 @@ def value_counts(codes: np.ndarray, n_values: int) -> np.ndarray:
 
 def encode_label(column, name: str) -> tuple[np.ndarray, list[str]]:
     """(class id per row, class names in their stated order)."""
-    codes, values = text_codes(column)
+    codes, values = text_codes(column, name)
     if values and values[-1] == MISSING:
         n = int((codes == len(values) - 1).sum())
         raise DataError(f"label column {name!r}: {n:,} row{'s' if n != 1 else ''} have no label (empty or NaN); "
@@ -85,7 +89,7 @@ def split_rows(split_column, split_name: str | None, y: np.ndarray, seed: int,
                test_fraction: float) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
     """(training rows, test rows, how in words, notes)."""
     if split_column is not None:
-        codes, values = text_codes(split_column)
+        codes, values = text_codes(split_column, split_name)
         role = {v: v.strip().lower() for v in values}
         bad = [v for v in values if role[v] not in ("train", "test")]
         if bad:
@@ -154,7 +158,7 @@ class FeatureEncoder:
             if name not in categorical and is_numeric_column(col):
                 self.numeric_cols.append((name, None))
                 continue
-            codes, values = text_codes(col)
+            codes, values = text_codes(col, name)
             if name not in categorical:
                 _junk_check(name, codes, values)
                 number = [is_number_text(v) for v in values if v != MISSING]

@@ -6,11 +6,27 @@ r`` (tests/test_user_table.py); the CLI's dry run, the Train page's preview and 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 from .errors import DataError
 
 TEST_FRACTION = 0.2  # the stratified split's test share when the table names no split column
+
+
+def check_bins(bins) -> tuple[float, ...]:
+    """The bins rule's upper edges: a non-empty list of finite positive numbers, strictly increasing."""
+    if isinstance(bins, (str, bytes)) or not hasattr(bins, "__iter__"):
+        raise DataError(f"tiers.bins must be a list of upper edges such as [1, 2, 4, 8], got {bins!r}.")
+    edges = list(bins)
+    for k, e in enumerate(edges):
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise DataError(f"tiers.bins[{k}] must be a finite number > 0, got {e!r}.")
+        if k and e <= edges[k - 1]:
+            raise DataError(f"tiers.bins must increase: {edges[k - 1]!r} then {e!r}.")
+    if not edges:
+        raise DataError("tiers.bins is empty: give upper edges such as [1, 2, 4, 8].")
+    return tuple(float(e) for e in edges)
 
 
 @dataclass(frozen=True)
@@ -32,12 +48,16 @@ class TableSchema:
     test_fraction: float = TEST_FRACTION
 
     def __post_init__(self):
+        for name in ("attributes", "categorical", "features", "bins"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise DataError(f"data.{name} must be a list, got {value!r}.")
         for name in ("attributes", "categorical"):
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
         if self.features is not None:
             object.__setattr__(self, "features", tuple(self.features))
         if self.bins is not None:
-            object.__setattr__(self, "bins", tuple(float(b) for b in self.bins))
+            object.__setattr__(self, "bins", check_bins(self.bins))
         self.check()
 
     def check(self) -> None:

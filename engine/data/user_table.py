@@ -108,7 +108,7 @@ def _parse(path: Path, schema: TableSchema) -> dict:
     tr, te, how, notes = split_rows(None if schema.split is None else table.column(schema.split), schema.split, y,
                                     schema.seed, schema.test_fraction)
     encoder = FeatureEncoder(table, features, set(schema.categorical), tr, te)
-    groups = {a: text_codes(table.column(a)) for a in schema.attributes}
+    groups = {a: text_codes(table.column(a), a) for a in schema.attributes}
     del table
     x_train, x_test, names, nums, cats = encoder.encode()
     arrays = {"x_train": x_train, "x_test": x_test, "y_train": y[tr], "y_test": y[te]}

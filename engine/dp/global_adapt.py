@@ -109,10 +109,16 @@ class GlobalScaling(Mechanism):
                                                            quantile=self.quantile, lr=self.quantile_lr), *self._Z_RANGE)
 
     def state(self):
-        return {"group_clip_norms": [float(self.scale_threshold().mean())],
-                "noise_std": self.noise_multiplier * self.base_clip}
+        """What an evaluation records (over all models of the axis: their means): the threshold Z' = max(Z, C) each
+        gradient is clipped at (``group_clip_norms``), the noise std, the tracked Z (``global_threshold``) and the
+        scale C / Z' (``global_scale``). Read only: recording changes no number of the step."""
+        applied = self.scale_threshold()
+        return {"group_clip_norms": [float(applied.mean())], "noise_std": self.noise_multiplier * self.base_clip,
+                "global_threshold": float(self.threshold.mean()),
+                "global_scale": float((self.base_clip / applied).mean())}
 
     def model_state(self, model: int) -> dict:
         """``state()`` of model ``model`` of the axis alone (a k-seed run stores one row per model)."""
-        return {"group_clip_norms": [float(self.scale_threshold()[model])],
-                "noise_std": self.noise_multiplier * self.base_clip}
+        applied = float(self.scale_threshold()[model])
+        return {"group_clip_norms": [applied], "noise_std": self.noise_multiplier * self.base_clip,
+                "global_threshold": float(self.threshold[model]), "global_scale": self.base_clip / applied}

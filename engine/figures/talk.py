@@ -7,6 +7,8 @@
 * ``ino_internals`` — INO-SGD over training: mean ρ per tier and the fraction of clip mass down-weighted;
 * ``group_clip`` — DP-SGD-S or DPSGD-F over training: each group's clip norm C_k and its noise relative to plain
   DP-SGD's at the same ε, (z_Δ · max_k C_k) / (σ·C) (the raw noise std for runs stored without σ);
+* ``global_scale`` — DPSGD-Global-Adapt over training: its tracked threshold Z, its scale C / max(Z, C) and its noise
+  against DP-SGD's (:mod:`engine.figures.global_scale`);
 * ``tif_sweep`` — a sweep group (:mod:`engine.tools.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
 * ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
@@ -27,14 +29,16 @@ from engine.dp.algorithms import draws
 from engine.figures import talk_frames as tf
 from engine.figures.bands import seed_mean
 from engine.figures.common_span import common_span, span_title
+from engine.figures.global_scale import fig_global_scale, global_scale_frame
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
                                      fig_table, group_color, tier_color)
 from engine.figures.sweep_frame import PARAM_LABELS, sweep_frame
 
-TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "tif_sweep", "audit_tiers")
+TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "global_scale", "tif_sweep",
+                "audit_tiers")
 TITLES = {"privacy_frontier": "Privacy–utility frontier", "results_table": "Results table",
-          "ino_internals": "INO-SGD internals", "group_clip": "Group clips and their noise", "tif_sweep": "TIF sweep",
-          "audit_tiers": "Audit: GPR vs ε"}
+          "ino_internals": "INO-SGD internals", "group_clip": "Group clips and their noise",
+          "global_scale": "Global-Adapt's threshold and scale", "tif_sweep": "TIF sweep", "audit_tiers": "Audit: GPR vs ε"}
 NOT_RECORDED = ("not recorded by this run: its evaluations carry no mean ρ per tier / down-weighted mass "
                 f"(keys {tf.RHO_KEY}, {tf.DOWNWEIGHTED_KEY})")
 
@@ -284,6 +288,9 @@ def build_talk_figures(runs: list[dict], *, theme: str = "light", names=None, au
         elif name == "group_clip":
             f = tf.group_clip_frame(runs)
             spec = FigureSpec(name, TITLES[name], fig_group_clip(f, theme=theme), f)
+        elif name == "global_scale":
+            f = global_scale_frame(runs)
+            spec = FigureSpec(name, TITLES[name], fig_global_scale(f, theme=theme), f)
         elif name == "tif_sweep":
             f = sweep_frame(runs, metric=sweep_metric, epoch=sweep_epoch)
             spec = FigureSpec(name, TITLES[name], fig_sweep_heatmap(f, theme=theme), f)

@@ -20,6 +20,7 @@ from engine.figures import headline as hd
 from engine.figures import talk
 from engine.figures import talk_frames as tf
 from engine.figures.common_span import common_span, span_title
+from engine.figures.global_scale import fig_global_scale, global_scale_frame
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
                                      escape_columns, fig_table, render, run_colors)
 from engine.jobs.runs import dp_note, run_label
@@ -27,8 +28,9 @@ from engine.jobs.runs import dp_note, run_label
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
                   "fairness_bars", "mid_summary")
-EXTRA_FIGURES = ("gain_spread", "group_clip", "private_gain")  # built when named (not in the default set)
-DRAWN_LIVE_FIGURES = ("group_clip",)  # the live view's too, when its comparison has a run whose algorithm draws it
+EXTRA_FIGURES = ("gain_spread", "group_clip", "global_scale", "private_gain")  # built when named (not by default)
+# the live view's too, when its comparison has a run whose algorithm draws it
+DRAWN_LIVE_FIGURES = ("group_clip", "global_scale")
 # the live view's first figure when its comparison pairs an INO-SGD run with an IDP-SGD one: the headline
 GAIN_LIVE_FIGURES = ("private_gain",)
 # the figures drawn from plans (:mod:`engine.figures.curves`), which a live view patches in place
@@ -314,6 +316,9 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
         elif name == "group_clip":  # the talk figure, built on the live view's memo
             f = tf.group_clip_frame(runs, memo)
             spec = FigureSpec(name, talk.TITLES[name], talk.fig_group_clip(f, theme=theme), f)
+        elif name == "global_scale":  # the talk figure, built on the live view's memo
+            f = global_scale_frame(runs, memo)
+            spec = FigureSpec(name, talk.TITLES[name], fig_global_scale(f, theme=theme), f)
         elif name == "gain_spread":
             t = bd.recall_gain_spread(fr.recall_gain_over_time(runs, memo=memo))
             spec = FigureSpec(name, "Gain beyond seed spread", fig_gain_spread(t, theme=theme), t)

@@ -180,6 +180,18 @@ class GroupClipState(_Flat):
 
 
 @dataclass(frozen=True)
+class GlobalScaleState(_Flat):
+    """DPSGD-Global-Adapt's threshold at an evaluation (``GlobalScaling.model_state``): the privately tracked Z and
+    the scale C / max(Z, C) every gradient of the next step is multiplied by (its clip and noise: ``group_clip``)."""
+
+    threshold: float | None = None
+    scale: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    _keys: ClassVar = (("threshold", "global_threshold"), ("scale", "global_scale"))
+
+
+@dataclass(frozen=True)
 class EvalRecord:
     """One evaluation of one model (the loop's evaluator, every ``eval_every`` steps and at steps 0 and T)."""
 
@@ -193,6 +205,7 @@ class EvalRecord:
     fairness: Fairness | None = None
     ino: InoState | None = None  # INO-SGD runs
     group_clip: GroupClipState | None = None  # DP-SGD-S runs
+    global_scale: GlobalScaleState | None = None  # DPSGD-Global-Adapt runs
     extra: dict = field(default_factory=dict)
 
     _OWN: ClassVar = frozenset({"step", "epoch", "elapsed", "overall", "tiers", "classes", "tier_split", "fairness"})
@@ -203,7 +216,7 @@ class EvalRecord:
                "tier_split": self.tier_split}
         if self.fairness is not None:
             out["fairness"] = self.fairness.to_dict()
-        for state in (self.ino, self.group_clip):
+        for state in (self.ino, self.group_clip, self.global_scale):
             if state is not None:
                 out.update(state.to_dict())
         out.update(self.extra)
@@ -224,10 +237,11 @@ class EvalRecord:
 
     @staticmethod
     def mechanism_fields(state: dict) -> dict:
-        """The fields ``ino``, ``group_clip`` and ``extra`` of an evaluation from the mechanism's state dict
-        (``Mechanism.state()``, stored flat in the evaluation): the states this type knows, the rest kept."""
-        out, rest = {"ino": None, "group_clip": None}, state
-        for name, state_type in (("ino", InoState), ("group_clip", GroupClipState)):
+        """The fields ``ino``, ``group_clip``, ``global_scale`` and ``extra`` of an evaluation from the mechanism's
+        state dict (``Mechanism.state()``, stored flat in the evaluation): the states this type knows, the rest kept."""
+        out, rest = {"ino": None, "group_clip": None, "global_scale": None}, state
+        for name, state_type in (("ino", InoState), ("group_clip", GroupClipState),
+                                 ("global_scale", GlobalScaleState)):
             if any(key in rest for key in state_type._field_of):  # the keys its mechanism writes (together)
                 known, rest = state_type._split(rest)
                 out[name] = state_type(**known)

@@ -84,6 +84,15 @@ RUN_CASES = [
     ("tail-length-string", {"algorithm": {"tail_length": "3"}}, "algorithm.tail_length"),
     ("tail-fraction-huge-int", {"algorithm": {"tail_fraction": 10**400}}, "algorithm.tail_fraction"),
     ("algorithm-name-int", {"algorithm": {"name": 5}}, "algorithm.name"),
+    # a value no algorithm accepts, set for one that ignores the field (it trained and was stored; issue 58)
+    ("quantile-1.5-idp", {"algorithm": {"name": "idp_sample", "quantile": 1.5}}, "algorithm.quantile"),
+    ("count-noise-negative-idp", {"algorithm": {"name": "idp_scale", "count_noise_std": -1.0}},
+     "algorithm.count_noise_std"),
+    ("group-by-unknown-dpsgd", {"algorithm": {"name": "dpsgd", "group_by": "nope"}}, "algorithm.group_by"),
+    ("c-min-over-c-max-ino", {"algorithm": {"name": "ino", "c_min": 5.0, "c_max": 1.0}}, "algorithm.c_min"),
+    ("tif-unknown-dpsgd-s", {"algorithm": {"name": "dpsgd_s", "tif": "spline"}}, "algorithm.tif"),
+    ("knots-decreasing-nonprivate", {"algorithm": {"name": "nonprivate", "knots": [[0, 0.9], [1, 0.1]]}},
+     "algorithm.knots"),
     ("knots-string", {"algorithm": {**PIECEWISE, "knots": "abc"}}, "algorithm.knots"),
     ("knots-flat", {"algorithm": {**PIECEWISE, "knots": [0, 1]}}, "algorithm.knots[0]"),
     ("knots-short-pair", {"algorithm": {**PIECEWISE, "knots": [[0], [1, 1]]}}, "algorithm.knots[0]"),
@@ -424,6 +433,10 @@ AUDIT_CASES = [
      "algorithms[0].step_cut"),
     ("algorithms-private-quantile-int", {"algorithms": [{"name": "dpsgd_s", "private_quantile": 0}]},
      "algorithms[0].private_quantile"),
+    ("algorithms-quantile-1.5-idp", {"algorithms": ["dpsgd", {"name": "idp_sample", "quantile": 1.5}]},
+     "algorithms[1].quantile"),
+    ("algorithms-group-by-unknown-dpsgd", {"algorithms": [{"name": "dpsgd", "group_by": "nope"}]},
+     "algorithms[0].group_by"),
 ]
 
 

@@ -367,3 +367,47 @@ def test_the_shipped_example_regenerates_and_loads_with_three_budget_tiers(tmp_p
     assert [x.train for x in t.preview.tiers] == [288, 1188, 1724]
     assert set(t.preview.groups) == {"sex", "race"} and t.dataset.class_names == ["<=50K", ">50K"]
     assert (ASSETS_DIR / EXAMPLE_FILE).stat().st_size < 100_000
+
+
+# ------------------------------------------------------------------------------ uploads, reruns, subsamples
+def test_an_upload_is_stored_once_under_its_hash_inside_the_data_folder(tmp_path, monkeypatch):
+    from engine.data import uploads
+
+    data = rows_csv().encode()
+    rel = uploads.store_upload(data, "../../etc/loans.csv", data_dir=tmp_path)
+    import hashlib
+    assert rel == f"uploads/{hashlib.sha256(data).hexdigest()}.csv"
+    assert uploads.store_upload(data, "again.csv", data_dir=tmp_path) == rel
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [rel]
+    t = load_user_table({**SCHEMA, "file": rel}, max_tiers=MAX_TIERS, data_dir=tmp_path, use_cache=False)
+    assert t.preview.rows == 120
+    assert uploads.store_upload(gzip.compress(data), "x.CSV.GZ", data_dir=tmp_path).endswith(".csv.gz")
+    for name, blob, what in (("x.xlsx", data, "not a table file"), ("x.csv", b"", "is empty")):
+        with pytest.raises(DataError, match=what):
+            uploads.store_upload(blob, name, data_dir=tmp_path)
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_BYTES", 100)
+    with pytest.raises(DataError, match="over the 100-byte cap of an uploaded table"):
+        uploads.store_upload(data, "x.csv", data_dir=tmp_path)
+
+
+def test_a_changed_table_is_said_in_one_line(tmp_path):
+    from engine.data.uploads import table_changed
+
+    t = load(tmp_path, rows_csv())
+    assert table_changed("t.csv", t.preview.sha256, tmp_path) is None
+    (tmp_path / "t.csv").write_text(rows_csv(n=121))
+    msg = table_changed("t.csv", t.preview.sha256, tmp_path)
+    assert msg.startswith("the run's table t.csv changed since the run") and "\n" not in msg
+    (tmp_path / "t.csv").unlink()
+    assert table_changed("t.csv", t.preview.sha256, tmp_path).startswith("the run's table is gone")
+
+
+def test_a_subsample_makes_its_tiers_from_the_owners_it_keeps(tmp_path):
+    text = "x,y,sex,eps\n" + "".join(f"{i},{i % 2},f,{9 if i == 7 else 1 + i % 2}\n" for i in range(400))
+    t = load(tmp_path, text)
+    assert 9.0 in t.tiers.epsilons or 9.0 in t.budgets_test
+    sub = t.subsample(50, seed=0)
+    assert len(sub.dataset.y_train) == 50 and len(sub.tiers.train) == 50
+    assert np.array_equal(np.asarray(sub.tiers.epsilons)[sub.tiers.train], sub.budgets_train)
+    assert sub.tiers.epsilons == tuple(sorted(set(sub.budgets_train.tolist())))
+    assert t.subsample(None, seed=0) is t and t.subsample(10_000, seed=0) is t

@@ -9,6 +9,10 @@ file unusable before any column is looked at: too large, empty, header only, dup
 * Caps: the stored file at most :data:`MAX_TABLE_BYTES`; a ``.csv.gz`` decompresses under the same cap (streamed:
   a decompression bomb stops there), a Parquet file's stated uncompressed size is checked before it is read.
 * The delimiter of a CSV is sniffed from its first :data:`SNIFF_BYTES` (``,`` ``;`` tab ``|``; ``,`` if unclear).
+* A CSV is parsed block by block (:data:`BLOCK_BYTES` of text at a time, so the peak stays near the parsed
+  columns); the column types Arrow infers from the first block hold for the rest, except that an integer
+  column is read as decimals and a column empty there as text (its numbers are found later, in
+  :mod:`engine.data.table_encode`). Text further down that is not a number in a numeric column is refused.
 * Missing cells: empty, ``NA``, ``N/A``, ``NaN``, ``nan``, ``null``, ``NULL``, ``None`` (:data:`NULL_VALUES`).
 """
 from __future__ import annotations

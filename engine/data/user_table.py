@@ -31,6 +31,7 @@ from .base import Dataset
 from .budgets import BudgetTiers, budget_tiers, budget_values
 from .errors import DataError
 from .files import data_dir as _resolve_data_dir
+from .registry import subsample_indices
 from .table_encode import MAX_CATEGORIES, FeatureEncoder, encode_label, split_rows, text_codes
 from .table_file import TableFile, file_sha256, read_table, resolve_table_path
 from .table_records import CategoricalCode, Count, NumericScale, TablePreview, TableSchema
@@ -61,10 +62,31 @@ def spreadsheet_safe(text) -> str:
 @dataclass(eq=False)
 class UserTable:
     dataset: Dataset
-    preview: TablePreview
+    preview: TablePreview  # the whole table's (a subsample keeps it)
     tiers: BudgetTiers | None  # None: the schema names no budget column
     budgets_train: np.ndarray | None  # each training row's own budget (float64)
     budgets_test: np.ndarray | None
+    max_tiers: int = 0
+    bins: tuple[float, ...] | None = None
+
+    def subsample(self, max_train: int | None, seed: int) -> "UserTable":
+        """The registry's deterministic stratified subsample of the training rows (``data.max_train``), with the
+        budget tiers made again from the owners kept (a tier whose owners all left is gone, never empty)."""
+        ds = self.dataset
+        sel = None if max_train is None else subsample_indices(ds.y_train.numpy(), int(max_train), int(seed))
+        if sel is None:
+            return self
+        t = torch.from_numpy(sel)
+        sub = Dataset(name=ds.name, x_train=ds.x_train[t], y_train=ds.y_train[t], x_test=ds.x_test, y_test=ds.y_test,
+                      class_names=list(ds.class_names),
+                      sensitive_train={k: v[sel] for k, v in ds.sensitive_train.items()},
+                      sensitive_test=dict(ds.sensitive_test), default_sensitive=ds.default_sensitive, kind=ds.kind,
+                      feature_names=list(ds.feature_names),
+                      meta={**ds.meta, "seed": seed, "max_train": max_train, "train_indices": sel})
+        budgets = None if self.budgets_train is None else self.budgets_train[sel]
+        tiers = None if budgets is None else budget_tiers(budgets, self.budgets_test, self.tiers.column,
+                                                          max_tiers=self.max_tiers, bins=self.bins)
+        return UserTable(sub, self.preview, tiers, budgets, self.budgets_test, self.max_tiers, self.bins)
 
 
 def cache_root(data_dir=None) -> Path:
@@ -206,7 +228,8 @@ def _assemble(parsed: dict, schema: TableSchema, max_tiers: int, root: Path) -> 
         meta={"categorical": [c.column for c in cats], "numeric": [n.column for n in nums], "seed": None,
               "max_train": None, "data_dir": str(root), "table": {"sha256": tf.sha256, "size_bytes": tf.size_bytes,
                                                                    "schema": resolved.to_dict()}})
-    return UserTable(dataset, preview, tiers, a.get("budgets_train"), a.get("budgets_test"))
+    return UserTable(dataset, preview, tiers, a.get("budgets_train"), a.get("budgets_test"), max_tiers,
+                     schema.bins)
 
 
 def load_user_table(schema: TableSchema | dict, *, max_tiers: int, data_dir=None, use_cache: bool = True) -> UserTable:

@@ -341,6 +341,28 @@ def test_a_second_load_reads_the_cache_and_does_not_parse(tmp_path):
     assert all(p.suffix in (".npy", ".json") for p in (tmp_path / "cache").rglob("*") if p.is_file())
 
 
+def test_the_cache_drops_its_least_recently_used_entries_and_rebuilds_a_broken_one(tmp_path, monkeypatch):
+    (tmp_path / "t.csv").write_text(rows_csv())
+    entries = tmp_path / "cache" / "tables"
+    a = load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    monkeypatch.setattr(user_table, "MAX_CACHE_BYTES", 1)
+    load_user_table({**SCHEMA, "seed": 1}, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    assert len(list(entries.iterdir())) == 1  # the older entry went; the newest always stays
+    monkeypatch.setattr(user_table, "MAX_CACHE_BYTES", 1 << 30)
+    clear_table_cache()
+    load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    (folder,) = [p for p in entries.iterdir() if p.name.endswith(user_table._cache_key(a.preview.sha256,
+                                                                                       TableSchema(**SCHEMA))[32:])]
+    (folder / "x_train.npy").write_bytes(b"not an array")
+    clear_table_cache()
+    n = parse_count()
+    again = load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    assert parse_count() == n + 1 and np.array_equal(again.dataset.x_train.numpy(), a.dataset.x_train.numpy())
+    clear_table_cache()
+    load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    assert parse_count() == n + 1  # rebuilt, then read
+
+
 def test_the_preview_record_round_trips_through_json(tmp_path):
     pv = load(tmp_path, rows_csv(n=200, extra=["30,red,x,yes,1"])).preview
     d = json.loads(json.dumps(pv.to_dict()))

@@ -171,6 +171,8 @@ class FeatureEncoder:
                                 f"{MAX_CATEGORIES} a feature may have; leave it out of data.features or bin it into "
                                 "fewer values.")
             self.categorical_cols.append((name, codes, values))
+        # keep only the columns still to be read: the text columns' memory goes once their codes are made
+        self.table = table.select([name for name, v in self.numeric_cols if v is None])
 
     def encode(self):
         """(x_train, x_test, feature names, NumericScale records, CategoricalCode records)."""

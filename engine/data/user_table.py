@@ -38,6 +38,7 @@ from .table_records import CategoricalCode, Count, NumericScale, TablePreview, T
 
 ENCODING_VERSION = 1  # bump when the encoding rule changes: old cache entries are then never read
 CACHE_FOLDER = ("cache", "tables")
+MAX_CACHE_BYTES = 8 << 30  # the cache's size on disk, least recently used entries dropped first
 # A group with fewer training rows than this is said in a note: PA-ALOOA's group risk is a mean over the group's
 # samples and its bootstrap interval at a few dozen samples is too wide to tell groups apart.
 MIN_AUDIT_GROUP_ROWS = 50
@@ -160,7 +161,25 @@ def _save(folder: Path, parsed: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _evict(root: Path, keep: Path) -> None:
+    """Drop the least recently used cache entries beyond :data:`MAX_CACHE_BYTES` (never ``keep``, the newest)."""
+    try:
+        entries = [(p.joinpath("facts.json").stat().st_mtime_ns, p) for p in root.iterdir()
+                   if p.is_dir() and not p.name.startswith(".") and (p / "facts.json").is_file()]
+        total = 0
+        for _, p in sorted(entries, reverse=True):
+            total += sum(f.stat().st_size for f in p.iterdir())
+            if total > MAX_CACHE_BYTES and p != keep:
+                shutil.rmtree(p, ignore_errors=True)
+    except OSError:
+        pass
+
+
 def _load_cached(folder: Path) -> dict | None:
+    try:
+        (folder / "facts.json").touch()  # its time orders the entries for eviction
+    except OSError:  # absent, or a read-only data folder: read it all the same
+        pass
     try:
         facts = json.loads((folder / "facts.json").read_text(encoding="utf-8"))
         arrays = {p.stem: np.load(p, allow_pickle=False) for p in folder.glob("*.npy")}
@@ -257,7 +276,9 @@ def _load(schema: TableSchema, path: str, mtime_ns: int, size: int, root: str, m
         except MemoryError as e:
             raise DataError(f"Not enough memory to load {Path(path).name}.") from e
         if use_cache:
+            shutil.rmtree(folder, ignore_errors=True)  # an entry that could not be read
             _save(folder, parsed)
+            _evict(folder.parent, folder)
     return _assemble(parsed, schema, max_tiers, Path(root))
 
 

@@ -153,6 +153,8 @@ def test_a_malformed_row_a_nested_parquet_column_or_a_mistyped_schema_is_one_lin
     import pyarrow.parquet as pq
 
     assert "is not a well-formed CSV table (delimiter ',')" in refused(tmp_path, rows_csv(extra=["1,2,3,4,5,6,7"]))
+    latin1 = (rows_csv() + "30,rouge,f,café,1\n").encode("latin-1")
+    assert "t.csv is not UTF-8 text (column 'y'" in refused(tmp_path, latin1)
     pq.write_table(pa.table({"x": [[1, 2], [3]], "y": ["a", "b"], "sex": ["f", "m"], "eps": [1.0, 2.0]}),
                    tmp_path / "n.parquet")
     with pytest.raises(DataError, match=r"^column 'x' holds list<.*> values, which the lab cannot read"):

@@ -231,6 +231,10 @@ def _stream_csv(path: Path, fmt: str, names: list[str], delimiter: str, types: d
                 return pa.Table.from_batches(batches, schema=reader.schema)
     except pa.ArrowInvalid as e:  # a row with the wrong number of cells, a bad quote, bad UTF-8, junk …
         m = _CONVERSION.search(str(e))
+        utf8 = re.search(r"In CSV column #(\d+): CSV conversion error to string: invalid UTF8", str(e))
+        if utf8 and int(utf8.group(1)) < len(names):
+            raise DataError(f"{path.name} is not UTF-8 text (column {names[int(utf8.group(1))]!r}, at or after data "
+                            f"row {rows + 1:,}); save it as UTF-8.") from e
         if m and int(m.group(1)) < len(names):
             raise DataError(f"column {names[int(m.group(1))]!r} is numeric in its first rows but holds "
                             f"{m.group(2)!r} further down (at or after data row {rows + 1:,}); fix it, or name the "

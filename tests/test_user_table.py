@@ -290,8 +290,9 @@ def test_each_distinct_budget_is_a_tier_in_the_form_assign_tiers_takes(tmp_path)
     assert t.tiers.epsilons == (1.0, 2.0, 4.0) and t.tiers.names == ("ε=1", "ε=2", "ε=4")
     assert np.array_equal(np.asarray(t.tiers.epsilons)[t.tiers.train], t.budgets_train)
     assert [(x.name, x.train + x.test) for x in t.preview.tiers] == [("ε=1", 40), ("ε=2", 40), ("ε=4", 40)]
-    tiers = TiersConfig(assign="explicit", assignment=tuple(int(k) for k in t.tiers.train),
-                        tiers=tuple(TierConfig(epsilon=e, name=n) for e, n in zip(t.tiers.epsilons, t.tiers.names)))
+    assignment, epsilons, names = t.tiers.explicit()
+    tiers = TiersConfig(assign="explicit", assignment=assignment,
+                        tiers=tuple(TierConfig(epsilon=e, name=n) for e, n in zip(epsilons, names)))
     got = assign_tiers(tiers, t.dataset)
     assert got.epsilons == t.tiers.epsilons and got.sizes == tuple(x.train for x in t.preview.tiers)
 

@@ -36,6 +36,11 @@ class BudgetTiers:
     lows: tuple[float, ...]  # each tier's smallest budget (training rows)
     highs: tuple[float, ...]  # each tier's largest budget (training rows)
 
+    def explicit(self) -> tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
+        """(tier index per training row, ε per tier, name per tier): what ``engine.config.run.TiersConfig(
+        assign="explicit", assignment=…, tiers=(TierConfig(epsilon=ε_k, name=name_k), …))`` takes."""
+        return tuple(int(k) for k in self.train), self.epsilons, self.names
+
     def counts(self) -> tuple[TierCount, ...]:
         k = len(self.epsilons)
         tr = np.bincount(self.train, minlength=k)

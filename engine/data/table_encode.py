@@ -68,7 +68,7 @@ def encode_label(column, name: str) -> tuple[np.ndarray, list[str]]:
     codes, values = text_codes(column, name)
     if values and values[-1] == MISSING:
         n = int((codes == len(values) - 1).sum())
-        raise DataError(f"label column {name!r}: {n:,} row{'s' if n != 1 else ''} have no label (empty or NaN); "
+        raise DataError(f"label column {name!r}: {n:,} row{'s have' if n != 1 else ' has'} no label (empty or NaN); "
                         "drop them or give them a class.")
     if len(values) < 2:
         only = values[0] if values else "nothing"

@@ -73,6 +73,18 @@ def plan_frame(p: PlanRecord, rdp: PlanRecord | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# what the plan caption's symbols are (said under it, once per plan)
+SIGMA_STAR_TERMS = ("σ* is the noise multiplier the accountant planned for the tiers' ε: each step adds Gaussian "
+                    "noise of std σ*·C to the sum of the clipped gradients (SCALE: per tier σ*·C/C_k in the table).")
+Z_DELTA_TERMS = ("z_Δ is the gradient noise multiplier of an algorithm whose clips move (DP-SGD-S, DPSGD-F, "
+                 "DPSGD-Global-Adapt): noise std z_Δ · max_k C_k per step, above the σ* DP-SGD plans at the same ε, "
+                 "because the noisy counts that move the clips are paid for from the same budget.")
+
+
+def _plan_terms(p: PlanRecord) -> str:
+    return Z_DELTA_TERMS if p.group_clip is not None else SIGMA_STAR_TERMS
+
+
 def _plan_caption(p: PlanRecord) -> str:
     extra = f" · INO tail γ = {p.tail_length:.3g}" if p.tail_length else ""
     head = f"{p.steps} steps · expected batch {p.expected_batch_size:.1f}"
@@ -101,6 +113,7 @@ def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[s
                     st.caption(f"Non-private reference: no clipping, no noise, no DP guarantee · {p.steps} steps")
                 else:
                     st.caption(md(_plan_caption(p)))
+                    st.caption(md(_plan_terms(p)))
                     for note in p.notes or ():  # (the engine counts tiers from 0: the table's numbers)
                         st.caption(md(f"note: {user_message(note, labels=getattr(slots, 'tier_labels', None))}"))
                 if not p.formal_dp and algorithm(cfg.algorithm.name).private:  # the reference: said above
@@ -108,7 +121,19 @@ def run_plans(configs: list[RunConfig], errors: list[str], slots=None) -> dict[s
                                   f"(ε spent is not reported)."))
                 rdp = _beside_rdp(p, cfg)
                 st.dataframe(plan_frame(p, rdp), hide_index=True, width="stretch")
+    _batch_hints(configs, previews, slots)
     return previews
+
+
+def _batch_hints(configs: list[RunConfig], previews: dict[str, PlanRecord], slots) -> None:
+    """A batch that is a large fraction of the training set (``RunConfig.batch_advisories``, once the preview knows
+    the set's size; the same for every algorithm): a warning by the batch field, once."""
+    n_train = next((p.n_train for p in previews.values() if p.n_train), None)
+    if n_train is None:
+        return
+    for advice in configs[0].batch_advisories(n_train):
+        if slots is None or not slots.warn(advice):
+            st.warning(md(str(advice)), icon=":material/warning:")
 
 
 def _beside_rdp(p: PlanRecord, cfg: RunConfig) -> PlanRecord | None:

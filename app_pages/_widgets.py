@@ -162,6 +162,7 @@ class FieldSlots:
         self.tiers = None
         self._shown: dict[tuple[int, str], bool] = {}
         self._filled: dict[int, list[str]] = {}
+        self._warned: dict[int, list[str]] = {}
 
     @staticmethod
     def row(where=None):
@@ -212,16 +213,20 @@ class FieldSlots:
         return True
 
     def warn(self, advisory: ConfigError) -> bool:
-        """An advisory (``RunConfig.advisories``: valid, but far from what trains) as a warning in its field's
-        slot, in the user's terms; it does not disable Launch (not in ``reasons``). False when no widget owns
-        the field."""
+        """An advisory (``RunConfig.advisories``: valid, but far from what trains or ignored by the algorithms
+        chosen) as a warning in its field's slot, in the user's terms; it does not disable Launch (not in
+        ``reasons``). False when no widget owns the field."""
         hit = self.owner(getattr(advisory, "field", "") or "")
         if hit is None:
             return False
         slot, label, row = hit
         who, message = self.explain(advisory, label)
         target = row if row is not None and len(message) > self.NARROW else slot
-        target.warning(f"**{md(who)}**: {md(message)}", icon=":material/warning:")
+        lines = self._warned.setdefault(id(target), [])
+        line = f"**{md(who)}**: {md(message)}"
+        if line not in lines:  # every warning of a slot in one box (a second one replaced the first), once each
+            lines.append(line)
+        target.warning("  \n".join(lines), icon=":material/warning:")
         return True
 
 

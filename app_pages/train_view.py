@@ -14,7 +14,8 @@ from app_pages import _status as status
 from app_pages import _widgets as widgets
 from app_pages._look import intro, md, plot_theme, show_error
 from app_pages._tiers import tier_labels, url_tier_editor
-from engine.config.run import MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig
+from engine.config.run import (MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
+                               comparison_advisories)
 from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
@@ -138,7 +139,9 @@ with algo_col:
     with st.expander("INO-SGD options", expanded=False):
         a1, a2 = st.columns(2)
         idp_mode = a1.selectbox("Built on IDP-SGD", ["sample", "scale"], key="idp_mode", bind="query-params")
+        slots.add(a1, "Built on IDP-SGD", "algorithm.idp_mode")
         tif = a2.selectbox("TIF shape", [s for s in TIF_SHAPES if s != "piecewise"], key="tif", bind="query-params")
+        slots.add(a2, "TIF shape", "algorithm.tif")
         a1, a2 = st.columns(2)
         alpha = a1.number_input("α (Beta)", value=1.0, step=0.25, key="alpha", bind="query-params")
         slots.add(a1, "α", "algorithm.alpha")
@@ -170,8 +173,10 @@ with algo_col:
                                  format_func={"quantile": "bounded relative quantile (private)",
                                               "reference": "fair-privacy reference (not private)"}.get,
                                  help="reference: C_k = C · min(c_max, ‖batch mean grad‖ / ‖group mean grad‖)")
+        slots.add(st, "Clip rule", "algorithm.clip_rule")
         private_q = st.toggle("Private quantile (formal DP)", value=True, key="private_q", bind="query-params",
                               help="Off: the exact batch quantile is used — no formal DP guarantee")
+        slots.add(st, "Private quantile", "algorithm.private_quantile")
         if not private_q:
             st.warning("DP-SGD-S with a non-private quantile has **no formal DP guarantee**.")
         if clip_rule == "reference":
@@ -224,10 +229,11 @@ with st.container():
                 batch_size=int(train["batch"]), delta=float(train["delta"]), accountant=str(train["accountant"]),
                 clip_norm=float(train["clip"]), seed=int(train["seed"]), eval_every=int(eval_every), seeds=int(seeds))
             base_cfg.validate()
-            for advice in base_cfg.advisories():  # valid but far from what trains: a warning by the field
+            configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
+            # valid but far from what trains, or ignored by every algorithm chosen: a warning by the field
+            for advice in comparison_advisories(configs):
                 if not slots.warn(advice):
                     st.warning(md(str(advice)), icon=":material/warning:")
-            configs = [base_cfg.replace(**{"algorithm.name": a}) for a in algos]
         except ConfigError as e:
             errors.append(str(e))
             if not slots.show(e):

@@ -161,6 +161,10 @@ def test_a_malformed_row_a_nested_parquet_column_or_a_mistyped_schema_is_one_lin
         load_user_table({**SCHEMA, "file": "n.parquet"}, max_tiers=MAX_TIERS, data_dir=tmp_path, use_cache=False)
     with pytest.raises(DataError, match=r"^data.attributes must be a list, got 'sex'"):
         TableSchema(file="t.csv", label="y", attributes="sex")
+    with pytest.raises(DataError, match=r"^data.features names 'age' twice"):
+        TableSchema(file="t.csv", label="y", features=["age", "color", "age"])
+    with pytest.raises(DataError, match=r"^data.features: 'eps' is the budget column, never a feature"):
+        TableSchema(file="t.csv", label="y", budget="eps", features=["age", "eps"])
 
 
 def test_duplicate_column_names_are_refused(tmp_path):

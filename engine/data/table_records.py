@@ -82,6 +82,11 @@ class TableSchema:
         twice = sorted({c for c in roles if roles.count(c) > 1})
         if twice:
             raise DataError(f"column {twice[0]!r} is named twice among label, attributes, split and budget.")
+        for name in ("attributes", "features", "categorical"):
+            names = list(getattr(self, name) or ())
+            twice = [c for k, c in enumerate(names) if c in names[:k]]
+            if twice:
+                raise DataError(f"data.{name} names {twice[0]!r} twice.")
         for c in (self.features or ()):
             if c == self.label or c in (self.split, self.budget):
                 role = "label" if c == self.label else "split" if c == self.split else "budget"

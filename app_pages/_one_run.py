@@ -17,6 +17,7 @@ from app_pages import _handles as handles
 from app_pages import _status as status
 from app_pages import _widgets as widgets
 from app_pages._look import field_label, md, plot_theme, user_message
+from engine.audit.one_run import presets as studies
 from engine.audit.one_run.run import preview_one_run
 from engine.audit.one_run.config import DEFAULT_ONE_RUN, ONE_RUN_ALGORITHMS, OneRunConfig
 from engine.audit.one_run.report import OneRunReport
@@ -27,12 +28,14 @@ from engine.dp.accountants import DESCRIPTIONS
 from engine.dp.algorithms import ALGORITHM_REGISTRY
 from engine.dp.tiers import preset, preset_names
 from engine.figures import export
+from engine.figures.experiments import COLLUSION_COLUMNS, collusion_sentence
 from engine.figures.one_run import build_one_run_figures
 from engine.jobs.runs import algorithm_label, run_config
 
 PA_ALOOA, ONE_RUN = "PA-ALOOA audit", "One-run audit (per-tier ε̂)"
 SECTIONS = {PA_ALOOA: "pa_alooa", ONE_RUN: "one_run"}  # label → the URL's ?section= value
 PARAM = "one_run"  # ?one_run=<id>: the one-run audit shown
+FORM = "form"  # the preset picker's first choice: the form's own audit, not a study
 # the registry's order, the non-private reference last (it has no ε to audit)
 ALGORITHM_CHOICES = sorted(ALGORITHM_REGISTRY, key=lambda name: not ALGORITHM_REGISTRY[name].private)
 DEFAULT_ALGOS = [a.name for a in ONE_RUN_ALGORITHMS]
@@ -199,6 +202,55 @@ def _plan(config: OneRunConfig | None, errors: list[str]) -> dict | None:
     return p
 
 
+def study_table(name: str) -> pd.DataFrame:
+    """A study's settings as the page lists them: one row per one-run audit, its tiers and their ε."""
+    study = studies.preset(name)
+    return pd.DataFrame([{"setting": setting, "tiers": ", ".join(f"{t.name} (ε = {t.epsilon:g})" for t in c.run.tiers.tiers),
+                          "algorithms": ", ".join(algorithm_label(a.name) for a in c.algorithms),
+                          "dataset": c.run.data.name, "gradient canaries per tier": c.canaries}
+                         for (setting, _), c in zip(study.settings, study.configs)])
+
+
+def study_words(run: dict, store) -> str | None:
+    """The sentence of the study a one-run audit belongs to (its comparison's finished settings so far), or None
+    for an audit of the form."""
+    cfg = run_config(run)
+    found = studies.study_setting(cfg) if isinstance(cfg, OneRunConfig) else None
+    if found is None:
+        return None
+    study, _ = found
+    reports = {}
+    for r in store.list_runs(kind="one_run", group_id=run.get("group_id")):
+        other = run_config(r)
+        mine = studies.study_setting(other) if isinstance(other, OneRunConfig) else None
+        if mine is not None and mine[0].name == study.name and r.get("summary"):
+            reports[mine[1]] = OneRunReport.from_dict(r["summary"])
+    rows = studies.study_rows(study, reports)
+    done = f"{len(rows)} of {len(study.settings)} settings finished"
+    if not rows:
+        return f"{study.name} study: {done}."
+    return f"{collusion_sentence(pd.DataFrame(rows, columns=COLLUSION_COLUMNS))} ({study.name} study: {done}.)"
+
+
+def _study(name: str, errors: list[str]) -> list[OneRunConfig]:
+    """A preset study in place of the form: its question, its settings, its plan."""
+    study = studies.preset(name)
+    st.caption(md(study.question))
+    st.dataframe(study_table(name), hide_index=True, width="stretch")
+    try:
+        with st.spinner("Planning…"):
+            previews = [_preview(c.to_json()) for c in study.configs]
+    except (ConfigError, DataError) as e:
+        errors.append(str(e))
+        st.error(md(error_words(e)), icon="🚫")
+        return []
+    st.caption(md(f"Plan: {len(previews)} one-run audits, {sum(p['total_steps'] for p in previews)} steps in all on "
+                  f"{previews[0]['n_train']} samples · {previews[0]['canaries']} gradient canaries per tier · launched "
+                  "together as one comparison; the sentence below an audit of the study follows the ε = 1 tier "
+                  "across the finished settings"))
+    return list(study.configs)
+
+
 def _view(mgr, store, run_id: int) -> None:
     run = store.get_run(run_id)
     if run is None:
@@ -217,6 +269,10 @@ def _view(mgr, store, run_id: int) -> None:
     with st.container(key="one-run-verdict", border=True):
         for line in report.verdict_sentences():
             (st.error if "BROKEN" in line else st.markdown)(md(line))
+    study = study_words(run, store)
+    if study:
+        with st.container(key="one-run-study"):
+            st.info(md(study), icon=":material/groups:")
     theme = plot_theme()
     sig = (run_id, theme, len(report.algorithms), report.partial)
     specs = charts.cached_figures("one-run-figures", sig, lambda: build_one_run_figures(report, theme=theme))
@@ -235,13 +291,20 @@ def page(mgr, store, url) -> None:
     """The one-run section: the form, Launch, and the chosen one-run audit (live while it runs)."""
     st.caption(EXPLAINER)
     errors: list[str] = []
-    config = _form(errors)
-    plan = _plan(config, errors)
-    launch = st.button("Launch one-run audit", type="primary", key="o_launch", icon=":material/policy:",
-                       disabled=bool(errors) or plan is None)
-    if launch and config is not None:
-        (run_id,) = mgr.submit([config], kind="one_run", names=[config.name or f"one-run {config.run.data.name}"])
-        st.query_params[PARAM] = str(run_id)
+    chosen = st.selectbox("Preset", [FORM, *studies.PRESETS], key="o_preset", persist_state=widgets.KEEP,
+                          format_func=lambda n: "none: the form below" if n == FORM else f"{n} study",
+                          help="a study launches several one-run audits together (its settings replace the form)")
+    if chosen == FORM:
+        config = _form(errors)
+        configs = [config] if _plan(config, errors) is not None else []
+    else:
+        configs = _study(chosen, errors)
+    what = "one-run audit" if chosen == FORM else f"{chosen} study ({len(configs)} one-run audits)"
+    launch = st.button(f"Launch {what}", type="primary", key="o_launch", icon=":material/policy:",
+                       disabled=bool(errors) or not configs)
+    if launch and configs:
+        ids = mgr.submit(configs, kind="one_run", names=[c.name or f"one-run {c.run.data.name}" for c in configs])
+        st.query_params[PARAM] = str(ids[0])
     st.divider()
     audits = store.list_runs(kind="one_run")
     if not audits:

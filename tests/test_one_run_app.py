@@ -150,3 +150,83 @@ def test_launch_a_tiny_one_run_audit_until_its_figure():
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) == 1
     assert "DP-SGD: every tier's ε̂ stays below its claimed ε (white-box and black-box" in _text(at.markdown)
+
+
+# --- the collusion study as a preset (issue 58, point 8b) --------------------------------------------------------------
+
+def test_the_collusion_preset_builds_one_valid_audit_per_setting():
+    from engine.audit.one_run.presets import COLLUSION_SETTINGS, PRESETS, preset, study_setting
+    from engine.config.schema import ConfigError
+
+    study = preset("collusion")
+    assert PRESETS["collusion"] is study and len(study.configs) == len(COLLUSION_SETTINGS) == 4
+    for (setting, others), cfg in zip(study.settings, study.configs):
+        again = OneRunConfig.from_json(cfg.to_json()).validate()  # stored and read back: still valid, the same
+        assert again == cfg and study_setting(again) == (study, setting)
+        tiers = cfg.run.tiers.tiers
+        assert (tiers[0].name, tiers[0].epsilon, tiers[0].classes) == ("ε=1", 1.0, (2, 5, 9))  # the fixed tier
+        assert tuple(t.epsilon for t in tiers[1:]) == others  # the others' budgets, varied
+        assert sorted(c for t in tiers for c in t.classes) == list(range(10))
+        assert [a.name for a in cfg.algorithms] == ["idp_sample"] and cfg.canaries > 0
+    assert study_setting(OneRunConfig()) is None and study_setting(OneRunConfig(name="collusion · nope")) is None
+    with pytest.raises(ConfigError, match="unknown one-run preset"):
+        preset("nope")
+
+
+def _finished_study(store, settings_hat: dict) -> list[int]:
+    """The collusion study's audits in one comparison, finished with hand-built reports (ε̂ of the ε=1 tier)."""
+    from engine.audit.one_run.presets import preset
+
+    study = preset("collusion")
+    ids = store.create_jobs([[c.to_dict()] for c in study.configs], kind="one_run", group_id="onerun-study",
+                            names=[c.name for c in study.configs])
+    reports = {}
+    for (setting, _), rid in zip(study.settings, ids):
+        if setting in settings_hat:
+            algo = figs.algorithm("idp_sample", "idp_sample", "IDP-SGD (SAMPLE)", [1.0, 2.0, 3.0],
+                                  [settings_hat[setting], 0.5, 0.6], tiers=("ε=1", "a", "b"))
+            reports[rid] = figs.OneRunReport(dataset="digits", delta=1e-5, beta=0.05, canaries=500, input_canaries=0,
+                                             algorithms=(algo,)).to_dict()
+    store.finish_runs(reports)
+    return ids
+
+
+def test_the_one_run_section_offers_the_collusion_study_and_says_what_it_found():
+    at = _app().run()
+    assert at.selectbox(key="o_preset").value == one_run.FORM and "collusion study" in at.selectbox(key="o_preset").options
+    at.selectbox(key="o_preset").set_value("collusion").run()
+    assert not at.exception and not at.error
+    assert not [w for w in at.number_input if w.key == "o_epochs"]  # the study's settings replace the form
+    (settings,) = [d.value for d in at.dataframe if "setting" in d.value.columns]
+    assert list(settings["setting"]) == ["equal", "paper", "looser", "loosest"]
+    assert "Does my tier's risk depend on the others' budgets?" in _text(at.caption)
+    assert "4 one-run audits" in at.button(key="o_launch").label and not at.button(key="o_launch").disabled
+
+    store = RunStore()  # the page's store (conftest: a temporary file)
+    ids = _finished_study(store, {"equal": 0.41, "paper": 0.38})  # two of four settings finished
+    at = _app(one_run=str(ids[1])).run()
+    assert not at.exception
+    (info,) = [i.value.replace("\\", "") for i in at.info if "study" in i.value]
+    assert "the ε=1 tier's one-run ε̂ moves from 0.41 to 0.38" in info and "(1, 1) to (2, 3)" in info
+    assert "2 of 4 settings finished" in info and "holding in every setting" in info
+
+
+def test_the_study_sentence_without_a_gpr_says_when_a_setting_breaks_the_claim():
+    import pandas as pd
+
+    from engine.audit.one_run.presets import preset, study_rows
+    from engine.figures.experiments import COLLUSION_COLUMNS, collusion_sentence
+
+    study = preset("collusion")
+
+    def report(hat):
+        algo = figs.algorithm("idp_sample", "idp_sample", "IDP-SGD (SAMPLE)", [1.0, 2.0, 3.0], [hat, 0.5, 0.6],
+                              tiers=("ε=1", "a", "b"))
+        return figs.OneRunReport(dataset="digits", delta=1e-5, beta=0.05, canaries=500, input_canaries=0,
+                                 algorithms=(algo,))
+
+    rows = study_rows(study, {"equal": report(0.4), "loosest": report(1.2), "paper": report(0.5)})
+    assert [r["setting"] for r in rows] == ["equal", "paper", "loosest"]  # the study's order, finished ones only
+    sentence = collusion_sentence(pd.DataFrame(rows, columns=COLLUSION_COLUMNS))
+    assert "from 0.40 to 1.20" in sentence and "(1, 1) to (4, 8)" in sentence
+    assert "above its claimed ε = 1 in loosest: the claim is broken" in sentence and "GPR" not in sentence

@@ -99,10 +99,20 @@ COLLUSION_COLUMNS = ["setting", "others", "tier", "epsilon", "sample_rate", "noi
 def collusion_sentence(frame: pd.DataFrame) -> str:
     """What the collusion test found, in one sentence: the fixed tier's empirical risk (its GPR and its one-run ε̂ by
     both bounds) from the first setting of the other tiers' budgets to the last, the GPR's range over all of them and
-    whether its extremes are apart beyond their CIs."""
+    whether its extremes are apart beyond their CIs. Without a GPR (one-run audits alone: the one-run page's preset,
+    ``engine.audit.one_run.presets``) its ε̂ only, and whether any setting's ε̂ exceeds the claimed ε."""
     if frame.empty:
         return "No collusion-test settings finished yet."
     first, last = frame.iloc[0], frame.iloc[-1]
+    if not frame["gpr"].notna().any():  # one-run audits alone (the Audit page's preset): ε̂ only
+        # either bound above the claim breaks it (the one-run report's rule)
+        above = [s for s, h, f, e in zip(frame["setting"], frame["epsilon_hat"], frame["epsilon_hat_fdp"],
+                                         frame["epsilon"]) if h > e or f > e]
+        holds = (f"its claimed ε = {first['epsilon']:.3g} holding in every setting" if not above else
+                 f"its ε̂ above its claimed ε = {first['epsilon']:.3g} in {', '.join(above)}: the claim is broken")
+        return (f"As the other tiers' budgets go from ({first['others']}) to ({last['others']}), the {first['tier']} "
+                f"tier's one-run ε̂ moves from {first['epsilon_hat']:.2f} to {last['epsilon_hat']:.2f} (f-DP: "
+                f"{first['epsilon_hat_fdp']:.2f} to {last['epsilon_hat_fdp']:.2f}), {holds}.")
     lo, hi = frame.loc[frame["gpr"].idxmin()], frame.loc[frame["gpr"].idxmax()]
     apart = "apart beyond their CIs" if hi["gpr_low"] > lo["gpr_high"] else "within each other's CIs"
     return (f"As the other tiers' budgets go from ({first['others']}) to ({last['others']}), the {first['tier']} tier's "

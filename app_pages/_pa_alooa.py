@@ -17,8 +17,10 @@ from app_pages import _widgets as widgets
 from app_pages._look import md, plot_theme, show_error
 from app_pages._tiers import tier_editor
 from engine.audit.pa_alooa.config import AUDIT_MODELS, DEFAULT_RUN, SCORES, THRESHOLDS, AuditConfig
+from engine.audit.pa_alooa.frames import ACCURACY_VS_DPSGD
 from engine.audit.pa_alooa.presets import PRESETS, describe, settings
 from engine.audit.pa_alooa.report import as_report
+from engine.audit.pa_alooa.stats import DELTA_METHOD, DELTA_METHOD_SHORT
 from engine.audit.pa_alooa.verdict import verdict_lines
 from engine.config.run import AlgorithmConfig, TiersConfig
 from engine.config.schema import ConfigError
@@ -39,7 +41,8 @@ AUDIT_EXPLAINER = ("**PA-ALOOA**: for r = 1..R the training set is split into tw
                    "log p_y − log(1 − p_y), in float64); a group's **GPR** is the mean advantage of its samples and "
                    "**Δ** the gap between the riskiest and the safest group (percentage points). The tick on each bar is that "
                    "group's **null floor**, the same estimator on shuffled membership labels: bars near it show no measurable "
-                   "leakage. Δ is *not resolved* when its CI reaches the spread of Δ under shuffled labels.")
+                   "leakage. Δ is *not resolved* when its CI reaches the spread of Δ under shuffled labels. "
+                   + md(DELTA_METHOD) + ".")  # the engine's words, escaped (Δ* is not emphasis)
 
 
 def null_floor_warning(report) -> None:
@@ -71,7 +74,8 @@ def delta_columns(report) -> dict:
         return st.column_config.NumberColumn(label, format=fmt, help=help, width=max(80, 7 * len(label) + 36))
 
     cols = {"algorithm": st.column_config.TextColumn("algorithm", width="medium"),
-            "Δ (pp)": num("Δ (pp)", "%.2f", "(max − min GPR) × 100, percentage points"),
+            "Δ (pp)": num("Δ (pp)", "%.2f", "(max − min GPR) × 100, percentage points, "
+                          + (DELTA_METHOD_SHORT if report.delta_bias_corrected else "the plug-in (an older audit)")),
             "Δ CI low": num("Δ CI low", "%.2f"), "Δ CI high": num("Δ CI high", "%.2f"),
             "null Δ low": num("null Δ low", "%.2f", "Δ under shuffled membership labels: the spread's low end"),
             "null Δ high": num("null Δ high", "%.2f", "Δ under shuffled membership labels: the spread's high end"),
@@ -83,7 +87,8 @@ def delta_columns(report) -> dict:
             "claimed ε": st.column_config.TextColumn("claimed ε", width=110, help="per tier; empty: no guarantee"),
             **{f"GPR {g}": num(f"GPR {g}", "%.4f") for g in report.group_names}}
     if report.comparisons:
-        cols["accuracy cost (points)"] = num("accuracy cost (points)", "%+.2f", "DP-SGD-S − DP-SGD, paired over models")
+        cols[ACCURACY_VS_DPSGD] = num(ACCURACY_VS_DPSGD, "%+.2f", "DP-SGD-S's test accuracy minus DP-SGD's, paired "
+                                      "over models: below 0, DP-SGD-S is less accurate")
         cols["noise × DP-SGD"] = num("noise × DP-SGD", "%.2f", "DP-SGD-S's realised noise / DP-SGD's at the same ε")
     return cols
 

@@ -194,7 +194,8 @@ def test_dp_audit_invariants_lower_bound_below_claimed():
         assert a.null_delta.low <= a.null_delta.value <= a.null_delta.high and a.resolved in (True, False)
         assert sum(sum(c) for c in a.histogram.counts.values()) == res.n_train
         gprs = [a.gpr[g].value for g in res.group_names]
-        assert a.delta.value == pytest.approx((max(gprs) - min(gprs)) * 100)
+        assert a.delta_plug_in == pytest.approx((max(gprs) - min(gprs)) * 100)  # Δ: bias-corrected from it
+        assert 0.0 <= a.delta.low <= a.delta.value <= a.delta.high
         assert 0.0 <= a.lira["0"].auc <= 1.0
     _check_report_round_trip_and_frames(res)
 
@@ -203,7 +204,7 @@ def _check_report_round_trip_and_frames(res: AuditReport):
     d = res.to_dict()
     assert AuditReport.from_dict(d) == res
     assert AuditReport.from_dict(json.loads(json.dumps(d))) == res  # what the store gives back
-    assert d["kind"] == "audit" and d["version"] == 2 and [a["key"] for a in d["algorithms"]] == \
+    assert d["kind"] == "audit" and d["version"] == 3 and [a["key"] for a in d["algorithms"]] == \
         [a.key for a in res.algorithms]
     # the results-dict shape the figures and pages read today
     a0 = d["algorithms"][0]
@@ -211,6 +212,7 @@ def _check_report_round_trip_and_frames(res: AuditReport):
                        "advantage_mean", "baselines", "accuracy", "lira", "epsilon", "histogram", "train_seconds",
                        "stats_seconds"}
     assert set(a0["gpr"]) == {"groups", "delta", "n_boot", "ci"} and set(a0["lira"]) == {"groups", "roc"}
+    assert set(a0["gpr"]["delta"]) == {"value", "low", "high", "plug_in"}  # version 3: Δ bias-corrected
     n_alg, n_groups = len(res.algorithms), len(res.group_names)
     gpr = res.gpr_frame()
     assert len(gpr) == n_alg * n_groups and gpr["gpr"].between(-1, 1).all()

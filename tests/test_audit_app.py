@@ -197,7 +197,7 @@ def test_controls_switch_refuses_without_dpsgd_and_a_finished_audit_shows_its_ve
     assert list(table.columns) == ["comparison", "quantity", "value", "low", "high", "unpaired", "answer"]
     delta = next(f for f in frames if "Δ (pp)" in f.columns)  # the Δ table, full width, with the accuracy cost
     assert list(delta["algorithm"]) == [a.label for a in report.algorithms]
-    assert "accuracy cost (points)" in delta.columns and "noise × DP-SGD" in delta.columns
+    assert "accuracy − DP-SGD (points)" in delta.columns and "noise × DP-SGD" in delta.columns
     # every column of the Δ table has a column config (label, format, a width that fits its header)
     (proto,) = [d.proto for d in at.dataframe if "Δ (pp)" in d.value.columns]
     import json

@@ -62,7 +62,8 @@ def test_paired_bootstrap_covers_the_known_difference_at_the_nominal_rate():
         covered += p["delta"]["low"] <= truth <= p["delta"]["high"]
         paired_width.append(p["delta"]["high"] - p["delta"]["low"])
         unpaired_width.append(u["delta"]["high"] - u["delta"]["low"])
-        assert p["delta"]["value"] == pytest.approx(u["delta"]["value"])  # the same point estimate
+        assert p["delta"]["plug_in"] == pytest.approx(u["delta"]["plug_in"])  # the same plug-in
+        assert p["delta"]["low"] <= p["delta"]["value"] <= p["delta"]["high"]  # each bias-corrected with its draws
     assert covered >= 90, f"the paired 95 % CI covered the true difference in {covered} of 100 seeds"
     # shared sample effects: the paired CI is several times narrower than two independent resamples imply
     assert np.median(paired_width) < 0.5 * np.median(unpaired_width)
@@ -125,8 +126,9 @@ def test_verdict_flips_with_the_sign_of_the_difference_and_says_not_resolved_whe
     assert lower_lines[0].startswith("DP-SGD-S lowers Δ by") and "raises" not in lower_lines[0]
     assert higher_lines[0].startswith("DP-SGD-S raises Δ by") and "lowers" not in higher_lines[0]
     assert "(not resolved)" in none_lines[0] and "lowers" not in none_lines[0] and "raises" not in none_lines[0]
-    # the accuracy cost is stated with its paired CI
-    assert "Accuracy cost of DP-SGD-S: -2.00 points" in lower
+    # the accuracy against DP-SGD's, the direction in words, with its paired CI (a "cost" of +0.07 read both ways)
+    assert "DP-SGD-S's accuracy is 2.00 points below DP-SGD's [" in lower
+    assert "DP-SGD-S's accuracy is 2.00 points below DP-SGD's [" in higher  # (the same accuracies in both)
     # levelling up: the high-risk group g1 lowered, g0 unchanged → holds; g1 raised → does not hold
     assert "Levelling up vs DP-SGD holds" in lower
     assert "Levelling up vs DP-SGD does not hold: risk raised for g1" in higher
@@ -257,13 +259,13 @@ def test_audit_comparisons_are_paired_and_the_verdict_reads_them(audited):
     assert lines[first].startswith("DP-SGD-S ") and "vs noise-matched DP-SGD" in lines[first]
     assert any(w in lines[first] for w in ("beyond what its extra noise explains", "not beyond what its extra noise",
                                        "less than its extra noise alone"))
-    assert any(line.startswith("Accuracy cost of DP-SGD-S") for line in lines)
+    assert any(line.startswith("DP-SGD-S's accuracy is ") and " DP-SGD's" in line for line in lines)
     assert compact_summary(report)["verdict"] == lines
     assert AuditReport.from_dict(report.to_dict()) == report
     frame = report.delta_frame()
-    assert "accuracy cost (points)" in frame.columns
+    assert "accuracy − DP-SGD (points)" in frame.columns
     row = frame[frame["algorithm"] == "DP-SGD-S"].iloc[0]
-    assert row["accuracy cost (points)"] == pytest.approx(round(report.comparisons[0].accuracy.value, 2))
+    assert row["accuracy − DP-SGD (points)"] == pytest.approx(round(report.comparisons[0].accuracy.value, 2))
 
 
 @pytest.mark.slow

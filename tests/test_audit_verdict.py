@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.audit.pa_alooa.records import Estimate, PairedComparison
 from engine.audit.pa_alooa.report import AlgorithmReport, AuditReport
 from engine.audit.pa_alooa.summary import compact_summary, summary_table
-from engine.audit.pa_alooa.verdict import delta_verdict, verdict_lines
+from engine.audit.pa_alooa.verdict import delta_verdict, dpsgd_s_verdict, verdict_lines
 
 
 def _algo(key, label, delta, null=(0.2, 1.4), resolved=None, name=None):
@@ -97,3 +97,33 @@ def test_the_json_summary_carries_the_verdict_with_or_without_paired_comparisons
     out = compact_summary(lone)
     assert "comparisons" not in out and out["verdict"] == verdict_lines(lone)
     assert out["verdict"][0].startswith("Δ resolved: Non-private SGD 12.50 pp [11.30, 14.00] > DP-SGD 8.90")
+
+
+def _with_accuracy(acc: Estimate) -> AuditReport:
+    """DP-SGD-S against DP-SGD, its accuracy difference (DP-SGD-S − DP-SGD, points) ``acc``."""
+    s, d = _algo("dpsgd_s", "DP-SGD-S", (8.1, 7.0, 9.0), name="dpsgd_s"), _algo(*DP, (8.9, 8.2, 9.6))
+    c = PairedComparison(a="dpsgd_s", b="dpsgd", a_label="DP-SGD-S", b_label="DP-SGD", delta=Estimate(-0.8, -1.1, -0.5),
+                         delta_unpaired=Estimate(-0.8, -2.1, 0.6), groups={}, reference_gpr={}, accuracy=acc,
+                         n_boot=100, ci=0.95)
+    return _report(s, d, comparisons=[c])
+
+
+def _accuracy_line(acc: Estimate) -> str:
+    (line,) = [x for x in dpsgd_s_verdict(_with_accuracy(acc), "dpsgd_s") if "accuracy is" in x]
+    return line
+
+
+def test_the_accuracy_sentence_says_whether_dpsgd_s_is_less_or_more_accurate():
+    """Issue 58: "Accuracy cost of DP-SGD-S: +0.07 points" read as a loss either way; the sentence says below or
+    above, with the CI of the gap when it is resolved, else the signed difference with its CI."""
+    assert _accuracy_line(Estimate(0.07, -0.10, 0.24)) == (
+        "DP-SGD-S's accuracy is 0.07 points above DP-SGD's (DP-SGD-S − DP-SGD +0.07 points [-0.10, +0.24]: "
+        "not resolved).")
+    below, above = _accuracy_line(Estimate(-0.52, -0.73, -0.31)), _accuracy_line(Estimate(0.40, 0.10, 0.70))
+    assert below == "DP-SGD-S's accuracy is 0.52 points below DP-SGD's [0.31, 0.73]."
+    assert above == "DP-SGD-S's accuracy is 0.40 points above DP-SGD's [0.10, 0.70]."
+    assert _accuracy_line(Estimate(-1.0, None, None)) == "DP-SGD-S's accuracy is 1.00 points below DP-SGD's (no CI)."
+    assert _accuracy_line(Estimate(0.0, -0.2, 0.2)).startswith("DP-SGD-S's accuracy is equal to DP-SGD's (")
+    assert _accuracy_line(Estimate(-0.004, -0.2, 0.2)).startswith("DP-SGD-S's accuracy is within 0.01 points of "
+                                                                  "DP-SGD's (DP-SGD-S − DP-SGD -0.00 points")
+    assert not any("cost" in x for x in verdict_lines(_with_accuracy(Estimate(0.07, -0.10, 0.24))))

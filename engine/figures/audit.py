@@ -6,7 +6,8 @@ the data) and presentation packs work alike. Group, tier and algorithm names are
 
 Figures: GPR bars per group grouped by algorithm (bootstrap CI whiskers, each group's own null floor as a
 tick on its bar, "Δ not resolved" named below the plot; more than four algorithms: a panel each; legends beside
-the plot); the Δ table (pp, with CI, the null Δ spread and whether Δ is resolved) and accuracy per algorithm;
+the plot); the Δ table (pp, bias-corrected, with CI, the null Δ spread and whether Δ is resolved) and accuracy per
+algorithm;
 per-tier empirical ε lower bound next to the claimed ε; LiRA ROC per group on log-log axes; per-sample advantage histograms; baselines
 (PA-GA, PA-GBA, PA-LOOA) next to PA-ALOOA.
 """
@@ -16,6 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from engine.audit.pa_alooa.report import AuditReport, as_report
+from engine.audit.pa_alooa.stats import DELTA_METHOD_SHORT
 from engine.figures.scaffold import (LEGEND_BESIDE, FigureSpec, algo_color, base_figure, empty_figure, esc,
                                      escape_columns, facet_grid, fig_table, group_color, notes_below)
 
@@ -118,9 +120,13 @@ def _table(df, title: str, theme: str) -> go.Figure:
     return empty_figure(title, theme, NO_RESULTS, legend="top") if df.empty else fig_table(df, theme=theme, title=title)
 
 
-def fig_delta_table(results, *, theme: str = "light",
-                    title: str = "Δ = (max − min GPR) × 100, in pp") -> go.Figure:
-    return _table(as_report(results).delta_frame(), title, theme)
+def fig_delta_table(results, *, theme: str = "light", title: str | None = None) -> go.Figure:
+    """The Δ table; its default title names how Δ was estimated (bias-corrected from version 3 of the report)."""
+    report = as_report(results)
+    if title is None:
+        title = (f"Δ (pp): max − min GPR, {DELTA_METHOD_SHORT}" if report.delta_bias_corrected
+                 else "Δ = (max − min GPR) × 100, in pp")
+    return _table(report.delta_frame(), title, theme)
 
 
 def fig_accuracy(results, *, theme: str = "light",

@@ -1,5 +1,6 @@
 """An audit's report computed from its models' scores and the membership design (``engine.audit.pa_alooa.stats``
-does the statistics): GPR per group with bootstrap CIs, Δ, each group's null floor and the null Δ
+does the statistics): GPR per group with bootstrap CIs, Δ bias-corrected with its CI (``stats.DELTA_METHOD``; the
+plug-in max − min beside it), each group's null floor and the null Δ
 spread (permuted membership) with the "resolved" flag, PA-GA / PA-GBA, accuracy, LiRA per group, the
 per-tier empirical ε lower bound and the advantage histograms.
 

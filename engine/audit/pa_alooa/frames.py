@@ -34,9 +34,14 @@ def gpr_frame(report) -> pd.DataFrame:
                                        "threshold", "formal_dp"])
 
 
+ACCURACY_VS_DPSGD = "accuracy − DP-SGD (points)"  # a − b: a "cost" column read +0.07 as a loss (issue 58)
+
+
 def delta_frame(report) -> pd.DataFrame:
-    """One row per algorithm: Δ (pp) with its CI, the null Δ spread and whether Δ is resolved beyond it,
-    accuracy, floor, claimed ε (None without a formal guarantee) and the GPR of each group."""
+    """One row per algorithm: Δ (pp, bias-corrected from version 3 of the report: ``report.delta_method``) with its CI,
+    the null Δ spread and whether Δ is resolved beyond it, accuracy, floor, claimed ε (None without a formal
+    guarantee) and the GPR of each group; with paired comparisons, DP-SGD-S's accuracy minus DP-SGD's (signed:
+    below 0, DP-SGD-S is less accurate) and its noise."""
     import pandas as pd
 
     rows = []
@@ -51,9 +56,9 @@ def delta_frame(report) -> pd.DataFrame:
                "claimed ε": ", ".join(f"{c:.3g}" for c in claimed) if claimed else None}
         for g in report.group_names:
             row[f"GPR {g}"] = _r(a.gpr[g].value if g in a.gpr else None, 4)
-        if report.comparisons:  # DP-SGD-S: its accuracy cost and its noise beside its Δ
+        if report.comparisons:  # DP-SGD-S: its accuracy against DP-SGD's and its noise beside its Δ
             base = report.dpsgd_comparison(a.key)
-            row["accuracy cost (points)"] = _r(base.accuracy.value, 2) if base is not None else None
+            row[ACCURACY_VS_DPSGD] = _r(base.accuracy.value, 2) if base is not None else None
             row["noise × DP-SGD"] = _r(a.noise_ratio, 3)
         rows.append(row)
     return pd.DataFrame(rows)

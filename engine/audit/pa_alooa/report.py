@@ -2,7 +2,8 @@
 CLI tables, the figures and the page through attributes and tidy frames (never key paths).
 
     AuditReport             one audit: sizes, groups, tiers, timing, one AlgorithmReport per algorithm
-      .algorithms[k]        AlgorithmReport: gpr (per group, with CI), delta (pp, with CI), null_floor,
+      .algorithms[k]        AlgorithmReport: gpr (per group, with CI), delta (pp, bias-corrected, with CI; the
+                            plug-in max − min GPR beside it: delta_plug_in), null_floor,
                             null_groups (each group's own null floor), null_delta (the null Δ spread),
                             resolved (Δ's CI above the null Δ spread),
                             baselines (PA-GA, PA-GBA, PA-LOOA), accuracy, lira (per group AUC + ROC),
@@ -14,10 +15,11 @@ CLI tables, the figures and the page through attributes and tidy frames (never k
       .gpr_frame() …        tidy pandas frames (engine.audit.pa_alooa.frames): gpr, delta, accuracy, epsilon, roc,
                             histogram, baselines, comparison
       .to_dict() / from_dict(d)   the JSON results dict the run store keeps as the audit's summary
-                            (RESULTS_VERSION 2; a running audit's partial summary too)
+                            (RESULTS_VERSION 3; a running audit's partial summary too)
 
 ``from_dict(to_dict(r)) == r``. Values that are undefined (an empty group, no finite score) are None;
-reports of version 1 (no per-group null, no null Δ) load with those None. An algorithm without a
+reports of version 1 (no per-group null, no null Δ) load with those None; those of versions 1 and 2 hold the
+plug-in Δ with the percentile interval of its bootstrap (delta_plug_in None). An algorithm without a
 formal guarantee (``formal_dp`` False) has claimed ε None in every tier, in every output.
 The report is computed in :mod:`engine.audit.pa_alooa.analysis`.
 """
@@ -33,8 +35,10 @@ from engine.audit.pa_alooa import frames
 from engine.audit.pa_alooa.config import AuditConfig
 from engine.audit.pa_alooa.records import (Accuracy, Baselines, ControlInfo, Estimate, Histogram, LiraGroup, LooaRecord,
                                            PairedComparison, TierEpsilon, estimate_dict, estimate_of, from_known)
+from engine.audit.pa_alooa.stats import DELTA_METHOD, DELTA_METHOD_BEFORE
 
-RESULTS_VERSION = 2  # 2: float64 scores (logit confidence by default), per-group null floors, the null Δ, resolved
+RESULTS_VERSION = 3  # 2: float64 scores (logit confidence by default), per-group null floors, the null Δ, resolved;
+# 3: Δ bias-corrected with the bootstrap (stats.DELTA_METHOD), the plug-in beside it, paired Δ differences alike
 
 
 # ================================================================================================
@@ -48,7 +52,7 @@ class AlgorithmReport:
     label: str
     formal_dp: bool
     gpr: dict  # group -> Estimate (value = the group's mean per-sample advantage)
-    delta: Estimate  # (max − min GPR) × 100, in pp
+    delta: Estimate  # (max − min GPR) × 100, in pp, bias-corrected (stats.DELTA_METHOD); version ≤ 2: the plug-in
     null_floor: float | None
     baselines: Baselines
     accuracy: Accuracy
@@ -75,6 +79,7 @@ class AlgorithmReport:
     realised_noise_multiplier: float | None = None
     dpsgd_noise_multiplier: float | None = None
     accuracy_ci: Estimate | None = None  # mean test accuracy in points, t interval over complementary pairs
+    delta_plug_in: float | None = None  # (max − min GPR) × 100 before the bias correction; None: version ≤ 2
 
     @property
     def noise_ratio(self) -> float | None:
@@ -93,7 +98,8 @@ class AlgorithmReport:
                "algorithm": dict(self.algorithm), "plan": None if self.plan is None else [dict(p) for p in self.plan],
                "info": dict(self.info),
                "gpr": {"groups": {g: {"mean": e.value, "low": e.low, "high": e.high} for g, e in self.gpr.items()},
-                       "delta": {"value": self.delta.value, "low": self.delta.low, "high": self.delta.high},
+                       "delta": {"value": self.delta.value, "low": self.delta.low, "high": self.delta.high,
+                                 **({} if self.delta_plug_in is None else {"plug_in": self.delta_plug_in})},
                        "n_boot": self.n_boot, "ci": self.ci},
                "null_floor": self.null_floor, "advantage_mean": self.advantage_mean, "baselines": baselines,
                "null": {"groups": dict(self.null_groups), "n_perm": self.null_perms,
@@ -159,7 +165,8 @@ class AlgorithmReport:
             control=None if d.get("control") is None else ControlInfo.from_dict(d["control"]),
             realised_noise_multiplier=d.get("realised_noise_multiplier"),
             dpsgd_noise_multiplier=d.get("dpsgd_noise_multiplier"),
-            accuracy_ci=None if d.get("accuracy_ci") is None else estimate_of(d["accuracy_ci"]))
+            accuracy_ci=None if d.get("accuracy_ci") is None else estimate_of(d["accuracy_ci"]),
+            delta_plug_in=(g.get("delta") or {}).get("plug_in"))
 
     def claimed_epsilons(self) -> tuple:
         """Per tier: the claimed ε, None for every tier of an algorithm without a formal guarantee."""
@@ -201,6 +208,20 @@ class AuditReport:
             if a.key == key:
                 return a
         raise KeyError(f"no algorithm {key!r} in this audit; there are: {', '.join(a.key for a in self.algorithms)}")
+
+    @property
+    def delta_bias_corrected(self) -> bool:
+        """Whether Δ is bias-corrected (version 3 on: a plug-in beside each Δ; an audit with no algorithm yet will
+        be)."""
+        return not self.algorithms or any(a.delta_plug_in is not None for a in self.algorithms)
+
+    @property
+    def delta_method(self) -> str:
+        """How this report's Δ and its CI were estimated, in words: ``stats.DELTA_METHOD``; a report stored before the
+        bias correction says what it holds instead."""
+        if self.delta_bias_corrected:
+            return DELTA_METHOD
+        return f"Δ here is {DELTA_METHOD_BEFORE} (an audit stored before Δ was bias-corrected)"
 
     def at_null_floor(self) -> list[str]:
         """Labels of the algorithms, when ALL of them have every group's GPR CI reaching down to that group's

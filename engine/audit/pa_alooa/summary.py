@@ -55,6 +55,7 @@ def summary_table(results) -> str:
                      + f" {_yes_no(a.resolved):>8} {eps:>18}")
     lines.append("GPR cells: the group's GPR / its own null floor (permuted membership); claimed ε — : no formal "
                  "guarantee; resolved: Δ's CI above the null Δ spread")
+    lines.append(r.delta_method + ".")
     for a in r.algorithms:
         if a.control is not None:
             c = a.control

@@ -4,11 +4,13 @@ the controls that say what its extra noise alone would do (``AuditConfig.control
 
     delta_verdict(report)      "Δ resolved: Non-private SGD 12.50 pp [11.30, 14.00] > DP-SGD 8.90 [8.20, 9.60];
                                the difference is beyond both CIs." then one sentence per algorithm: its Δ and CI
+                               (bias-corrected, with the plug-in max − min GPR it came from: stats.DELTA_METHOD)
                                against its null Δ ("… not resolved: its CI reaches the null Δ [0.20, 1.40]")
     difference(e, what)        "lowers Δ by 1.9 pp [0.8, 3.0]" / "raises …" / "changes … (not resolved)"
     dpsgd_s_verdict(report, k) the sentences for the DP-SGD-S algorithm ``k``: Δ vs DP-SGD and vs the
                                noise-matched control (beyond / not beyond what its extra noise explains), vs the
-                               accuracy-matched control, its accuracy cost and noise, and "levelling up" per group
+                               accuracy-matched control, its accuracy against DP-SGD's ("0.52 points below
+                               DP-SGD's") and its noise, and "levelling up" per group
     verdict_lines(report)      delta_verdict, then every DP-SGD-S algorithm's sentences (the page, the CLI table,
                                docs/RESULTS.md)
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from engine.audit.pa_alooa.records import Estimate, PairedComparison
 from engine.audit.pa_alooa.report import AuditReport
+from engine.audit.pa_alooa.stats import DELTA_METHOD_SHORT
 from engine.dp.algorithms import find_algorithm
 
 
@@ -100,14 +103,35 @@ def dpsgd_s_verdict(report: AuditReport, key: str) -> list[str]:
                      f"{_acc(s)} — {s.label} {difference(c.delta)}.")
     if base is not None:
         ratio = s.noise_ratio
-        lines.append(f"Accuracy cost of {s.label}: {_n(base.accuracy.value, '+.2f')} points "
-                     f"[{_n(base.accuracy.low, '+.2f')}, {_n(base.accuracy.high, '+.2f')}] vs {base.b_label}"
+        lines.append(accuracy_versus(base)
                      + (f", with {ratio:.2f}× DP-SGD's noise at the same ε (z_Δ · mean max_k C_k / (σ · C))"
                         if ratio is not None else "") + ".")
         lines.append(levelling_up(base))
         if noise is not None and noise.key in vs:
             lines.append(levelling_up(vs[noise.key]))
     return lines
+
+
+def accuracy_versus(c: PairedComparison) -> str:
+    """``c.a``'s test accuracy against ``c.b``'s in words, the direction said (a signed "cost" read both ways):
+    "DP-SGD-S's accuracy is 0.52 points below DP-SGD's [0.31, 0.73]" — the paired CI of the gap when it excludes
+    0 — else the signed difference a − b with its CI, "(not resolved)"."""
+    e, who, ref = c.accuracy, f"{c.a_label}'s accuracy", f"{c.b_label}'s"
+    if e is None or e.value is None:
+        return f"{who} against {ref}: not measured"
+    if round(abs(e.value), 2) == 0:  # "0.00 points below" would name a direction the number does not show
+        gap = f"equal to {ref}" if e.value == 0 else f"within 0.01 points of {ref}"
+    else:
+        gap = f"{abs(e.value):.2f} points {'below' if e.value < 0 else 'above'} {ref}"
+    sign = resolved_sign(e)
+    if sign is None:
+        return f"{who} is {gap} (no CI)"
+    if sign < 0:
+        return f"{who} is {gap} [{-e.high:.2f}, {-e.low:.2f}]"
+    if sign > 0:
+        return f"{who} is {gap} [{e.low:.2f}, {e.high:.2f}]"
+    return (f"{who} is {gap} ({c.a_label} − {c.b_label} {e.value:+.2f} points [{e.low:+.2f}, {e.high:+.2f}]: "
+            f"not resolved)")
 
 
 def _acc(a) -> str:
@@ -163,6 +187,8 @@ def _against_null(a) -> str:
     d, nd = a.delta, a.null_delta
     head = f"{a.label}: Δ {_pp(d.value)} pp" + (f" {_ci(d)}" if d.low is not None and d.high is not None
                                                  else " (no CI)")
+    if a.delta_plug_in is not None:  # a report of version 3 on: say what Δ is and where it came from
+        head += f" (max − min GPR {_pp(a.delta_plug_in)} pp, {DELTA_METHOD_SHORT})"
     if a.resolved is None or nd is None:
         return head + ", no null Δ to resolve it against."
     null = f"the null Δ {_ci(nd)} (shuffled membership)"

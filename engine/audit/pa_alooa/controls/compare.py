@@ -7,13 +7,16 @@ share most of their noise (the sample itself, its splits). A difference a − b 
 spread is, usually far narrower than two independent CIs side by side (``paired=False`` gives that one,
 for reference).
 
-    paired_bootstrap(adv_a, adv_b, groups)   Δ_a − Δ_b and GPR_a − GPR_b per group (pp), percentile CIs;
-                                             samples resampled within each group (group sizes fixed, as
-                                             ``stats.bootstrap_gpr``), only samples finite under both
+    paired_bootstrap(adv_a, adv_b, groups)   Δ_a − Δ_b bias-corrected (as each Δ is, ``stats.DELTA_METHOD``) and
+                                             GPR_a − GPR_b per group (pp, percentile CIs: a difference of means has
+                                             no max − min bias); samples resampled within each group (group sizes
+                                             fixed, as ``stats.bootstrap_gpr``), only samples finite under both
     accuracy_difference(acc_a, acc_b)        mean test accuracy a − b (points), paired over models: a t interval
                                              over the complementary pairs (model 2r and 2r+1 are one unit)
     accuracy_interval(acc_models)            one algorithm's mean accuracy with the same t interval
-    compare(...)                             a PairedComparison record from two algorithms' reports
+    compare(...)                             a PairedComparison record from two algorithms' reports: Δ_a − Δ_b is
+                                             their own bias-corrected Δ's difference, with the interval's width
+                                             from the paired (and the unpaired) draws
     comparisons(setup, results)              each DP-SGD-S against DP-SGD and against its own controls
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from scipy import special as _special
 from engine.audit.pa_alooa.design import derived_seed
 from engine.audit.pa_alooa.records import Estimate, PairedComparison
 from engine.audit.pa_alooa.report import AlgorithmReport
+from engine.audit.pa_alooa.stats import bias_corrected
 from engine.dp.algorithms import algorithm
 
 _CHUNK_ELEMS = 2_000_000  # index-matrix elements drawn at once (bounds memory like stats.bootstrap_gpr)
@@ -46,14 +50,17 @@ def _percentiles(x: np.ndarray, ci: float) -> tuple[float, float]:
 
 
 def paired_bootstrap(adv_a, adv_b, groups, *, n_boot: int = 1000, ci: float = 0.95, seed=0,
-                     paired: bool = True) -> dict:
-    """Δ_a − Δ_b (pp) and, per group, GPR_a − GPR_b (pp) with percentile bootstrap CIs.
+                     paired: bool = True, delta_centre: float | None = None) -> dict:
+    """Δ_a − Δ_b (pp) bias-corrected with its interval and, per group, GPR_a − GPR_b (pp) with percentile CIs.
 
     ``adv_a``, ``adv_b``: per-sample advantages of the same samples under two algorithms; ``groups``: each
     sample's group. Samples are resampled with replacement within each group; ``paired`` draws one index
     matrix for both algorithms, else one for each (independent resamples). Only samples finite under both
-    enter (with shared membership the NaN samples are the same ones). Returns ``{"delta": {"value", "low",
-    "high"}, "groups": {g: {"value", "low", "high"}}, "n_boot", "ci", "paired"}``.
+    enter (with shared membership the NaN samples are the same ones). Each Δ is a max − min, biased upward by
+    an amount of its own, so their difference is too: it is corrected as one Δ is (``stats.bias_corrected``,
+    2 d̂ − median d*), or, given ``delta_centre`` (the two algorithms' own bias-corrected Δ_a − Δ_b), centred
+    there; either way the interval holds the value. Returns ``{"delta": {"value", "low", "high", "plug_in"},
+    "groups": {g: {"value", "low", "high"}}, "n_boot", "ci", "paired"}``.
     """
     if not 0 < ci < 1:
         raise ValueError("ci must be in (0, 1)")
@@ -89,11 +96,11 @@ def paired_bootstrap(adv_a, adv_b, groups, *, n_boot: int = 1000, ci: float = 0.
         lo, hi = _percentiles(diff, ci)
         out_groups[str(name)] = {"value": float((point_a[gi] - point_b[gi]) * 100.0), "low": lo, "high": hi}
     finite = np.isfinite(point_a) & np.isfinite(point_b)
-    value = float(_spread(point_a[finite, None])[0] - _spread(point_b[finite, None])[0]) if finite.any() \
+    plug_in = float(_spread(point_a[finite, None])[0] - _spread(point_b[finite, None])[0]) if finite.any() \
         else float("nan")
-    lo, hi = _percentiles(_spread(boot_a[finite]) - _spread(boot_b[finite]), ci) if finite.any() \
-        else (float("nan"), float("nan"))
-    return {"delta": {"value": value, "low": lo, "high": hi}, "groups": out_groups, "n_boot": int(n_boot),
+    diffs = _spread(boot_a[finite]) - _spread(boot_b[finite]) if finite.any() else np.array([np.nan])
+    delta = bias_corrected(plug_in, diffs, ci, centre=delta_centre)
+    return {"delta": {**delta, "plug_in": plug_in}, "groups": out_groups, "n_boot": int(n_boot),
             "ci": float(ci), "paired": bool(paired)}
 
 
@@ -137,9 +144,15 @@ def _est(d: dict) -> Estimate:
 
 def compare(ra: AlgorithmReport, rb: AlgorithmReport, adv_a, adv_b, acc_a, acc_b, groups, *, n_boot: int,
             ci: float, seed) -> PairedComparison:
-    """Algorithm ``ra`` against ``rb`` (their per-sample advantages and per-model test accuracies), paired."""
-    paired = paired_bootstrap(adv_a, adv_b, groups, n_boot=n_boot, ci=ci, seed=seed)
-    unpaired = paired_bootstrap(adv_a, adv_b, groups, n_boot=n_boot, ci=ci, seed=seed, paired=False)
+    """Algorithm ``ra`` against ``rb`` (their per-sample advantages and per-model test accuracies), paired.
+    Δ_a − Δ_b is the difference of the two reports' Δ (each bias-corrected with its own bootstrap), so it is their
+    rows' difference; the paired and the unpaired draws give its interval's width (``paired_bootstrap``)."""
+    va, vb = ra.delta.value, rb.delta.value
+    centre = va - vb if None not in (va, vb) and ra.delta_plug_in is not None and rb.delta_plug_in is not None \
+        else None  # a report stored before the correction: the difference corrected with the paired draws
+    paired = paired_bootstrap(adv_a, adv_b, groups, n_boot=n_boot, ci=ci, seed=seed, delta_centre=centre)
+    unpaired = paired_bootstrap(adv_a, adv_b, groups, n_boot=n_boot, ci=ci, seed=seed, paired=False,
+                                delta_centre=centre)
     return PairedComparison(a=ra.key, b=rb.key, a_label=ra.label, b_label=rb.label, delta=_est(paired["delta"]),
                             delta_unpaired=_est(unpaired["delta"]),
                             groups={k: _est(v) for k, v in paired["groups"].items()},

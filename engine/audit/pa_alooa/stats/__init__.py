@@ -3,7 +3,7 @@ in five modules by concern:
 
     inputs.py      the checked (scores, membership) pair, the groups, the models' halves (the design's pairs whole)
     thresholds.py  each sample's scores sorted once, the in-sample and held-out best rules
-    advantage.py   per-sample advantage, GPR and its bootstrap, the null floor and null Δ
+    advantage.py   per-sample advantage, GPR and its bootstrap, Δ bias-corrected, the null floor and null Δ
     baselines.py   PA-GA, PA-GBA, PA-LOOA, LiRA, ROC / AUC / TPR at low FPR
     epsilon.py     empirical ε lower bounds (Clopper-Pearson), overall and per group
 
@@ -39,8 +39,10 @@ threads (a test checks 1 against 3).
 from __future__ import annotations
 
 from engine.audit.pa_alooa.parallel import set_threads
-from engine.audit.pa_alooa.stats.advantage import (bootstrap_gpr, delta_resolved, gpr_delta,
-                                          group_privacy_risk, null_distribution, null_floor, sample_advantage)
+from engine.audit.pa_alooa.stats.advantage import (DELTA_METHOD, DELTA_METHOD_BEFORE, DELTA_METHOD_SHORT,
+                                                   bias_corrected, bootstrap_gpr,
+                                                   delta_resolved, gpr_delta, group_privacy_risk, null_distribution,
+                                                   null_floor, sample_advantage)
 from engine.audit.pa_alooa.stats.baselines import (auc, lira_by_group, lira_scores, logit_confidence, pa_ga, pa_gba, pa_looa,
                                           roc_curve_points, roc_summary, tpr_at_fpr)
 from engine.audit.pa_alooa.stats.epsilon import epsilon_lower_bound, per_group_epsilon_lower_bound
@@ -50,6 +52,10 @@ __all__ = [
     "group_privacy_risk",
     "gpr_delta",
     "bootstrap_gpr",
+    "bias_corrected",
+    "DELTA_METHOD",
+    "DELTA_METHOD_SHORT",
+    "DELTA_METHOD_BEFORE",
     "null_floor",
     "null_distribution",
     "delta_resolved",

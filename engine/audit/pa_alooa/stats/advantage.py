@@ -1,6 +1,6 @@
 """The per-sample advantage on the PA-ALOOA membership design (``design.complementary_membership``), group privacy
-risk (GPR) with its bootstrap CIs, and the null: the floor a group's GPR has without any signal and the spread of Δ
-under permuted memberships."""
+risk (GPR) with its bootstrap CIs, Δ bias-corrected with the bootstrap (:data:`DELTA_METHOD`), and the null: the floor
+a group's GPR has without any signal and the spread of Δ under permuted memberships."""
 
 from __future__ import annotations
 
@@ -63,6 +63,45 @@ def sample_advantage(scores, membership, *, threshold: str = "in_sample", seed=0
 # --------------------------------------------------------------------------- #
 # 2. group privacy risk
 # --------------------------------------------------------------------------- #
+# Δ = max_k GPR_k − min_k GPR_k is biased upward (the largest of noisy group means is too large, the smallest too
+# small; the closer the groups, the larger the bias), and so is each bootstrap replicate Δ*: a percentile interval
+# of Δ* can lie wholly above the plug-in Δ̂ (a digits audit, R = 4: "Δ 5.15 [5.41, 13.83]"). The bootstrap measures
+# that bias as median(Δ*) − Δ̂; Δ̂ less it is the bias-corrected Δ, and its interval is symmetric about it with the
+# wider of the bootstrap's two tails, so it holds Δ by construction (the basic interval [2Δ̂ − q_hi, 2Δ̂ − q_lo]
+# mirrors the tails and under-covers two close groups; the percentile interval shifted by the bias under-covers many
+# close groups; their union, this one, covered the true Δ in 0.87–0.94 of simulated audits of 2–10 groups, 0.65
+# where ten groups tie, against 0.01–0.38 for the percentile interval where many groups are close).
+DELTA_METHOD = ("Δ is bias-corrected with the bootstrap: the max − min of noisy group means is biased upward, so "
+                "Δ = 2 Δ̂ − median Δ* (Δ̂ = max − min GPR, Δ* the same on resampled samples), clipped at 0, with "
+                "the interval Δ ± the wider of the two tails of Δ* about its median, which always holds Δ")
+DELTA_METHOD_SHORT = "bias-corrected with the bootstrap"
+# what reports of versions 1 and 2 hold (engine.audit.pa_alooa.report.AuditReport.delta_method)
+DELTA_METHOD_BEFORE = "the plug-in max − min with the percentile interval of its bootstrap, which can lie above it"
+
+
+def bias_corrected(point: float, boot, ci: float, *, centre: float | None = None, floor: float | None = None) -> dict:
+    """The bootstrap bias correction of a max − min statistic and its interval (:data:`DELTA_METHOD`).
+
+    ``point``: the plug-in estimate; ``boot``: its bootstrap replicates (NaN ignored). ``centre``: the
+    bias-corrected value to centre the interval on when it is known otherwise (a difference of two Δ: the
+    difference of their own corrections); ``None``: ``2 point − median(boot)``. ``floor``: clip the value and the
+    interval at it (Δ ≥ 0; clipping is monotone, so the interval still holds the value). Returns ``{"value",
+    "low", "high"}`` with ``low <= value <= high`` whenever the value is finite; NaN when nothing is finite.
+    """
+    b = np.asarray(boot, dtype=np.float64)
+    b = b[np.isfinite(b)]
+    if b.size == 0 or not math.isfinite(point):
+        return {"value": float("nan"), "low": float("nan"), "high": float("nan")}
+    # sorted: quantiles are ordered, np.percentile's interpolation could break that by an ulp
+    lo, med, hi = np.sort(np.percentile(b, [100 * (1 - ci) / 2, 50.0, 100 * (1 + ci) / 2]))
+    value = float(2 * point - med) if centre is None else float(centre)
+    half = float(max(hi - med, med - lo))  # >= 0
+    out = {"value": value, "low": value - half, "high": value + half}
+    if floor is not None:
+        out = {k: max(float(floor), v) for k, v in out.items()}
+    return out
+
+
 def group_privacy_risk(advantage, groups) -> dict:
     """Mean per-sample advantage per group (NaN advantages ignored)."""
     adv = np.asarray(advantage, dtype=np.float64)
@@ -84,11 +123,12 @@ def gpr_delta(gpr: dict) -> float:
 
 
 def bootstrap_gpr(advantage, groups, *, n_boot: int = 1000, ci: float = 0.95, seed=0) -> dict:
-    """Percentile bootstrap of the per-group GPR and of Δ (resampling samples
-    with replacement *within* each group, so group sizes are fixed).
+    """Bootstrap of the per-group GPR and of Δ (resampling samples with replacement *within* each group, so
+    group sizes are fixed): each GPR with its percentile interval (a mean: its bootstrap is centred on it), Δ
+    bias-corrected with its interval (:func:`bias_corrected`, :data:`DELTA_METHOD`), the plug-in max − min beside it.
 
-    Returns ``{"groups": {g: {"mean", "low", "high"}}, "delta": {"value", "low",
-    "high"}, "n_boot", "ci"}``; GPRs are fractions, Δ is in percentage points.
+    Returns ``{"groups": {g: {"mean", "low", "high"}}, "delta": {"value", "low", "high", "plug_in"}, "n_boot",
+    "ci"}``; GPRs are fractions, Δ is in percentage points.
     """
     if not 0 < ci < 1:
         raise ValueError("ci must be in (0, 1)")
@@ -121,11 +161,7 @@ def bootstrap_gpr(advantage, groups, *, n_boot: int = 1000, ci: float = 0.95, se
         dboot = (np.nanmax(boots, axis=0) - np.nanmin(boots, axis=0)) * 100.0 if len(values) else np.array([np.nan])
     return {
         "groups": res_groups,
-        "delta": {
-            "value": point,
-            "low": float(np.percentile(dboot, lo_q)),
-            "high": float(np.percentile(dboot, hi_q)),
-        },
+        "delta": {**bias_corrected(point, dboot, ci, floor=0.0), "plug_in": point},
         "n_boot": int(n_boot),
         "ci": float(ci),
     }
@@ -251,7 +287,9 @@ def null_distribution(scores, membership, groups, *, threshold: str = "in_sample
 
 
 def delta_resolved(delta_low, null_delta_high) -> bool | None:
-    """Δ is resolved when its CI lies above the null Δ spread (None where either is undefined)."""
+    """Δ is resolved when its CI lies above the null Δ spread (None where either is undefined). The null spread is
+    that of the plug-in max − min under shuffled labels (biased upward like any Δ̂), Δ's CI the bias-corrected one:
+    the comparison errs on the side of "not resolved"."""
     if delta_low is None or null_delta_high is None:
         return None
     lo, hi = float(delta_low), float(null_delta_high)

@@ -5,6 +5,11 @@ MIN_PLOT_PX tall — the gain chart at the width of a
 half-width column of the page (its title and notes wrapped as the page wraps them) and at full width, the audit
 charts (full width on the Audit page) at full width.
 
+Issue 58 point 7, at 1400 × 900: the ε-spent chart of 3 and 4 runs (as a page of its own, half and full width, and
+on the Train page of the shared app), the one-run audit figure's note (its subtitle) at the Audit page's width, the
+status badges of runs that ended each way (each whole: the state in a word), and the Runs table (every column within
+its width: no horizontal scroll).
+
 Each figure is the engine's own (engine.figures), written as a Plotly HTML page (plotly.js from the plotly package,
 beside it in a temporary folder: nothing from the internet) and opened in Debian's Chromium; the boxes are read
 from what Plotly drew (the SVG), so what is checked is what a researcher sees.
@@ -44,6 +49,8 @@ BOXES = """() => {
           plots: named('.nsewdrag', 'plot')};
 }"""
 
+BOXES_IN = "root => (" + BOXES.replace("document.", "root.") + ")()"  # the same, in one chart of a page
+
 
 def overlap(a: dict, b: dict, slack: float = 2.0) -> bool:
     return min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > slack and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > slack
@@ -58,6 +65,12 @@ def problems(page, fig, width: int, tmp_path, name: str) -> list[str]:
     page.goto(path.as_uri())
     page.wait_for_selector("svg.main-svg .legend, svg.main-svg .gtitle", timeout=UI_MS)
     got = page.evaluate(BOXES)
+    assert got["plots"], f"{name}: no plot area drawn"
+    return boxes_problems(got)
+
+
+def boxes_problems(got: dict) -> list[str]:
+    """What overlaps what (or leaves the figure) among the boxes :data:`BOXES` read."""
     out, f = [], got["figure"]
     for t in got["texts"]:
         if t["x0"] < f["x0"] - 1 or t["x1"] > f["x1"] + 1 or t["y0"] < f["y0"] - 1 or t["y1"] > f["y1"] + 1:
@@ -66,17 +79,20 @@ def problems(page, fig, width: int, tmp_path, name: str) -> list[str]:
     for i, a in enumerate(got["texts"]):
         out += [f"{a['kind']} {a['text']!r} over {b['kind']} {b['text']!r}" for b in got["texts"][i + 1:]
                 if overlap(a, b)]
-    assert got["plots"], f"{name}: no plot area drawn"
     out += [f"a plot area only {p['y1'] - p['y0']:.0f} px tall" for p in got["plots"] if p["y1"] - p["y0"] < MIN_PLOT_PX]
     return out
 
 
 def pairs(n: int) -> list[dict]:
-    """``n`` INO-SGD/IDP-SGD pairs, each its own comparison (group)."""
+    """``n`` INO-SGD/IDP-SGD pairs, each its own comparison (group) on its own seed (the same config and seed would
+    be reruns of one pair, counted once)."""
     runs = []
     for k in range(n):
-        runs += [make_run(2 * k + 1, "idp_sample", group=f"g{k}"),
-                 make_run(2 * k + 2, "ino", group=f"g{k}", gain=0.02 * (k + 1))]
+        pair = [make_run(2 * k + 1, "idp_sample", group=f"g{k}"),
+                make_run(2 * k + 2, "ino", group=f"g{k}", gain=0.02 * (k + 1))]
+        for run in pair:
+            run["config"]["seed"] = k
+        runs += pair
     return runs
 
 
@@ -197,6 +213,47 @@ def test_the_status_badges_are_whole(server, browser, ended_runs):  # noqa: F811
     assert sorted(badges) == sorted(ended_runs), badges
     assert not cut, cut
     assert "diverged at step 13" in text and "cancelled by you" in text and "worker stopped" in text
+
+
+EPSILON_GROUP = "cmp-layout-epsilon"
+
+
+@pytest.fixture(scope="module")
+def epsilon_runs(server):  # noqa: F811 - a fixture
+    """Four finished runs of one comparison with their evaluations (test_layout_fit's: a DP-SGD-S run without a
+    formal guarantee, a long name), written into the shared store as a worker writes them."""
+    _, store, _ = server
+    ids = []
+    for run in three_runs(4):
+        rid = store.create_run(run["config"], group_id=EPSILON_GROUP, name=run["name"] or None)
+        store.start_run(rid, pid=os.getpid(), total_steps=run["total_steps"], plan=run["plan"])
+        for e in run["evals"]:
+            store.log_eval(rid, e["step"], e)
+        store.update_progress(rid, run["total_steps"])
+        store.finish_run(rid, {})
+        ids.append(rid)
+    return ids
+
+
+def test_the_epsilon_chart_on_the_train_page_holds_four_runs(server, browser, epsilon_runs):  # noqa: F811
+    """The ε-spent chart as the Train page draws it at 1400 × 900 (its half-width column): no panel title, note or
+    legend over another, over a plot or out of the figure."""
+    url, _, _ = server
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(url + f"train?dataset=digits&group={EPSILON_GROUP}")
+    chart = page.locator(".st-key-chart-live-epsilon")
+
+    def drawn():
+        try:
+            got = chart.evaluate(BOXES_IN, timeout=5000)
+        except Exception:  # not drawn yet, or being redrawn: read again
+            return None
+        return got if got and len([t for t in got["texts"] if t["kind"] == "note"]) >= 5 else None
+
+    got = wait_until(drawn, UI, "the ε-spent chart of four runs")
+    page.close()
+    found = boxes_problems(got)
+    assert not found, found
 
 
 def test_the_runs_table_shows_its_last_column(server, browser, ended_runs):  # noqa: F811

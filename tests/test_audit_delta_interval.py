@@ -119,7 +119,8 @@ def test_the_issues_audit_prints_a_delta_inside_its_interval():
 def test_the_correction_removes_most_of_the_bias_and_restores_the_coverage():
     """Ten classes whose true GPRs span 5 pp, 40 audits: the plug-in max − min overestimates Δ by several pp
     and the percentile interval of its bootstrap almost never covers it; the bias-corrected Δ is off by less
-    than half as much and its interval covers the truth in most audits (measured: 0.88 at 600 audits)."""
+    than half as much and its interval covers the truth in most audits (measured: 4.60 against 1.95 pp, 32 of these
+    40 covered; 0.90 of 600 such simulated audits, the percentile interval 0.01)."""
     plug, corrected, covered = [], [], 0
     for seed in range(40):
         adv, groups, true = _ten_close_classes(seed, spread=0.05)

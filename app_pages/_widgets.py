@@ -12,7 +12,7 @@ from typing import Callable
 import streamlit as st
 
 from app_pages._look import field_label, md, user_error
-from engine.config.run import ACCOUNTANTS
+from engine.config.run import ACCOUNTANTS, MAX_DELTA
 from engine.config.schema import ConfigError
 from engine.dp.accountants import DESCRIPTIONS
 from engine.dp.algorithms import ALGORITHM_REGISTRY, find_algorithm
@@ -261,7 +261,8 @@ def training_inputs(prefix: str = "", *, epochs: float, batch: int, batch_step: 
                         format="%.4g")}
     c1, c2, c3 = st.columns(3)
     row = FieldSlots.row() if checked else None
-    out.update(delta=number(c1, row, "δ", "delta", dict(min_value=1e-12, max_value=0.5), value=1e-5, format="%.1e"),
+    out.update(delta=number(c1, row, "δ", "delta", dict(min_value=1e-12, max_value=MAX_DELTA), value=1e-5,
+                            format="%.1e"),
                clip=number(c2, row, "Clip norm C", "clip", dict(min_value=0.001), value=1.0, step=0.1),
                seed=number(c3, row, "Seed", "seed", dict(min_value=0), value=0, step=1))
     c1, _, _ = st.columns(3)

@@ -7,7 +7,8 @@
                    privacy plan's fields shared by run configs and ``privacy-lab plan``'s flags
     algorithms.py  the algorithms' plain facts, the one table of them (``AlgorithmSpec``: name, label, colour,
                    planner mode, formal-DP rule, the fields each reads, every field's values valid for any
-                   algorithm — the TIF knots rule among them —, gain partner, controls); ``engine.dp.algorithms`` builds the registry on it
+                   algorithm — the TIF knots rule among them —, gain partner, controls); ``engine.dp.algorithms``
+                   builds the registry on it
     job.py         a job that trains one RunConfig per algorithm (the audits): its ``algorithms`` and ``run``,
                    parsed and validated once
     backend.py     BackendConfig: where an audit's chunks train (local, a Ray instance here, a cluster's address)

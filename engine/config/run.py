@@ -27,7 +27,8 @@ from engine.config.algorithms import (ALGORITHM_LABELS, ALGORITHM_SPECS, ALGORIT
                                       MAX_GROUPS, MAX_KNOTS, NO_DP_REASONS, TIF_SHAPES, algorithm_spec,
                                       check_field_values, ignored_advisory, ignored_fields, no_formal_dp_reason,
                                       tif_knots_problem)
-from engine.config.limits import (ACCOUNTANTS, LARGE_BATCH_FRACTION, LIFT_IN_CONFIG, MAX_AUDIT_MODEL_STEPS,  # noqa: F401
+from engine.config.limits import (ACCOUNTANTS, LARGE_BATCH_FRACTION, LIFT_IN_CONFIG,  # noqa: F401
+                                  MAX_AUDIT_MODEL_STEPS,
                                   MAX_BATCH_SIZE, MAX_CHUNK_MODELS, MAX_CLASS_ID, MAX_CNN_PADDING, MAX_DELTA,
                                   MAX_HIDDEN_LAYERS, MAX_HIDDEN_WIDTH, MAX_MODEL_PARAMS, MAX_NAME_CHARS,
                                   MAX_PATH_CHARS, MAX_SEED, MAX_SEEDS, MAX_THREADS, MAX_TIERS, MAX_TOTAL_STEPS,

@@ -173,7 +173,7 @@ def test_the_verdict_the_table_the_figure_and_the_page_name_the_method():
     from app_pages._look import md
     from engine.audit.pa_alooa.report import AuditReport
     from engine.audit.pa_alooa.stats import DELTA_METHOD
-    from engine.audit.pa_alooa.summary import summary_table
+    from engine.audit.pa_alooa.summary import compact_summary, summary_table
     from engine.audit.pa_alooa.verdict import delta_verdict
     from engine.figures.audit import fig_delta_table
 
@@ -186,6 +186,9 @@ def test_the_verdict_the_table_the_figure_and_the_page_name_the_method():
                            "bias-corrected with the bootstrap), not resolved"), line
     assert d.low <= d.value <= d.high
     assert DELTA_METHOD + "." in summary_table(report).splitlines()
+    (row,) = compact_summary(report)["algorithms"]  # --json: Δ, its CI, the plug-in and the method
+    assert (row["delta_pp"], row["delta_ci"], row["delta_plug_in_pp"], row["delta_method"]) == \
+        (d.value, [d.low, d.high], a.delta_plug_in, DELTA_METHOD)
     assert "bias-corrected with the bootstrap" in fig_delta_table(report).layout.title.text
     assert md(DELTA_METHOD) in AUDIT_EXPLAINER  # the page's explanation of Δ: the engine's words
     assert "bias-corrected with the bootstrap" in delta_columns(report)["Δ (pp)"]["help"]

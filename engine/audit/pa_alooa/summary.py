@@ -16,7 +16,8 @@ def compact_summary(results) -> dict:
     out["algorithms"] = [{
         "key": a.key, "label": a.label, "formal_dp": a.formal_dp, "accuracy": a.accuracy.mean,
         "gpr": {g: e.value for g, e in a.gpr.items()}, "gpr_ci": {g: [e.low, e.high] for g, e in a.gpr.items()},
-        "delta_pp": a.delta.value, "delta_ci": [a.delta.low, a.delta.high], "null_floor": a.null_floor,
+        "delta_pp": a.delta.value, "delta_ci": [a.delta.low, a.delta.high], "delta_plug_in_pp": a.delta_plug_in,
+        "delta_method": r.delta_method, "null_floor": a.null_floor,
         "null_floor_groups": dict(a.null_groups),
         "null_delta": None if a.null_delta is None else [a.null_delta.low, a.null_delta.high],
         "resolved": a.resolved, "pa_ga": a.baselines.pa_ga, "lira_auc": {g: v.auc for g, v in a.lira.items()},

@@ -124,7 +124,10 @@ class IndividualAccountant:
         self._grids = np.stack([ratio_grid_rdp(q, s) for q, s in zip(self.sample_rates, self.noise_multipliers)])
         self._release = np.asarray(accountants.releases_rdp(self.releases), dtype=np.float64)
         n = len(self.tiers)
-        self._counts = np.zeros((n, GRID + 1), dtype=np.int64)  # steps spent at each grid point, per sample
+        # the RDP composed so far, in two parts: steps at the tier's own step (u = 1) counted, the others summed per
+        # order — a sample always at its bound then gets T times its tier's one-step RDP, the tier's own product
+        self._top_steps = np.zeros(n, dtype=np.int64)
+        self._rdp_below = np.zeros((n, self._grids.shape[2]))
         self._last_step, self._last_index = 0, np.full(n, GRID, dtype=np.int64)
         self.checkpoints: list[int] = []
 
@@ -136,26 +139,27 @@ class IndividualAccountant:
         index = grid_index(ratios)
         if index.shape != self._last_index.shape:
             raise ValueError(f"ratios must have one entry per panel sample ({len(self.tiers)}), got {index.shape}")
-        self._spend(step)
-        self._last_index = index
+        self._top_steps, self._rdp_below = self._composed(step)
+        self._last_step, self._last_index = step, index
         self.checkpoints.append(step)
 
-    def _spend(self, step: int) -> None:
-        if step > self._last_step:
-            np.add.at(self._counts, (np.arange(len(self.tiers)), self._last_index), step - self._last_step)
-            self._last_step = step
+    def _composed(self, step: int):
+        """(steps at u = 1, RDP of the other steps) after ``step`` steps, the last checkpoint's ratios held since."""
+        if step < self._last_step:
+            raise ValueError(f"steps {step} is before the last checkpoint {self._last_step}")
+        d = step - self._last_step
+        top = self._last_index == GRID
+        top_steps, below = self._top_steps + d * top, self._rdp_below
+        if d and not top.all():
+            below = below.copy()
+            rows = np.flatnonzero(~top)
+            below[rows] += d * self._grids[self.tiers[rows], self._last_index[rows]]
+        return top_steps, below
 
     def rdp(self, steps: int) -> np.ndarray:
         """(n, orders) each panel sample's RDP after ``steps`` steps (≥ the last checkpoint)."""
-        if int(steps) < self._last_step:
-            raise ValueError(f"steps {steps} is before the last checkpoint {self._last_step}")
-        counts = self._counts.copy()
-        counts[np.arange(len(self.tiers)), self._last_index] += int(steps) - self._last_step
-        out = np.empty((len(self.tiers), self._grids.shape[2]))
-        for k in range(len(self.sample_rates)):  # per tier: steps at each grid point × that point's RDP
-            rows = self.tiers == k
-            out[rows] = counts[rows].astype(np.float64) @ self._grids[k]
-        return out + self._release
+        top_steps, below = self._composed(int(steps))
+        return top_steps[:, None] * self._grids[self.tiers, GRID] + below + self._release
 
     def epsilons(self, steps: int) -> np.ndarray:
         """(n,) each panel sample's individual ε (under RDP) after ``steps`` steps."""

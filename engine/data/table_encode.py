@@ -69,7 +69,7 @@ def encode_label(column, name: str) -> tuple[np.ndarray, list[str]]:
     if values and values[-1] == MISSING:
         n = int((codes == len(values) - 1).sum())
         raise DataError(f"label column {name!r}: {n:,} row{'s have' if n != 1 else ' has'} no label (empty or NaN); "
-                        "drop them or give them a class.")
+                        f"drop {'them' if n != 1 else 'it'} or give {'them' if n != 1 else 'it'} a class.")
     if len(values) < 2:
         only = values[0] if values else "nothing"
         raise DataError(f"label column {name!r} has one class ({only!r}); a classifier needs at least 2.")

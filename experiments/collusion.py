@@ -27,6 +27,7 @@ from experiments import common  # noqa: E402
 from experiments.common import ConfigError, finite  # noqa: E402
 from engine.audit.one_run.config import OneRunConfig  # noqa: E402
 from engine.audit.pa_alooa.config import AuditConfig  # noqa: E402
+from engine.config.job import algorithms_advisories  # noqa: E402
 from engine.config.run import MAX_CLASS_ID, MAX_NAME_CHARS, MAX_TIERS, TierConfig  # noqa: E402
 from engine.config.schema import check_int, check_list, check_positive, check_str, parse_section  # noqa: E402
 from engine.figures.experiments import COLLUSION_COLUMNS, collusion_sentence, fig_collusion  # noqa: E402
@@ -104,6 +105,8 @@ def configs(spec: dict, mode: dict, setting: dict, *, device=None, threads=None)
             out.append(cls.from_dict(d).validate())
         except ConfigError as e:
             raise e.under(f"{section}.") from None
+        config = out[-1]
+        common.warn([e.under(f"{section}.") for e in config.run.advisories() + algorithms_advisories(config.algorithms)])
     return out[0], out[1]
 
 

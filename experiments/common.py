@@ -154,7 +154,22 @@ def run_config(base: dict, overrides: dict, *, algorithm: dict | None = None, se
     if name:
         extra["name"] = name
     d = with_overrides(with_overrides(base, overrides), extra)
-    return RunConfig.from_dict(d).validate()
+    config = RunConfig.from_dict(d).validate()
+    warn(config.advisories())
+    return config
+
+
+_WARNED: set[str] = set()  # the warning lines this script run printed (main starts it empty)
+
+
+def warn(advisories) -> None:
+    """Each advisory (``RunConfig.advisories``: a valid value far from what trains, or one its algorithm ignores) as
+    one ``warning:`` line on stderr, as the CLI prints them: once per script run, however many runs share it."""
+    for e in advisories:
+        line = f"warning: {e}"
+        if line not in _WARNED:
+            _WARNED.add(line)
+            sys.stderr.write(line + "\n")
 
 
 def store_path(args, name: str) -> Path:
@@ -262,6 +277,7 @@ def main(name: str, doc: str, run_experiment, argv=None, extra=None) -> None:
     ends with one line and exit 2, as a bad argument does."""
 
     args = parser(f"{name}.py", doc.splitlines()[0], extra).parse_args(argv)
+    _WARNED.clear()
     try:
         result, tables = run_experiment(args)
     except (ConfigError, DataError) as e:

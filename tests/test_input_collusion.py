@@ -103,3 +103,25 @@ def test_the_shipped_spec_passes_the_check():
     for mode in ("quick", "full", "smoke"):
         planned = collusion.planned_configs(spec, mode)
         assert [label for label, _, _ in planned] == [s["name"] for s in SPEC["settings"]]
+
+
+def test_experiment_configs_refuse_and_warn_as_the_cli_does(capsys):
+    """An experiment's run configs go through the run config's validation (a value no algorithm accepts is refused)
+    and its advisories (a valid value the algorithm ignores is one warning line, once however many runs share it)."""
+    from experiments import common
+    from engine.config.schema import ConfigError
+
+    common._WARNED.clear()
+    base = {"data": {"name": "digits"}, "algorithm": {"name": "idp_sample", "quantile": 0.9}}
+    for seed in (0, 1):
+        common.run_config(base, {}, seed=seed)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("warning: algorithm.quantile: 0.9 is ignored by IDP-SGD")
+    with pytest.raises(ConfigError) as e:
+        common.run_config(base, {"algorithm.quantile": 1.5})
+    assert e.value.field == "algorithm.quantile"
+    spec = _with(_set("audit.algorithms", [{"name": "idp_sample", "group_by": "class"}]))
+    collusion.planned_configs(collusion.check_spec(spec), "smoke")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: audit.algorithms[0].group_by: 'class' is ignored by IDP-SGD (SAMPLE): only DP-SGD-S "
+                   "and DPSGD-F use it (the run trains as if it were unset)"], err

@@ -320,3 +320,56 @@ def test_ino_weight_times_the_clipped_norm_alone_is_not_a_sensitivity():
     moved = float(np.linalg.norm(with_z - without))
     assert moved > 100 * rho[0] * 0.01  # far beyond ρ_z · ‖clip(g_z)‖
     assert moved == pytest.approx(rho[0] * 0.01 + (1 - rho[0]) * clip)  # the bound, reached (z is at the front)
+
+
+def _train(prep, steps, tracker=None):
+    """The loop's own steps (engine.train.loop's parts), measuring the panel when the tracker is due."""
+    from engine.dp.step import PoissonSampler, dp_step
+    from engine.train.loop import make_optimizer, model_axis, step_generator
+
+    models = model_axis(prep)
+    x, y = prep.dataset.x_train, prep.dataset.y_train
+    gen = step_generator(prep.config, prep.device)
+    sampler = PoissonSampler(np.ones((prep.n_models, len(y)), bool), prep.sample_rates, prep.device,
+                             expected_batch=prep.expected_batch)
+    optimizer = make_optimizer(prep.config, models.params)
+    if tracker is not None:
+        tracker.measure(0, models.grads_of, prep.mechanism, x, y)
+    for step in range(1, steps + 1):
+        out = dp_step(models.grads_of, x, y, sampler, prep.mechanism, gen)
+        optimizer.zero_grad(set_to_none=True)
+        models.set_grads(out.grads)
+        optimizer.step()
+        if tracker is not None and tracker.due(step):
+            tracker.measure(step, models.grads_of, prep.mechanism, x, y)
+    return [p.detach().clone() for p in models.params]
+
+
+@pytest.mark.parametrize("algorithm,seeds", [("idp_sample", 1), ("ino", 2), ("dpsgd_f", 1)])
+def test_the_tracker_follows_a_real_run_without_changing_it(algorithm, seeds):
+    """Digits, the loop's own steps: measuring the panel at every step leaves the trained weights bit for bit those
+    of the run without it; every group's individual ε is at most its tier's at the planned T (share ≤ 1), per class
+    and per tier, for each of a k-seed job's models."""
+    from engine.dp.individual_panel import PanelTracker
+
+    steps = 6
+    plain = _train(_digits_run(algorithm, seeds=seeds), steps)
+    prep = _digits_run(algorithm, seeds=seeds)
+    tracker = PanelTracker.for_run(privacy=prep.privacy, sample_tiers=prep.tiers.train,
+                                   panel_groups=prep.dataset.y_train.numpy(), delta=prep.config.delta,
+                                   seed=prep.config.seed, steps=prep.steps, n_models=seeds, per_group=12)
+    tracker.every = 1
+    tracked = _train(prep, steps, tracker)
+    assert all(torch.equal(a, b) for a, b in zip(plain, tracked))
+    assert len(tracker.panel) == 120 and tracker.accountants[0].checkpoints == list(range(steps + 1))
+    classes = [str(c) for c in range(10)]
+    for model in range(seeds):
+        by_class = tracker.summary(steps, prep.dataset.y_train.numpy(), classes, model=model)
+        by_tier = tracker.summary(steps, prep.tiers.train, list(prep.tiers.names), model=model)
+        assert [g.n_samples for g in by_class.groups] == [12] * 10
+        assert sum(g.n_samples for g in by_tier.groups) == 120
+        for g in by_class.groups + by_tier.groups:
+            assert 0 < g.epsilon_q1 <= g.epsilon_median <= g.epsilon_q3 and g.share_q3 <= 1.0
+        eps = tracker.epsilons(steps, model)
+        tier_now = tracker.accountants[model].tier_epsilons(steps)[tracker.tiers]
+        assert np.all(eps <= tier_now)

@@ -9,6 +9,8 @@ group, and at each checkpoint their per-sample gradient norms, in the batch or n
                                                                  count release's noise multiplier (∞: none)
     panel_ratios(mechanism, panel, norms, tier_noise_multipliers) (M, n) u = σ_k / σ_eff for IndividualAccountant
     checkpoint_every(panel_size, expected_batch)                 the cadence that keeps the measurement near 10 %
+    PanelTracker.for_run(...)                                    all of it for one run: measure at checkpoints,
+                                                                 summarise per group at evaluations
 
 Sensitivity of a sample at a step, per mechanism (what adding or removing it can move the released sum by):
 
@@ -36,7 +38,7 @@ import torch
 
 from engine.dp import dpsgd_f, global_adapt
 from engine.dp.importance import bif_antiderivative
-from engine.dp.individual import step_ratios
+from engine.dp.individual import IndividualAccountant, IndividualEpsilonSummary, step_ratios, summarize
 from engine.dp.mechanisms import GroupAdaptive, Importance
 
 #: panel samples per group (all of a smaller group's samples)
@@ -122,3 +124,58 @@ def checkpoint_every(panel_size: int, expected_batch: float, *, budget: float = 
     if not panel_size:
         return 1
     return max(1, math.ceil(MEASURE_COST * int(panel_size) / (float(budget) * float(expected_batch))))
+
+
+class PanelTracker:
+    """What the training loop holds for individual ε: the panel, one :class:`IndividualAccountant` per model, the
+    cadence. ``measure(step, grads_of, mechanism, x, y)`` after ``step`` optimizer steps (step 0 before the first)
+    when ``due(step)``; ``summary(step, groups, names, model=j)`` at any evaluation. :meth:`for_run` builds it from
+    the run's privacy preparation (None where there is nothing to account: no formal guarantee).
+
+    The measurement only reads: per-sample norms by ``grads_of.per_sample`` (no parameter's ``.grad`` is written)
+    and the mechanism's clips, weights and noise std as they stand (no state moves, no random number is drawn)."""
+
+    def __init__(self, *, panel, panel_tiers, sample_rates, noise_multipliers, delta: float, releases=(),
+                 run_accountant: str = "rdp", n_models: int = 1, every: int, planned_steps: int,
+                 per_group: int = PANEL_PER_GROUP):
+        self.panel = np.asarray(panel, dtype=np.int64)
+        self.tiers = np.asarray(panel_tiers, dtype=np.int64)
+        self.sigma = np.asarray(noise_multipliers, dtype=np.float64)[self.tiers]
+        self.every, self.planned_steps, self.per_group = int(every), int(planned_steps), int(per_group)
+        self.accountants = [IndividualAccountant(tiers=self.tiers, sample_rates=sample_rates,
+                                                 noise_multipliers=noise_multipliers, delta=delta, releases=releases,
+                                                 run_accountant=run_accountant) for _ in range(int(n_models))]
+
+    @classmethod
+    def for_run(cls, *, privacy, sample_tiers, panel_groups, delta: float, seed: int, steps: int, n_models: int = 1,
+                per_group: int = PANEL_PER_GROUP, budget: float = MEASURE_BUDGET) -> "PanelTracker | None":
+        """The tracker of a run: ``privacy`` its ``engine.dp.prepare.PrivacyPlan``, ``sample_tiers`` (n,) each training
+        sample's tier, ``panel_groups`` (n,) the labels the panel is drawn per (e.g. the class, or a cell id of class ×
+        attribute), ``steps`` the plan's T (the share of the promise is of the tier's ε at T)."""
+        if privacy.plan is None or not privacy.formal_dp:
+            return None
+        plan = privacy.plan
+        panel = choose_panel(panel_groups, seed, per_group)
+        return cls(panel=panel, panel_tiers=np.asarray(sample_tiers)[panel], sample_rates=plan.sample_rates,
+                   noise_multipliers=plan.noise_multipliers, delta=delta, releases=plan.release_noise_multipliers,
+                   run_accountant=plan.accountant, n_models=n_models, planned_steps=steps, per_group=per_group,
+                   every=checkpoint_every(len(panel), privacy.expected_batch, budget=budget))
+
+    def due(self, step: int) -> bool:
+        return int(step) % self.every == 0
+
+    def measure(self, step: int, grads_of, mechanism, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Measure the panel's norms under each model and record them as the checkpoint at ``step``."""
+        u = panel_ratios(mechanism, self.panel, panel_norms(grads_of, x, y, self.panel), self.sigma)
+        for acc, row in zip(self.accountants, u):
+            acc.checkpoint(step, row)
+
+    def epsilons(self, step: int, model: int = 0) -> np.ndarray:
+        """(n,) the panel's individual ε after ``step`` steps under model ``model``."""
+        return self.accountants[model].epsilons(step)
+
+    def summary(self, step: int, groups, group_names, *, model: int = 0) -> IndividualEpsilonSummary:
+        """The per-group summary after ``step`` steps: ``groups`` (n_train,) a group index per TRAINING sample (class,
+        tier, attribute value…) into ``group_names``."""
+        return summarize(self.accountants[model], step, self.planned_steps, np.asarray(groups)[self.panel],
+                         group_names, panel_per_group=self.per_group)

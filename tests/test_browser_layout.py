@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"the browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
 
 NARROW_PX, WIDE_PX = 640, 1400  # a half-width column of the wide page on a laptop; a full-width chart
-AUDIT_PX = 1000  # the Audit page's full-width chart at 1400 × 900 (the sidebar beside it)
+PAGE_PX = 938  # a full-width chart of a page at 1400 × 900, the sidebar beside it (measured: the Runs table's box)
 MIN_PLOT_PX = 180  # a plot area squeezed below this by notes and legends (the tour saw a thin strip) is a problem
 
 # Every box Plotly drew that must stay clear: the title, each annotation (notes, panel titles), the legend; and the
@@ -154,7 +154,7 @@ def test_the_epsilon_chart_holds_three_and_more_runs(browser, tmp_path, n):
     assert not found, found
 
 
-@pytest.mark.parametrize("width", [AUDIT_PX, WIDE_PX])
+@pytest.mark.parametrize("width", [PAGE_PX, WIDE_PX])
 def test_the_one_run_note_is_whole_inside_the_figure(browser, tmp_path, width):
     """Issue 58 point 7: the one-run audit figure's note (its subtitle) ended mid-word at the figure's edge
     ("… · lin"). Both canary kinds, a broken claim, a partial report: every line inside the figure."""
@@ -267,3 +267,16 @@ def test_the_runs_table_shows_its_last_column(server, browser, ended_runs):  # n
     sizes = table.locator(".dvn-scroller").evaluate("e => [e.scrollWidth, e.clientWidth]")
     page.close()
     assert sizes[0] <= sizes[1] + 1, f"the table is {sizes[0]} px wide in a box of {sizes[1]} px"
+
+
+def test_the_global_adapt_figure_holds_its_panels(browser, tmp_path):
+    """DPSGD-Global-Adapt's own figure (issue 58 point 8a) at the Results page's width at 1400 × 900 and full width:
+    its three panel titles, its title and legend clear of each other."""
+    from tests.test_global_adapt_figure import hostile_global_adapt
+
+    (spec,) = training.build_figures([hostile_global_adapt(1), hostile_global_adapt(2)], names=["global_scale"])
+    page = browser.new_page()
+    found = problems(page, spec.figure, PAGE_PX, tmp_path, "global") + \
+        problems(page, spec.figure, WIDE_PX, tmp_path, "global")
+    page.close()
+    assert not found, found

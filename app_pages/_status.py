@@ -135,7 +135,7 @@ def status_detail(run: dict) -> str | None:
     None."""
     if run["status"] in ("failed", "interrupted", "cancelled") and run.get("error"):
         return f"{state_words(run)}: {run['error']}"
-    if run["status"] in ("cancelled", "interrupted"):
+    if state_words(run) != run["status"]:  # "interrupted (worker stopped)": more than the badge says
         return state_words(run)
     if diverged_note(run):
         return f"⚠ {diverged_note(run)}"

@@ -157,8 +157,8 @@ def bootstrap_gpr(advantage, groups, *, n_boot: int = 1000, ci: float = 0.95, se
             "high": float(np.percentile(boots[gi], hi_q)),
         }
     point = gpr_delta({v: r["mean"] for v, r in res_groups.items()})
-    with np.errstate(invalid="ignore"):
-        dboot = (np.nanmax(boots, axis=0) - np.nanmin(boots, axis=0)) * 100.0 if len(values) else np.array([np.nan])
+    filled = boots[~np.isnan(boots).all(axis=1)]  # an empty group's row is all NaN (nanmax warned on all-NaN columns)
+    dboot = (filled.max(axis=0) - filled.min(axis=0)) * 100.0 if filled.shape[0] else np.array([np.nan])
     return {
         "groups": res_groups,
         "delta": {**bias_corrected(point, dboot, ci, floor=0.0), "plug_in": point},

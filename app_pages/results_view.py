@@ -206,6 +206,8 @@ if any(draws(r.get("algorithm"), "ino_internals") for r in runs):  # INO-SGD's (
     charts.chart(talk["ino_internals"], key="res-ino", export_key="e-ino")
 if any(draws(r.get("algorithm"), "group_clip") for r in runs):  # DP-SGD-S's, DPSGD-F's
     charts.chart(talk["group_clip"], key="res-clip", export_key="e-clip")
+if any(draws(r.get("algorithm"), "global_scale") for r in runs):  # DPSGD-Global-Adapt's Z, C / max(Z, C), noise
+    charts.chart(talk["global_scale"], key="res-scale", export_key="e-scale")
 if sweep:
     charts.chart(talk["tif_sweep"], key="res-sweep", export_key="e-sweep")
 if report is not None:

@@ -86,7 +86,8 @@ def test_a_diverged_run_is_badged_and_seed_bands_are_drawn(server, browser, comp
     data = wait_until(read, UI, "the live MID chart of the comparison")
     # its status row says it in words, with the lab's one sentence
     status = page.locator(".st-key-live-status")
-    wait_until(lambda: status.get_by_text("diverged (see the note)").count() == 1, UI, "the diverged badge")
+    # the badge is the state in one word (its icon's name is in its text too), the detail the caption beside it
+    wait_until(lambda: status.locator(".stMarkdownBadge", has_text="diverged").count() == 1, UI, "the diverged badge")
     assert "diverged at step" in status.text_content()
     badges = [n for n in data["notes"] if n["name"] == "diverged" or n["text"].startswith("diverged")]
     assert len(badges) == 1, data["notes"]

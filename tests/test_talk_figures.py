@@ -277,7 +277,12 @@ def test_audit_gpr_per_tier_against_its_epsilon():
 # --- escaping ---------------------------------------------------------------------------------------------------------
 
 def test_user_text_is_escaped_in_every_talk_figure():
-    runs = [hostile_run(1, "idp_sample"), hostile_run(2, "ino"), hostile_run(3, "dpsgd_s")]
+    runs = [hostile_run(1, "idp_sample"), hostile_run(2, "ino"), hostile_run(3, "dpsgd_s"),
+            hostile_run(4, "dpsgd_global_adapt")]
+    for k, e in enumerate(runs[3]["evals"]):  # what Global-Adapt's evaluations record: Z, C / max(Z, C), its noise
+        z = 0.5 + 0.3 * k
+        e.update({"group_clip_norms": [max(z, 1.0)], "noise_std": 1.4, "global_threshold": z,
+                  "global_scale": 1.0 / max(z, 1.0)})
     for e in runs[1]["evals"]:
         e[tf.RHO_KEY] = [0.1, 0.5, 0.9]
         e[tf.DOWNWEIGHTED_KEY] = 0.2

@@ -138,7 +138,9 @@ def cmd_worker(args) -> int:
 PLAN_FLAGS = {"mode": "--mode", "epsilons": "--epsilons", "tier_sizes": "--tier-sizes", "delta": "--delta",
               "batch_size": "--batch-size", "clip_norm": "--clip-norm", "steps": "--steps",
               "allow_large": "--allow-large"}
-PLAN_DEFAULTS = {"mode": "sample", "delta": 1e-5, "clip_norm": 1.0, "allow_large": False}  # without a CONFIG
+# without a CONFIG: a run config's defaults (its δ and clip norm), planned for SAMPLE
+PLAN_DEFAULTS = {"mode": "sample", "delta": RunConfig().delta, "clip_norm": RunConfig().clip_norm,
+                 "allow_large": RunConfig().allow_large}
 
 
 def cmd_plan(args) -> int:
@@ -453,9 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--epsilons", type=float, nargs="+", help="without a CONFIG: each tier's ε")
     pl.add_argument("--tier-sizes", dest="tier_sizes", type=int, nargs="+",
                     help="without a CONFIG: each tier's number of samples")
-    pl.add_argument("--delta", type=float, help="without a CONFIG (default: 1e-5; at most a run config's cap)")
+    pl.add_argument("--delta", type=float,
+                    help=f"without a CONFIG (default: {PLAN_DEFAULTS['delta']:g}; at most a run config's cap)")
     pl.add_argument("--batch-size", dest="batch_size", type=int, help="without a CONFIG: the expected batch")
-    pl.add_argument("--clip-norm", dest="clip_norm", type=float, help="without a CONFIG (default: 1.0)")
+    pl.add_argument("--clip-norm", dest="clip_norm", type=float,
+                    help=f"without a CONFIG (default: {PLAN_DEFAULTS['clip_norm']:g})")
     pl.add_argument("--steps", type=int, help="without a CONFIG: optimizer steps (capped as a run config's are)")
     pl.add_argument("--allow-large", dest="allow_large", action="store_true",
                     help="without a CONFIG: lift the cap on steps (a run config's \"allow_large\")")

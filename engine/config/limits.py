@@ -25,7 +25,10 @@ MAX_PATH_CHARS = 4096
 MAX_SEED = 2**63 - 1
 MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
 MAX_TRAIN = 10**9  # training samples: data.max_train, a plan's tiers in all
-MAX_DELTA = 0.5  # δ above it certifies nothing, and the accountant's σ search does not end near δ = 1
+# δ above it certifies nothing. (Below it the planner's σ search does not always end either: at δ ≥ 0.2 for DP-SGD and
+# δ ≈ 0.01–0.1 for SAMPLE with far-apart ε it reaches σ so small that Opacus' fractional-order RDP series runs on,
+# measured 2026-12-07; that is engine.dp.accounting's to bound, not this cap's.)
+MAX_DELTA = 0.5
 STEPS_RULES = ("round", "floor_per_epoch")
 #: the accountants a run may plan and report under (engine.dp.accountants implements one per name)
 ACCOUNTANTS = ("rdp", "prv", "pld")

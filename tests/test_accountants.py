@@ -328,3 +328,86 @@ def test_a_target_too_loose_for_a_tight_accountant_is_refused_at_once():
         assert (after.hits, after.misses) == (before.hits, before.misses)  # refused before any ε was computed
     with pytest.raises(ValueError, match="too loose to plan noise for"):
         get_accountant("pld").noise_multiplier(1e6, 0.01, 100, DELTA)
+
+
+# --- PRV / PLD plans along RDP's shape (issue 59: the plan preview within a second or two) ----------------------
+
+DIGITS_PLAN = dict(epsilons=(1.0, 2.0, 3.0), delta=DELTA, tier_sizes=(431, 428, 578), batch_size=128, clip_norm=1.0,
+                   steps=112)  # the digits default config's (`privacy-lab plan` of `{}`)
+
+
+def _cold_plan(monkeypatch, **kw):
+    """A plan computed from nothing: no plan cache, no ε cached in this process; and how many ε it computed."""
+    from engine.dp import accountants, plan_cache
+
+    monkeypatch.setenv(plan_cache.ENV_VAR, plan_cache.OFF)
+    accounting.clear_caches()
+    p = accounting.plan(**kw)
+    return p, accountants._cached_epsilon.cache_info().misses
+
+
+@pytest.mark.parametrize("name", ["pld", "prv"])
+@pytest.mark.parametrize("mode,most", [("dpsgd", 5), ("scale", 12), ("sample", 15)])
+def test_a_tight_plan_follows_rdps_shape_in_a_few_evaluations_and_is_sound(monkeypatch, name, mode, most):
+    """PRV and PLD plans start from RDP's fast searches and move the RDP targets by the two accountants' ratio
+    (``accounting._follow_rdp``): a handful of the tight accountant's ε instead of dozens (SAMPLE of the digits
+    config: 60 before), and still every tier within 1e-4 below its target under that accountant (the final ε is
+    its own, at its real discretisation) and under dp-accounting's PLD at its finer default grid."""
+    p, evaluations = _cold_plan(monkeypatch, mode=mode, accountant=name, **DIGITS_PLAN)
+    assert evaluations <= most
+    assert p.accountant == name
+    for q, z, e, target in zip(p.sample_rates, p.noise_multipliers, p.epsilons, p.target_epsilons):
+        assert get_accountant(name).epsilon(q, z, p.steps, DELTA) == e
+        assert target * math.exp(-1e-4) <= e <= target or (mode == "dpsgd" and e <= target)
+        assert _independent_pld(q, z, p.steps, DELTA) <= target * (1 + 1e-9)
+    if mode == "sample":
+        assert p.expected_batch_size == pytest.approx(128, rel=1e-4)
+
+
+@pytest.mark.slow  # the general searches: ~60 ε evaluations a SAMPLE plan
+@pytest.mark.parametrize("mode", accounting.MODES)
+def test_the_shaped_plan_is_the_searched_plan_within_the_searches_tolerance(monkeypatch, mode):
+    """What the shortcut returns is what the accountant's own searches (``SHAPED_SEARCH = False``, the path before
+    it) return, within their stated tolerances (1e-4 each, so 3e-4 apart at most); and where the shortcut does not
+    settle (one round allowed) the plan is the searched plan exactly."""
+    kw = dict(mode=mode, accountant="pld", **DIGITS_PLAN)
+    shaped, _ = _cold_plan(monkeypatch, **kw)
+    monkeypatch.setattr(accounting, "SHAPED_SEARCH", False)
+    searched, _ = _cold_plan(monkeypatch, **kw)
+    assert shaped.noise_multiplier == pytest.approx(searched.noise_multiplier, rel=3e-4)
+    assert shaped.sample_rates == pytest.approx(searched.sample_rates, rel=3e-4)
+    assert shaped.clip_norms == pytest.approx(searched.clip_norms, rel=3e-4)
+    assert shaped.epsilons == pytest.approx(searched.epsilons, rel=3e-4)
+    monkeypatch.setattr(accounting, "SHAPED_SEARCH", True)
+    monkeypatch.setattr(accounting, "_SHAPE_ROUNDS", 1)  # never settles: the searches take over
+    fallback, _ = _cold_plan(monkeypatch, **kw)
+    assert fallback.to_dict() == searched.to_dict()
+
+
+@settings(max_examples=6, deadline=None)
+@given(**PLANS)
+def test_every_tier_of_a_shaped_pld_plan_meets_its_target_with_the_plan_cache_on(mode, eps, sizes, steps,
+                                                                                  batch_share):
+    """The soundness property above for PLD plans made along RDP's shape and served again from the plan cache (a
+    temporary one): the served plan is the made one, and each tier within its target under an independent PLD."""
+    import os
+    import tempfile
+
+    from engine.dp import plan_cache
+
+    with tempfile.TemporaryDirectory() as folder:
+        old = os.environ.get(plan_cache.ENV_VAR)
+        os.environ[plan_cache.ENV_VAR] = os.path.join(folder, "plans.sqlite")
+        try:
+            assert_every_tier_meets_its_target("pld", mode, eps, sizes, steps, batch_share)
+            sizes_ = sizes[:len(eps)]
+            kw = dict(mode=mode, epsilons=eps, delta=DELTA, tier_sizes=sizes_,
+                      batch_size=max(1, int(batch_share * sum(sizes_))), clip_norm=1.0, steps=steps, accountant="pld")
+            made = accounting.plan(**kw)
+            accounting.clear_caches()
+            assert accounting.plan(**kw) == made
+        finally:
+            if old is None:
+                os.environ.pop(plan_cache.ENV_VAR, None)
+            else:
+                os.environ[plan_cache.ENV_VAR] = old

@@ -42,7 +42,7 @@ from dataclasses import replace as dataclasses_replace
 
 import numpy as np
 from engine.config.schema import ConfigError
-from engine.dp import accountants, fast_rdp
+from engine.dp import accountants, fast_rdp, plan_cache
 
 __all__ = [
     "Plan",
@@ -346,11 +346,45 @@ def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps, acc
 
     Arguments are per tier, results are in the same tier order.  ``accountant``: whose ε the plan meets
     (``engine.dp.accountants``; "rdp" is the fast path below, the others :func:`_plan_with`). Raises PlanError.
+    A plan made before with the same inputs and the same accounting code comes from :mod:`engine.dp.plan_cache`.
     """
-    if accountant != "rdp":
-        return _plan_with(_get_accountant(accountant), mode, epsilons, delta, tier_sizes, batch_size, clip_norm,
-                          steps)
-    eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps)
+    acc = _get_accountant(accountant)
+    eps, sizes, delta, B, C, T = _validate(mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps,
+                                           rdp_floor=acc.name == "rdp")
+    inputs = dict(mode=mode, epsilons=list(eps), delta=delta, tier_sizes=list(sizes), batch_size=B, clip_norm=C,
+                  steps=T, accountant=acc.name)
+    cached = _cached_plan("plan", inputs)
+    if cached is not None and _answers(cached, inputs):
+        return cached
+    if acc.name != "rdp":
+        p = _plan_with(acc, mode, eps, delta, sizes, B, C, T)
+    else:
+        p = _plan_rdp(mode, eps, sizes, delta, B, C, T)
+    plan_cache.put("plan", inputs, p.to_dict())
+    return p
+
+
+def _cached_plan(kind: str, inputs: dict) -> Plan | None:
+    value = plan_cache.get(kind, inputs)
+    if value is None:
+        return None
+    try:
+        return Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    except TypeError:  # a row of another Plan's fields (the code fingerprint changed with them: cannot happen)
+        return None
+
+
+def _answers(p: Plan, inputs: dict) -> bool:
+    """Whether a cached plan is one of this request (a cheap check of what the key promises): its echoed inputs
+    are the request's and every tier's ε is within its target."""
+    return (p.mode == inputs["mode"] and list(p.target_epsilons) == inputs["epsilons"] and p.delta == inputs["delta"]
+            and list(p.tier_sizes) == inputs["tier_sizes"] and p.steps == inputs["steps"]
+            and p.accountant == inputs["accountant"] and len(p.epsilons) == len(p.target_epsilons)
+            and all(e <= t for e, t in zip(p.epsilons, p.target_epsilons)))
+
+
+def _plan_rdp(mode, eps, sizes, delta, B, C, T) -> Plan:
+    """:func:`plan` under RDP, from validated arguments."""
     N = sum(sizes)
     e_min = min(eps)
     q_base = B / N
@@ -404,7 +438,9 @@ def plan(*, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, steps, acc
     )
 
 
-def _plan_sample(eps, sizes, B, T, delta):
+def _plan_sample_fast(eps, sizes, B, T, delta):
+    """SAMPLE's search on the fast RDP ε alone (before Opacus' verification): σ, the strictest tier's rate q_min,
+    and the other tiers' rates and whether each was capped at 1, by ε."""
     N = sum(sizes)
     e_min = min(eps)
     others = sorted(set(eps) - {e_min})
@@ -446,12 +482,20 @@ def _plan_sample(eps, sizes, B, T, delta):
         )
     q_min = math.exp(float(x[0]))
     sigma, q, capped, _ = evaluate(q_min)
+    return sigma, q_min, dict(zip(others, (float(v) for v in q))), dict(zip(others, (bool(c) for c in capped)))
+
+
+def _plan_sample(eps, sizes, B, T, delta):
+    sigma, q_min, q_of, capped_of = _plan_sample_fast(eps, sizes, B, T, delta)
+    e_min = min(eps)
+    others = sorted(set(eps) - {e_min})
     # Opacus verification of the shared σ and of each rate
     sigma = _verify_sigma(sigma, e_min, q_min, T, delta)
     rate_of = {e_min: q_min}
     cap_of = {e_min: False}
     prev = q_min
-    for e, qq, cp in zip(others, q, capped):  # ascending ε: rates non-decreasing, ≥ q_min
+    for e, qq, cp in zip(others, (q_of[e] for e in others), (capped_of[e] for e in others)):
+        # ascending ε: rates non-decreasing, ≥ q_min
         qq = max(float(qq), prev)
         for _ in range(100):
             if _opacus_eps(qq, sigma, T, delta) <= e:
@@ -470,6 +514,96 @@ _GENERIC_BATCH_RTOL = 3e-4  # SAMPLE under PRV / PLD: the expected batch within 
 #: the largest target ε a PRV or PLD plan takes (their ε at the tiny σ a looser target needs costs seconds to
 #: minutes an evaluation; RDP plans any ε its bound can certify)
 MAX_TIGHT_EPSILON = 50.0
+
+
+#: PRV / PLD plans first follow RDP's shape (:func:`_sigma_by_rdp_shape`, :func:`_sample_by_rdp_shape`); False:
+#: the accountants' own searches alone (``bench/planner.py`` times both)
+SHAPED_SEARCH = True
+_SHAPE_RTOL = 1e-4  # the accountants' searches' tolerance (engine.dp.accountants): ε within it below the target
+_SHAPE_ROUNDS = 12
+
+
+def _follow_rdp(targets, spend, start=None):
+    """Broyden's method on RDP targets ε' (one per tier, in log) until what each spends under the tight
+    accountant is within 1e-4 below its target: ``spend(ε')`` makes the RDP plan (fast ε) of those targets and
+    returns (each tier's ε under the tight accountant, which tiers are capped at q = 1, the plan), or None. The two
+    accountants' ε are nearly proportional near a plan, so the Jacobian starts at the identity and the rank-one
+    updates learn the rest: three to eight rounds, one ε per tier each. ``start``: the first RDP targets (default
+    the targets). The plan, or None if it does not settle."""
+    targets = np.asarray(targets, float)
+    aim = np.log(targets) - _SHAPE_RTOL / 2
+    u = np.log(targets if start is None else np.asarray(start, float))
+    jac, last = np.eye(len(targets)), None
+    for _ in range(_SHAPE_ROUNDS):
+        out = spend(np.exp(u))
+        if out is None:
+            return None
+        got, capped, made = out
+        if not np.all((got > 0.0) & np.isfinite(got)):
+            return None
+        rest = capped & (got <= targets)  # a capped tier within its target: nothing to move
+        if np.all((got <= targets) & ((got >= targets * math.exp(-_SHAPE_RTOL)) | rest)):
+            return made
+        h = np.where(rest, 0.0, np.log(got) - aim)
+        if last is not None:
+            du, dh = u - last[0], h - last[1]
+            if du @ du > 1e-18:
+                jac = jac + np.outer(dh - jac @ du, du) / (du @ du)
+        last = (u, h)
+        try:
+            step = np.linalg.solve(jac, h)
+        except np.linalg.LinAlgError:
+            return None
+        if not np.all(np.isfinite(step)):
+            return None
+        u = u - np.clip(step, -0.5, 0.5)
+    return None
+
+
+def _sigma_by_rdp_shape(acc, eps, q, T, delta, ratio=1.0):
+    """The smallest σ (within the searches' tolerance) with ``acc``'s ε(q, σ, T) ≤ ``eps``, found along RDP's
+    fast σ(ε) (:func:`_follow_rdp`): ``acc``'s ε of the σ returned (its own, at its real discretisation) is within
+    1e-4 below ``eps``. Three or four ε evaluations instead of the general search's five to ten. ``ratio``: the
+    first RDP target over ``eps`` (a neighbouring tier's). (σ, the settled RDP target over ``eps``), or None if it
+    does not settle (the caller searches)."""
+
+    def spend(shadow):
+        try:
+            sigma = _sigma_cached(float(shadow[0]), float(q), int(T), float(delta))
+        except PlanError:
+            return None
+        if sigma < acc.sigma_floor:
+            return None
+        return np.array([acc.epsilon(q, sigma, T, delta)]), np.array([False]), (sigma, float(shadow[0]) / eps)
+
+    return _follow_rdp([eps], spend, start=[eps * ratio])
+
+
+def _sample_by_rdp_shape(acc, eps, sizes, B, T, delta):
+    """SAMPLE under ``acc`` along RDP's shape (:func:`_follow_rdp`): the RDP SAMPLE search (fast ε) with per-tier
+    RDP targets, until ``acc``'s ε of every tier (its own, at its real discretisation) is within 1e-4 below the
+    tier's target (a tier capped at q = 1: at most it). The expected batch is RDP's search's, B to 1e-5. One ε
+    per tier a round instead of a search on σ with a rate search per tier inside. (σ, {ε: q}), or None if it does
+    not settle (the caller searches)."""
+    distinct = sorted(set(eps))
+
+    def spend(shadow):
+        value = dict(zip(distinct, (float(v) for v in shadow)))
+        if len(set(value.values())) < len(distinct):
+            return None
+        try:
+            sigma, q_min, q_of, capped_of = _plan_sample_fast([value[e] for e in eps], sizes, B, T, delta)
+        except PlanError:
+            return None
+        if sigma < acc.sigma_floor:
+            return None
+        strictest = min(value.values())
+        rate_of = {e: q_min if value[e] == strictest else q_of[value[e]] for e in distinct}
+        capped = np.array([value[e] != strictest and capped_of[value[e]] for e in distinct])
+        got = np.array([acc.epsilon(rate_of[e], sigma, T, delta) for e in distinct])
+        return got, capped, (float(sigma), rate_of)
+
+    return _follow_rdp(distinct, spend)
 
 
 def _get_accountant(name):
@@ -496,13 +630,13 @@ def _plan_with(acc, mode, epsilons, delta, tier_sizes, batch_size, clip_norm, st
     notes: list[str] = []
     try:
         if mode == "dpsgd" or len(set(eps)) == 1:
-            sigma = acc.noise_multiplier(e_min, q_base, T, delta, guess=_rdp_sigma_guess(e_min, q_base, T, delta))
+            sigma, _ = _sigma_with(acc, e_min, q_base, T, delta)
             rates, clips = (q_base,) * len(eps), (C,) * len(eps)
         elif mode == "scale":
-            sig_of, prev = {}, math.inf
+            sig_of, prev, ratio = {}, math.inf, 1.0
             for e in sorted(set(eps)):  # ascending ε: σ non-increasing, so C_n non-decreasing
-                prev = min(prev, acc.noise_multiplier(e, q_base, T, delta,
-                                                      guess=_rdp_sigma_guess(e, q_base, T, delta)))
+                sigma_e, ratio = _sigma_with(acc, e, q_base, T, delta, ratio)  # from the stricter tier's ratio
+                prev = min(prev, sigma_e)
                 sig_of[e] = prev
             sigma = sig_of[e_min]
             rates = (q_base,) * len(eps)
@@ -545,7 +679,27 @@ def _rdp_sigma_guess(eps, q, steps, delta):
         return None
 
 
+def _sigma_with(acc, eps, q, T, delta, ratio=1.0):
+    """``acc``'s smallest σ for ε(q, σ, T) ≤ ``eps``: along RDP's shape (from the RDP target ``ratio`` × ``eps``),
+    else the accountant's own search. (σ, the RDP target over ``eps`` to start a neighbouring tier's from)."""
+    shaped = _sigma_by_rdp_shape(acc, eps, q, T, delta, ratio) if SHAPED_SEARCH else None
+    if shaped is not None:
+        return shaped
+    return acc.noise_multiplier(eps, q, T, delta, guess=_rdp_sigma_guess(eps, q, T, delta)), ratio
+
+
 def _plan_sample_with(acc, eps, sizes, B, T, delta):
+    shaped = _sample_by_rdp_shape(acc, eps, sizes, B, T, delta) if SHAPED_SEARCH else None
+    if shaped is not None:
+        sigma, rate_of = shaped
+        prev = 0.0
+        for e in sorted(rate_of):  # ascending ε: rates non-decreasing (as below)
+            rate_of[e] = prev = max(rate_of[e], prev)
+        return sigma, rate_of
+    return _plan_sample_searched(acc, eps, sizes, B, T, delta)
+
+
+def _plan_sample_searched(acc, eps, sizes, B, T, delta):
     """SAMPLE under ``acc``: the shared σ at which every tier's largest rate q_n(σ) (its own search) gives
     Σ q_n N_n = B. The batch grows with σ (more noise allows every tier a larger rate), so σ is found by the
     same safeguarded search on log σ, from RDP's SAMPLE σ; each tier's rate search starts where the last two
@@ -700,7 +854,24 @@ def plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
     Gaussian release of noise multiplier ``release_noise_multiplier`` composed in: the noise
     multiplier is raised to the smallest z' with ε(T steps at z' ∘ the releases) ≤ the strictest
     target under ``p.accountant`` (tight to 1e-6 below it under RDP, 1e-4 under the others), and ``epsilons``
-    are the composed ε."""
+    are the composed ε. Cached as :func:`plan` is (:mod:`engine.dp.plan_cache`)."""
+    inputs = {"plan": p.to_dict(), "release_noise_multiplier": float(release_noise_multiplier)}
+    cached = _cached_plan("plan_with_release", inputs)
+    if cached is not None and cached == _released(p, cached) and all(
+            e <= t for e, t in zip(cached.epsilons, cached.target_epsilons)):
+        return cached
+    out = _plan_with_release(p, release_noise_multiplier)
+    plan_cache.put("plan_with_release", inputs, out.to_dict())
+    return out
+
+
+def _released(p: Plan, out: Plan) -> Plan:
+    """``p`` with ``out``'s release fields: what a plan with a release echoes of the plan it was made from."""
+    return dataclasses_replace(p, noise_multiplier=out.noise_multiplier, noise_std=out.noise_std,
+                               epsilons=out.epsilons, release_noise_multipliers=out.release_noise_multipliers)
+
+
+def _plan_with_release(p: Plan, release_noise_multiplier: float) -> Plan:
     rates, mults = set(p.sample_rates), set(p.noise_multipliers)
     if len(rates) != 1 or len(mults) != 1:
         raise PlanError("a one-off release can only be composed with a plan of one sample rate and noise multiplier")
@@ -810,3 +981,4 @@ def clear_caches() -> None:
     _sigma_cached.cache_clear()
     fast_rdp.clear_caches()
     accountants.clear_caches()  # every accountant's ε, and Opacus' one-step RDP
+    plan_cache.clear_memory()  # this process's plan-cache hits (the file is $PRIVACY_LAB_PLAN_CACHE's: "off" skips it)

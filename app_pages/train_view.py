@@ -353,6 +353,8 @@ def live(group: str) -> None:
         cost = noise_cost_sentence(specs["group_clip"].data)
         if cost:
             st.warning(md(cost), icon=":material/warning:")
+    if "global_scale" in specs:  # a DPSGD-Global-Adapt run: its threshold Z, scale C / max(Z, C) and noise
+        charts.chart(specs["global_scale"], key="live-global-scale", export_key="x-scale", uirevision=view)
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
         figures = [headline, *details]
         st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "

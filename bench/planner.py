@@ -2,7 +2,7 @@
 
 Times SAMPLE and SCALE planning for 3 and 10 privacy tiers at T=3000 steps,
 N=60000, B=600, δ=1e-5, under RDP, PLD and PRV (``accountant=``) — median of several
-cold runs (all accounting caches cleared before each run). Targets: SAMPLE with 3 tiers
+cold runs (all accounting caches cleared before each run, the persistent plan cache off). Targets: SAMPLE with 3 tiers
 under 1 s with RDP, under 2 s with PLD. `--json` prints a single JSON line instead of a table.
 
     python bench/planner.py [--repeats 3] [--json] [--accountants rdp,pld,prv]
@@ -20,6 +20,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.dp import accounting as acc  # noqa: E402
+from engine.dp import plan_cache  # noqa: E402
+
+# cold runs: no plan from the persistent cache (bench/plan_preview.py times it)
+os.environ[plan_cache.ENV_VAR] = plan_cache.OFF
 
 N, B, T, DELTA = 60000, 600, 3000, 1e-5
 SETUPS = {

@@ -4,7 +4,10 @@ Each plan is made under one accountant (``Plan.accountant``, one of ``engine.dp.
 The default, ``"rdp"``, is Opacus' RDP analysis of the Poisson-subsampled Gaussian mechanism
 (``opacus.accountants.analysis.rdp.compute_rdp`` + ``get_privacy_spent``) over Opacus' default RDP orders
 (``RDPAccountant.DEFAULT_ALPHAS``), with the fast searches below; ``"prv"`` and ``"pld"`` plan the same three
-modes through the accountants' own searches (:func:`_plan_with`), started from the RDP plan.
+modes (:func:`_plan_with`) along RDP's shape: RDP's fast searches at per-tier RDP targets moved until the tight
+accountant's own ε of each tier is within 1e-4 below its target (:func:`_follow_rdp`: a few of its ε, one per tier a
+round), else through the accountants' own searches, started from the RDP plan. Plans are cached across processes
+(:mod:`engine.dp.plan_cache`, keyed by every input and the accounting code's fingerprint).
 
 Adjacency: add/remove one sample, each sample drawn into a batch independently (Poisson) with its tier's
 rate, the noisy sum of clipped contributions divided by a number fixed before training (the plan's expected

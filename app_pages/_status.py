@@ -35,9 +35,17 @@ def smooth_eta() -> SmoothEta:
     return st.session_state.setdefault("eta-smoother", SmoothEta())
 
 
+def cancelling(run: dict) -> bool:
+    """The user asked to cancel this active run (the store recorded the click: ``RunStore.request_cancel``) and
+    its worker has not stopped yet."""
+    return run["status"] in ACTIVE and run.get("cancel_requested_at") is not None
+
+
 def state_words(run: dict) -> str:
     """A run's status in words a user reads at a glance ("cancelled by you", not "cancelled")."""
     status, error = run["status"], run.get("error") or ""
+    if cancelling(run):
+        return f"cancelling… (the run stops at step {run['cancel_step']})"
     if status == "cancelled":  # Cancel (Train, Runs, the CLI) stops the worker with a signal
         return "cancelled by you" if stopped_by_user(error) else "cancelled"
     if status == "interrupted":
@@ -142,6 +150,11 @@ def status_detail(run: dict) -> str | None:
     return None
 
 
+def request_cancel(mgr, run_id: int, step: int | None) -> None:
+    """Cancel ``run_id`` at ``step`` without waiting for its worker (the page says "cancelling…" from the store)."""
+    mgr.cancel(run_id, wait=False, step=step)
+
+
 def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool = False) -> None:
     """Progress bar, status badge, Cancel (active runs) or Resume (stopped audits), and the run's error.
 
@@ -153,11 +166,16 @@ def status_row(run: dict, text: str, mgr, *, key_prefix: str = "", resume: bool 
     done = run["status"] in ENDED  # (the row's step may lag its last batch of step metrics)
     c1.progress(1.0 if done else min(1.0, step / total) if total else 0.0, text=md(text))
     with c2:
-        status_badge(run["status"])
+        if cancelling(run):  # said at once, from the store: the worker stops within a step, the manager finishes it
+            st.badge("cancelling…", icon=":material/hourglass_top:", color="orange")
+        else:
+            status_badge(run["status"])
     if is_active(run):
-        if c3.button("Cancel", key=f"{key_prefix}cancel-{run['id']}", icon=":material/stop_circle:"):
-            mgr.cancel(run["id"])
-            st.rerun(scope="fragment")
+        # on_click: the click's step is the one this row showed (a loaded server may handle the click seconds
+        # later, while the run trains on: nothing after the shown step is counted); the cancel does not wait
+        c3.button("Cancelling…" if cancelling(run) else "Cancel", key=f"{key_prefix}cancel-{run['id']}",
+                  icon=":material/stop_circle:", disabled=cancelling(run), on_click=request_cancel,
+                  args=(mgr, run["id"], step))
     elif resume and run["status"] in ("cancelled", "interrupted", "failed"):
         if c3.button("Resume", key=f"{key_prefix}resume-{run['id']}", icon=":material/play_arrow:",
                      help="Continue from the last completed chunk of models"):

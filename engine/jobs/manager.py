@@ -26,9 +26,12 @@ command above is used. A standby exits when its stdin closes, i.e. when the mana
 away; fresh ones are started a few seconds after each launch once no run trains (or while runs wait in the
 queue, for the next wave): importing torch beside a training run slows it down.
 
-Cancel (:meth:`JobManager.cancel`) sends SIGTERM to the worker (the CLI turns it into status
-``cancelled``, metrics so far kept), escalates to SIGKILL after a grace period, and marks a queued
-run ``cancelled`` directly. Nothing here calls Streamlit: the UI polls the store.
+Cancel (:meth:`JobManager.cancel`) first records the request and the step it was asked at in the store
+(``RunStore.request_cancel``: the pages say "cancelling…" from it at once), then sends SIGTERM to the worker
+(its training loop stops at the next step boundary; the run ends ``cancelled``), escalates to SIGKILL after a
+grace period (the scheduler does, for a cancel that does not wait), and marks a queued run ``cancelled``
+directly. Once the worker is gone the run keeps what it logged up to the recorded step, nothing trained after
+the click (``RunStore.cut_at_cancel``). Nothing here calls Streamlit: the UI polls the store.
 
 Only queued runs that carry a ``group_id`` are picked up: ``python -m engine run`` creates its own
 run (no group) and trains it in-process, so the scheduler must not start it a second time.
@@ -57,7 +60,7 @@ from pathlib import Path
 
 from engine.jobs.estimates import busy_elsewhere, run_time_estimate, start_seconds
 from engine.jobs.kinds import job_kind
-from engine.store.db import ACTIVE, RunStore
+from engine.store.db import ACTIVE, ENDED, RunStore
 from engine.store.lifecycle import CANCELLED_BEFORE_START, CANCELLED_BY_USER
 from engine.store.liveness import pid_alive
 
@@ -183,7 +186,7 @@ class JobManager:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._lock_path = Path(self.store_path + ".jobs.lock")
         self._procs: dict[int, subprocess.Popen] = {}
-        self._cancelling: set[int] = set()
+        self._cancelling: dict[int, tuple] = {}  # run id → (worker pid, when to SIGKILL it) of a cancel under way
         self._standbys: list[subprocess.Popen] = []  # pre-imported workers, at most one per worker slot
         self._hints: tuple[str, ...] = ()  # the configs (canonical JSON) the UI expects next
         self._hinted: list[str | None] = []  # what each standby has been told to prepare
@@ -244,10 +247,13 @@ class JobManager:
         return ids
 
     # --- cancel / delete -----------------------------------------------------------------------
-    def cancel(self, run_id: int, *, wait: bool = True, grace: float = CANCEL_GRACE_SECONDS) -> str:
-        """Stop a run: a queued one is marked cancelled; a running worker gets SIGTERM (then SIGKILL).
+    def cancel(self, run_id: int, *, wait: bool = True, grace: float = CANCEL_GRACE_SECONDS,
+               step: int | None = None) -> str:
+        """Stop a run: a queued one is marked cancelled; a running one has its request recorded at once (at
+        ``step``, the step the user saw when they clicked, else the stored one), then its worker gets SIGTERM
+        (SIGKILL after ``grace`` seconds). ``wait=False`` returns at once (the scheduler finishes the cancel).
 
-        Returns the run's status afterwards. Metrics logged so far are kept.
+        Returns the run's status afterwards. Metrics logged up to the recorded step are kept.
         """
         with self._mutex:
             run = self.store.get_run(run_id)
@@ -263,7 +269,8 @@ class JobManager:
             if run["status"] == "queued" and not pid:
                 self.store.set_status(run_id, "cancelled", error=CANCELLED_BEFORE_START)
                 return "cancelled"
-            self._cancelling.add(run_id)
+            self.store.request_cancel(run_id, step)
+            self._cancelling[run_id] = (pid, time.time() + grace)
         if pid:
             try:
                 os.kill(int(pid), signal.SIGTERM)
@@ -293,20 +300,42 @@ class JobManager:
         return bool(pid) and pid_alive(int(pid))
 
     def _finish_cancel(self, run_id: int) -> None:
+        """The worker of a cancelled run is gone: the run ends cancelled at its recorded step, nothing after it."""
         with self._mutex:
             run = self.store.get_run(run_id)
-            if run is not None and run["status"] in ACTIVE:
-                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {run['step']}")
+            at = run["cancel_step"] if run is not None and run.get("cancel_step") is not None else \
+                run["step"] if run is not None else 0
+            if run is not None and run["status"] in ("queued", "running", "cancelled"):
+                # (cancelled: the worker stopped itself at the signal, "terminated by signal at step N" with N its
+                # own last step: the row says the click's step, what is kept)
+                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {at}")
             elif run is not None and run["status"] in ("failed", "interrupted"):
                 # the worker raised while it was being stopped (e.g. the signal landed inside a store
                 # write), or died of the signal before its handler was set (and another manager reaped
                 # it): the user asked for a cancel, so that is what the run is
-                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {run['step']} "
+                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {at} "
                                                                 f"(the worker reported: {run['error']})")
+            if run is not None and run["status"] not in ENDED:  # (a run that finished before the signal keeps it all)
+                self.store.cut_at_cancel(run_id)
             proc = self._procs.pop(run_id, None)
             if proc is not None:
                 proc.poll()
-            self._cancelling.discard(run_id)
+            self._cancelling.pop(run_id, None)
+
+    def _watch_cancels(self) -> None:
+        """Cancels that did not wait: SIGKILL a worker still alive after its grace period; finish the cancel of a
+        worker this manager does not own once it is gone (its own are finished by :meth:`_reap`)."""
+        now = time.time()
+        for run_id, (pid, deadline) in list(self._cancelling.items()):
+            if run_id in self._procs and self._procs[run_id].poll() is not None:
+                continue  # exited: _reap finishes it
+            if not self._alive(run_id, pid):
+                self._finish_cancel(run_id)
+            elif now > deadline:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, TypeError, ValueError):
+                    pass
 
     def resume(self, run_id: int) -> None:
         """Queue an ended run again (e.g. a cancelled audit that resumes from its checkpoints); a row of a
@@ -354,6 +383,7 @@ class JobManager:
         """One scheduling round (also callable directly, e.g. from tests)."""
         with self._mutex, self._file_lock() as locked:
             self._reap()
+            self._watch_cancels()
             if time.time() - self._last_dead_check > DEAD_CHECK_SECONDS:
                 self._last_dead_check = time.time()
                 own = {p.pid for p in self._procs.values()}  # our own children: _reap() knows the exact reason

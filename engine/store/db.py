@@ -76,7 +76,9 @@ CREATE TABLE IF NOT EXISTS runs (
     plan_json TEXT,
     summary_json TEXT,
     versions_json TEXT,
-    job_id INTEGER
+    job_id INTEGER,
+    cancel_requested_at REAL,
+    cancel_step INTEGER
 );
 CREATE TABLE IF NOT EXISTS step_metrics (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -179,6 +181,9 @@ class RunStore:
                 db.execute("ALTER TABLE runs ADD COLUMN host TEXT")
             if "job_id" not in columns:  # stores made before k-seed jobs: every run is a single run
                 db.execute("ALTER TABLE runs ADD COLUMN job_id INTEGER")
+            for column, kind in (("cancel_requested_at", "REAL"), ("cancel_step", "INTEGER")):
+                if column not in columns:  # stores made before Cancel recorded the click (see request_cancel)
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
             db.execute("CREATE INDEX IF NOT EXISTS runs_job ON runs(job_id)")
         self._keep_reserve()
 
@@ -314,7 +319,7 @@ class RunStore:
         """The run is running in process ``pid`` of this host (recorded, so a dead worker is noticed)."""
         self._write(
             "UPDATE runs SET status='running', pid=?, host=?, started_at=?, updated_at=?, total_steps=?,"
-            " plan_json=?, error=NULL WHERE id=?",
+            " plan_json=?, error=NULL, cancel_requested_at=NULL, cancel_step=NULL WHERE id=?",
             (pid, this_host(), time.time(), time.time(), total_steps,
              json.dumps(plan) if plan is not None else None, run_id),
         )
@@ -410,6 +415,39 @@ class RunStore:
 
     def update_progress(self, run_id: int, step: int) -> None:
         self._write("UPDATE runs SET step=?, updated_at=? WHERE id=?", (step, time.time(), run_id))
+
+    def request_cancel(self, run_id: int, step: int | None = None) -> int:
+        """Record a Cancel of ``run_id``'s job at once (every row; the first request wins): when it was asked
+        and the step it was asked at — ``step``, the step the user saw when they clicked, else the row's stored
+        step. The pages say "cancelling…" from it; :meth:`cut_at_cancel` later drops what was trained after it.
+        Returns the step recorded."""
+        with self._transaction() as db:
+            row = db.execute("SELECT step, cancel_step FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                return 0
+            if row["cancel_step"] is not None:
+                return int(row["cancel_step"])
+            at = int(row["step"] if step is None else min(int(step), int(row["step"])))
+            db.execute(f"UPDATE runs SET cancel_requested_at=?, cancel_step=?, updated_at=? WHERE {self._JOB}",
+                       (time.time(), at, time.time(), run_id, run_id))
+        return at
+
+    def cut_at_cancel(self, run_id: int) -> int | None:
+        """A cancelled train job keeps what it logged up to its Cancel's step, nothing after (steps a worker trained
+        while the request reached it are not counted: not drawn, not compared). Every row; returns the step,
+        None when no Cancel was recorded. Call it once the worker is gone."""
+        with self._transaction() as db:
+            row = db.execute("SELECT kind, cancel_step FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None or row["cancel_step"] is None:
+                return None
+            at = int(row["cancel_step"])
+            if row["kind"] == "train":  # (an audit's steps count chunks of models: its checkpoints are what it keeps)
+                ids = [int(r["id"]) for r in db.execute(f"SELECT id FROM runs WHERE {self._JOB}", (run_id, run_id))]
+                marks = ",".join("?" * len(ids))
+                db.execute(f"DELETE FROM step_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
+                db.execute(f"DELETE FROM eval_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
+                db.execute(f"UPDATE runs SET step=MIN(step, ?) WHERE id IN ({marks})", (at, *ids))
+        return at
 
     def delete_run(self, run_id: int) -> None:
         """Delete this one row (:meth:`delete_job` deletes all rows of its job)."""

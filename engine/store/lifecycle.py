@@ -4,6 +4,7 @@
     RunLifecycle                 the store side of one run: start (every row of its job), progress, finish
     Cancelled, sigterm_cancels   how a run is stopped: SIGTERM (the job manager's Cancel) raises Cancelled;
                                  Ctrl-C (KeyboardInterrupt) of a foreground command ends it cancelled too
+    stop_checked_every_step      a loop that checks for a stop every step: SIGTERM only raises its flag there
     error_line(e)                the one line the CLI and a worker print for an error a user can act on
 
 Status bookkeeping. Inside :func:`store_lifecycle` SIGTERM raises :class:`Cancelled`; on the way out a run
@@ -43,12 +44,41 @@ def stopped_by_user(error: str | None) -> bool:
     return any(words in (error or "") for words in (CANCELLED_BEFORE_START, CANCELLED_BY_USER, TERMINATED))
 
 
+class StopFlag:
+    """Raised by SIGTERM inside :func:`stop_checked_every_step`: the loop stops at its next step boundary, never
+    inside a store write or a half-applied step, and knows the step it stopped at."""
+
+    def __init__(self):
+        self.checked = False  # a loop checks ``requested`` every step (else SIGTERM raises Cancelled at once)
+        self.requested = False
+
+
+_STOP = StopFlag()
+
+
+@contextlib.contextmanager
+def stop_checked_every_step():
+    """Inside the block SIGTERM only raises the yielded flag's ``requested``: the caller checks it every step (a
+    training step is tens of milliseconds; an evaluation inside the block delays the stop by its own length).
+    Outside it (planning, the summary) SIGTERM raises Cancelled at once, as before."""
+    was = _STOP.checked
+    _STOP.checked, _STOP.requested = True, False
+    try:
+        yield _STOP
+    finally:
+        _STOP.checked = was
+
+
 @contextlib.contextmanager
 def sigterm_cancels():
     """Inside the block SIGTERM (the job manager's Cancel) raises Cancelled, so the run ends as
-    'cancelled' with its metrics kept instead of dying mid-write."""
+    'cancelled' with its metrics kept instead of dying mid-write (inside :func:`stop_checked_every_step` it
+    raises the loop's flag instead)."""
 
     def on_term(signum, frame):
+        if _STOP.checked:
+            _STOP.requested = True
+            return
         raise Cancelled(TERMINATED)
 
     old = signal.signal(signal.SIGTERM, on_term)

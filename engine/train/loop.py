@@ -30,6 +30,7 @@ evaluation (``_Evaluator``), the summary (:func:`summarize`) — and stored as t
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import time
@@ -46,7 +47,7 @@ from engine.dp.prepare import PreparedData, PrivacyPlan, prepare_data, prepare_p
 from engine.dp.stacked import StackedModels
 from engine.dp.step import PoissonSampler, dp_step
 from engine.models.metrics import diverged_at, fairness_metrics, group_metrics, mid_markers, predict, recall_auc
-from engine.store.lifecycle import NO_STORE, Cancelled, RunLifecycle
+from engine.store.lifecycle import NO_STORE, TERMINATED, Cancelled, RunLifecycle, stop_checked_every_step
 from engine.train.records import (ClassMetrics, EvalRecord, Fairness, MidMarkers, OverallMetrics, PlanRecord,
                                   RunSummary, TierMetrics, TierSummary)
 
@@ -232,8 +233,11 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
 
     record_eval(0)
     bar = _progress_bar(last, config.label) if progress else None
-    try:
+    # SIGTERM (Cancel) is checked every step, at its boundary; the terminal's bar line is cleared also when stopped
+    with stop_checked_every_step() as stop, contextlib.closing(bar) if bar is not None else contextlib.nullcontext():
         for step in range(1, last + 1):
+            if stop.requested:
+                raise Cancelled(f"{TERMINATED} at step {step - 1}")
             if should_stop is not None and should_stop():
                 raise Cancelled(f"stopped at step {step - 1}")
             out = dp_step(models.grads_of, x_train, y_train, sampler, mech, gen)
@@ -254,9 +258,6 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
             elif rows and time.time() - last_flush > 0.5:
                 flush()  # keeps the UI's progress bar live between evaluations
                 last_flush = time.time()
-    finally:  # also when stopped (Cancel, Ctrl-C): the terminal's bar line is cleared for the CLI's message
-        if bar is not None:
-            bar.close()
     seconds = time.time() - started
     configs = config.seed_configs()
     summaries = [summarize(prep, evals[j], seconds, seed_config=configs[j]) for j in range(k)]

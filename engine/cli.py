@@ -1,5 +1,7 @@
 """Command line: ``privacy-lab`` (installed) or ``python -m engine``, with the subcommands
-``run, rerun, plan, show, list [--active], cancel, export, audit, one-run-audit, worker, app``.
+``run, rerun, plan, show, list [--active], cancel, export, audit, one-run-audit, worker, app``. This module
+builds the parser and runs ``list`` and ``app`` itself; the commands that train, plan, audit or draw live in
+:mod:`engine.commands`, imported once such a command is parsed.
 
 ``rerun RUN_ID --set dotted.key=JSON`` re-runs a stored run's config as a new run (overrides typed and
 validated like a config file); ``run CONFIG --set …`` takes the same overrides. Seeds: ``--set seeds=K``
@@ -16,6 +18,7 @@ last resort, any other ``sqlite3.Error`` or ``OSError``. ``--debug`` adds the tr
 error); a run whose worker died on this host is shown as ``interrupted`` there and recorded as such the
 next time a writer (``run``, the dashboard) opens the store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,206 +27,66 @@ import os
 import sys
 import traceback
 
-from engine.audit.pa_alooa.config import load_audit_config
-from engine.audit.one_run.config import OneRunConfig, load_one_run_config
-from engine.audit.one_run.report import one_run_table
-from engine.audit.pa_alooa.presets import preset
-from engine.audit.pa_alooa.summary import compact_summary, summary_table
 from engine.config.backend import BACKEND_ENV, BackendConfig
-from engine.config.job import algorithms_advisories
-from engine.config.run import ACCOUNTANTS, RunConfig, check_plan_request, load_config
-from engine.config.schema import ConfigError, replace_dotted
-from engine.data import load_dataset
-from engine.dp import accounting
-from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
-from engine.figures.common_span import common_span
-from engine.figures.export import export_runs, load_runs
+from engine.config.limits import ACCOUNTANTS, DEFAULT_CLIP_NORM, DEFAULT_DELTA
+from engine.config.schema import ConfigError
 from engine.jobs.exiting import exit_process
-from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
-from engine.jobs.runs import diverged_note
-from engine.jobs.worker import run_worker
-from engine.jobs.manager import JobManager, new_group_id
 from engine.store.db import ACTIVE, RunStore, resolve_store_path
 from engine.store.errors import StoreError
 from engine.store.lifecycle import INTERRUPTED, Cancelled, error_line
-from engine.train.records import tier_table
 
 EXIT_CONFIG = 2
 # a foreground command stopped: the shell's conventions, 128 + the signal (SIGINT: Ctrl-C; SIGTERM: `cancel`)
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
-STOPPED_NOTE = "a run it had started is recorded as cancelled, with what it logged so far"
+STOPPED_NOTE = "is recorded as cancelled, with what it logged so far"
 
 
-def _store(args, *, readonly: bool = False) -> RunStore:
-    return RunStore(args.store, readonly=readonly)
+def stopped_line(reason: str, started) -> str:
+    """The one line of a foreground command stopped by ``cancel`` or Ctrl-C, naming the runs it had started."""
+    if not started:
+        return f"stopped: {reason}"
+    ids = ", ".join(str(i) for i in started)
+    return f"stopped: {reason}; run {ids} {STOPPED_NOTE}" if len(started) == 1 else \
+        f"stopped: {reason}; runs {ids} are recorded as cancelled, with what they logged so far"
 
 
-def cmd_run(args) -> int:
-    config = load_config(args.config)
-    if args.algorithm:
-        config = config.replace(**{"algorithm.name": args.algorithm}).validate()
-    config = apply_overrides(config, args.overrides)
-    n_train = _print_data_report(config)  # first: a dataset that cannot load is the one message (not a warning)
-    _print_advisories(config.advisories(n_train))
-    store = _store(args)
-    store.mark_dead_runs()  # a writer records runs whose worker died (e.g. kill -9 of an earlier `run`)
-    ids = store.create_job(config.seed_configs(), status="queued")
-
-    execute(store, ids[0], config.job_config(), kind="train", progress=not args.json)
-    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)}: {config.label} on "
-                                                      f"{config.data.name} — {_ended(run)}")
-    return 0
+def _port(text: str) -> int:
+    """A TCP port number (1–65535), for ``app --port``."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), got {port}")
+    return port
 
 
-def _print_job(store, ids, args, header, *, extra=None, table=tier_table) -> None:
-    """The result of a job's rows: one JSON line (row 0's summary, and ``per_seed`` rows for k > 1), or a
-    header and summary table per row."""
-    runs = [store.get_run(i) for i in ids]
-    if args.json:
-        out = {"run_id": ids[0], **(extra or {}), **(runs[0]["summary"] or {})}
-        if len(ids) > 1:
-            out.update(run_ids=ids, per_seed=[{"run_id": r["id"], **(r["summary"] or {})} for r in runs])
-        print(json.dumps(out, sort_keys=True, default=str))
-        return
-    for run_id, run in zip(ids, runs):
-        print(header(run_id, run))
-        if run["summary"]:
-            print(table(run["summary"]))
+def port_is_free(port: int) -> bool:
+    """Whether a server can listen on 127.0.0.1:``port`` now (Streamlit would otherwise end in a traceback)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def _ended(run: dict) -> str:
-    """How a run ended, in the lab's words: its status, or the diverged run's sentence."""
-    return diverged_note(run) or run["status"]
+def _command(name: str):
+    """The subcommand ``name`` of :mod:`engine.commands`, imported when it runs, not when the parser is built:
+    ``--help``, a typo, ``list`` and ``app`` never pay for torch, pandas and the audits (~5 CPU-s)."""
+    def run(args) -> int:
+        from engine import commands  # deferred on purpose (tests/test_layers.py: DEFERRED_IMPORTS)
 
+        return getattr(commands, name)(args)
 
-def _seed_note(run: dict) -> str:
-    """' (seed S, j+1 of k in job #L)' for a row of a k-seed job, else ''."""
-    if (run.get("seeds") or 1) <= 1:
-        return ""
-    return f" (seed {run['seed']}, {run['seed_index'] + 1} of {run['seeds']} in job #{run['job_id']})"
-
-
-def _print_advisories(advisories: list[ConfigError]) -> None:
-    """Valid settings far from what trains or that the algorithm ignores (``RunConfig.advisories``, an audit's
-    ``algorithms_advisories``): one warning line each, then the command goes on."""
-    for e in advisories:
-        print(f"warning: {e}", file=sys.stderr)
-
-
-def _job_advisories(job, config, n_train: int | None = None) -> list[ConfigError]:
-    """A job config's advisories: its run's (data, optimizer; a training run's algorithm and, with its training-set
-    size ``n_train``, its batch) and, for a job that trains one run per algorithm (the audits), each of its
-    ``algorithms``' ignored fields, named ``algorithms[k].field``."""
-    run, algorithms = job.run_config(config), job.algorithms(config)
-    if len(algorithms) == 1 and algorithms[0] is run.algorithm:  # a training run: its own algorithm
-        return run.advisories(n_train)
-    return run.advisories() + algorithms_advisories(algorithms)
-
-
-def _print_data_report(config: RunConfig) -> int:
-    """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any; its number of
-    training samples."""
-    ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                      max_train=config.data.max_train)
-    if ds.report.skipped:
-        print(f"note: {ds.report}", file=sys.stderr)
-    return len(ds.y_train)
-
-
-def cmd_worker(args) -> int:
-    """Run a queued run from the store (started by the dashboard's job manager): :func:`engine.jobs.worker.run_worker`."""
-    return run_worker(args.store, args.run_id, threads=args.threads, prepared=args.prepared)
-
-
-PLAN_FLAGS = {"mode": "--mode", "epsilons": "--epsilons", "tier_sizes": "--tier-sizes", "delta": "--delta",
-              "batch_size": "--batch-size", "clip_norm": "--clip-norm", "steps": "--steps",
-              "allow_large": "--allow-large"}
-# without a CONFIG: a run config's defaults (its δ and clip norm), planned for SAMPLE
-PLAN_DEFAULTS = {"mode": "sample", "delta": RunConfig().delta, "clip_norm": RunConfig().clip_norm,
-                 "allow_large": RunConfig().allow_large}
-
-
-def cmd_plan(args) -> int:
-    if args.config:
-        given = [flag for name, flag in PLAN_FLAGS.items() if getattr(args, name) not in (None, False)]
-        if given:  # a run config's plan is the config's: a flag beside it would be ignored
-            raise ConfigError(given[0], "plans without a CONFIG only; set the field in the config (or use "
-                                        "`rerun --set`) instead")
-        config = load_config(args.config)
-        if args.accountant is not None:
-            config = config.replace(accountant=args.accountant).validate()
-        data = prepare_data(config)
-        if data.dataset.report.skipped:
-            print(f"note: {data.dataset.report}", file=sys.stderr)
-        _print_advisories(config.advisories(len(data.dataset.y_train)))
-        steps = total_steps(config, len(data.dataset.y_train))
-        plan = make_plan(config, data.tiers.sizes, steps)
-        names = data.tiers.names
-        if plan is None:
-            print("non-private run: no plan")
-            return 0
-        rdp = plan if plan.accountant == "rdp" else make_plan(config.replace(accountant="rdp"), data.tiers.sizes, steps)
-    else:
-        missing = [n for n in ("epsilons", "tier_sizes", "batch_size", "steps") if getattr(args, n) is None]
-        if missing:
-            raise ConfigError(PLAN_FLAGS[missing[0]], "is required without a CONFIG (see --help)")
-        flags = {name: getattr(args, name) if getattr(args, name) is not None else default
-                 for name, default in PLAN_DEFAULTS.items()}
-        kw = dict(mode=flags["mode"], epsilons=args.epsilons, delta=flags["delta"], tier_sizes=args.tier_sizes,
-                  batch_size=args.batch_size, clip_norm=flags["clip_norm"], steps=args.steps)
-        # the checks and caps a run config's fields have: the planner is never asked what a run config refuses
-        check_plan_request(**{k: v for k, v in kw.items() if k != "mode"}, allow_large=flags["allow_large"],
-                           fields=PLAN_FLAGS, lift="give --allow-large")
-        with plan_errors("plan"):
-            plan = accounting.plan(**kw, accountant=args.accountant or "rdp")
-        rdp = plan
-        if plan.accountant != "rdp":
-            with plan_errors("plan", "no RDP plan beside it: "):
-                rdp = accounting.plan(**kw)
-        names = [f"tier {k}" for k in range(len(plan.sample_rates))]
-    if args.json:
-        print(json.dumps(plan.to_dict(), sort_keys=True))
-        return 0
-    print(f"mode {plan.mode} under {plan.accountant}: noise multiplier σ = {plan.noise_multiplier:.5f}, noise std = "
-          f"{plan.noise_std:.5f}, expected batch = {plan.expected_batch_size:.1f}, T = {plan.steps}, δ = {plan.delta:g}")
-    beside = rdp is not plan
-    if beside:
-        print(accounting.noise_saved_sentence(plan.accountant, plan.noise_multiplier, rdp.noise_multiplier))
-    print(f"{'tier':<28} {'size':>7} {'q':>10} {'C':>8} {'ε target':>9} {'ε':>9}"
-          + (f" {'q (rdp)':>10} {'C (rdp)':>8}" if beside else ""))
-    for k, name in enumerate(names):
-        print(f"{name[:28]:<28} {plan.tier_sizes[k]:>7} {plan.sample_rates[k]:>10.6f} {plan.clip_norms[k]:>8.4f} "
-              f"{plan.target_epsilons[k]:>9.4f} {plan.epsilons[k]:>9.4f}"
-              + (f" {rdp.sample_rates[k]:>10.6f} {rdp.clip_norms[k]:>8.4f}" if beside else ""))
-    return 0
-
-
-def cmd_show(args) -> int:
-    store = _store(args, readonly=True)
-    run = store.get_run(args.run_id)
-    if run is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
-    if args.json:
-        print(json.dumps(run, sort_keys=True, default=str))
-        return 0
-    print(f"run {run['id']} [{run['status']}] {run['name'] or run['algorithm']}  kind={run['kind']}"
-          + _seed_note(run))
-    if (run.get("seeds") or 1) > 1:
-        print(f"job rows: {', '.join(str(i) for i in store.job_rows(run['id']))}")
-    if run["error"]:
-        print(f"error: {run['error']}")
-    if diverged_note(run):
-        print(diverged_note(run))
-    print(f"config: {json.dumps(run['config'], sort_keys=True)}")
-
-    kind = JOB_KINDS.get(run["kind"])
-    if run["summary"] and kind is not None:
-        print(kind.summary_table(run["summary"]))
-    return 0
+    run.__name__ = name
+    return run
 
 
 def cmd_list(args) -> int:
-    store = _store(args, readonly=True)
+    store = RunStore(args.store, readonly=True)
     runs = store.list_runs()
     if getattr(args, "active", False):  # queued or running (runs outlive the dashboard: see README)
         runs = [r for r in runs if r["status"] in ACTIVE]
@@ -232,128 +95,27 @@ def cmd_list(args) -> int:
                                               "group_id", "seed", "seed_index", "seeds", "job_id")}
                           for r in runs]))
         return 0
-    print(f"{'id':>5} {'kind':<6} {'algorithm':<12} {'status':<12} {'progress':>12} {'seed':>6} {'job':>10}  name")
-    for r in runs:
-        prog = f"{r['step']}/{r['total_steps'] or '?'}"
-        job = f"{r['seed_index'] + 1}/{r['seeds']} #{r['job_id']}" if (r.get("seeds") or 1) > 1 else ""
-        seed = "" if r["seed"] is None else str(r["seed"])
-        print(f"{r['id']:>5} {r['kind']:<6} {r['algorithm']:<12} {r['status']:<12} {prog:>12} {seed:>6} {job:>10}"
-              f"  {r['name']}")
+    rows = [(str(r["id"]), r["kind"], r["algorithm"] or "", r["status"], f"{r['step']}/{r['total_steps'] or '?'}",
+             "" if r["seed"] is None else str(r["seed"]),
+             f"{r['seed_index'] + 1}/{r['seeds']} #{r['job_id']}" if (r.get("seeds") or 1) > 1 else "", r["name"] or "")
+            for r in runs]
+    print(list_table(rows))
     return 0
 
 
-def cmd_cancel(args) -> int:
-    """``privacy-lab cancel RUN_ID``: stop a queued or running run (a k-seed job's row stops its whole job): the
-    worker gets SIGTERM, then SIGKILL after a grace period; what it logged is kept."""
-    store = _store(args)
-    if store.get_run(args.run_id) is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
-    manager = JobManager(store.path, autostart=False, prewarm=False)
-    before = store.get_run(args.run_id)["status"]
-    status = manager.cancel(args.run_id, wait=True)
-    if before not in ACTIVE:
-        print(f"run {args.run_id} is not active ({before}): nothing to cancel")
-    else:
-        print(f"run {args.run_id}: {status}")
-    return 0
+LIST_COLUMNS = (("id", ">"), ("kind", "<"), ("algorithm", "<"), ("status", "<"), ("progress", ">"), ("seed", ">"),
+                ("job", ">"), ("name", "<"))
 
 
-def cmd_audit(args) -> int:
-    """``python -m engine audit CONFIG.json | --preset NAME [--set k=v ...] [--json] [--controls]``: run an audit in
-    this process, into the store (opened once the config holds: a refused command creates no store file)."""
-    preset_name = getattr(args, "preset", None)
-    if (args.config is None) == (preset_name is None):
-        raise ConfigError("config", "give either a config file or --preset NAME (not both)")
-    if preset_name is not None:
-        config = preset(preset_name).validate()
-    else:
-        config = load_audit_config(args.config)
-    if getattr(args, "controls", False):  # DP-SGD-S's noise- and accuracy-matched DP-SGD controls
-        config = config.replace(controls=True).validate()
-    config = apply_overrides(config, getattr(args, "overrides", None))
-    _print_advisories(_job_advisories(JOB_KINDS["audit"], config))
-    run_id, report = _execute_here(_store(args), config, kind="audit", label="audit", progress=not args.json)
-    if args.json:
-        print(json.dumps({"run_id": run_id, **compact_summary(report)}, sort_keys=True))
-    else:
-        print(f"audit run {run_id} — finished")
-        print(summary_table(report))
-    return 0
-
-
-def _execute_here(store, config, *, kind: str, label: str, progress: bool):
-    """Store ``config`` as a new run of ``kind`` and run it in this process: (its id, the result). Stopped
-    (``cancel`` from another shell), it raises Cancelled naming the run, for :func:`main`'s one line."""
-    run_id = store.create_run(config.to_dict(), kind=kind, status="queued", name=config.name or label)
-    try:
-        return run_id, execute(store, run_id, config, kind=kind, progress=progress)
-    except Cancelled as e:
-        raise Cancelled(f"{label} {run_id}: {e}") from None
-
-
-def cmd_one_run(args) -> int:
-    """``python -m engine one-run-audit [CONFIG.json] [--set k=v ...] [--json]``: per-tier empirical ε from one run
-    per algorithm (white-box gradient and black-box input canaries), in this process, into the store."""
-    config = load_one_run_config(args.config) if args.config else OneRunConfig()
-    config = apply_overrides(config, args.overrides)
-    _print_advisories(_job_advisories(JOB_KINDS["one_run"], config))
-    run_id, report = _execute_here(_store(args), config, kind="one_run", label="one-run audit",
-                                   progress=not args.json)
-    if args.json:
-        frame = report.frame()
-        print(json.dumps({"run_id": run_id, "rows": json.loads(frame.to_json(orient="records")),
-                          "broken": bool(len(report.violations()))}, sort_keys=True))
-    else:
-        print(f"one-run audit {run_id} — finished")
-        print(one_run_table(report.to_dict()))
-    return 0
-
-
-def parse_override(text: str) -> tuple[str, object]:
-    """``dotted.key=JSON_VALUE`` → (key, value); a value that is not JSON is taken as a string."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError("--set", f"expected dotted.key=JSON_VALUE, got {text[:80]!r}")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    return key, value
-
-
-def apply_overrides(config, overrides: list[str]):
-    """``config`` with each ``dotted.key=JSON_VALUE`` applied (``engine.config.schema.replace_dotted``: every value
-    type-checked against the field's annotation), then validated. Unknown keys and wrong values raise one
-    ConfigError naming the dotted key."""
-    for text in overrides or ():
-        key, value = parse_override(text)
-        config = replace_dotted(config, key, value, checked=True)
-    return config.validate() or config
-
-
-def cmd_rerun(args) -> int:
-    """A stored run's config, with ``--set`` overrides, as a new run of the same kind; a row of a k-seed
-    job re-runs the whole job (the overrides apply to the job's config: base seed, seed_index 0)."""
-    old = _store(args, readonly=True).get_run(args.run_id)  # (a missing store is said, not created)
-    if old is None:
-        raise ConfigError("run_id", f"no run {args.run_id} in {resolve_store_path(args.store)}")
-    job, config = rerun_of(old)
-    config = apply_overrides(config, args.overrides)
-    store = _store(args)
-    store.mark_dead_runs()
-    n_train = _print_data_report(job.run_config(config))
-    _print_advisories(_job_advisories(job, config, n_train))
-    rows = job.rows(config)
-    # a new comparison of its own unless --join: a re-run with other settings must not change the old one's figures
-    group = old.get("group_id") if args.join and old.get("group_id") else new_group_id(job.group_prefix)
-    ids = store.create_job(rows, kind=job.name, status="queued", group_id=group)
-    execute(store, ids[0], rows[0], kind=job.name, progress=not args.json)
-    joined = "joined its comparison" if group == old.get("group_id") else "a new comparison"
-    _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}; "
-                                                      f"{joined} {group}) — {_ended(run)}",
-               extra={"rerun_of": args.run_id, "group_id": group}, table=job.summary_table)
-    return 0
+def list_table(rows: list[tuple[str, ...]]) -> str:
+    """``list``'s table: each column as wide as its widest cell (a kind such as one_run, a long status), the name
+    last and unpadded."""
+    widths = [max([len(name), *(len(row[k]) for row in rows)]) for k, (name, _) in enumerate(LIST_COLUMNS)]
+    lines = []
+    for cells in [tuple(name for name, _ in LIST_COLUMNS), *rows]:
+        head = [f"{cell:{align}{width}}" for cell, (_, align), width in zip(cells[:-1], LIST_COLUMNS, widths)]
+        lines.append(" ".join(head) + "  " + cells[-1])
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def app_path() -> str:
@@ -374,6 +136,8 @@ def cmd_app(args) -> int:
     import signal
     import subprocess
 
+    if not port_is_free(args.port):
+        raise ConfigError("--port", f"127.0.0.1:{args.port} is in use (another dashboard?): choose another --port")
     cmd = [sys.executable, "-m", "streamlit", "run", app_path(), "--server.address", "127.0.0.1",
            "--server.port", str(args.port), "--server.headless", "true", *args.streamlit_args]
     env = dict(os.environ)
@@ -406,20 +170,17 @@ def cmd_app(args) -> int:
                 child.wait()
 
 
-def cmd_export(args) -> int:
-    store = _store(args, readonly=True)
-    paths = export_runs(store, args.run_ids, formats=args.formats or ["png"], out_dir=args.out,
-                        width=args.width, height=args.height, scale=args.scale, theme=args.theme)
-    for path in paths:
-        print(path)
-    words = common_span(load_runs(store, args.run_ids)).words()
-    if words is not None:  # the comparisons were cut to the steps every run reached: say it where the user looks
-        print(f"note: the figures compare the runs {words}", file=sys.stderr)
-    return 0
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr and exit status 2, as every other bad input of the lab (the
+    usage is one ``--help`` away, and the line says so); its subcommands' parsers are of this class too."""
+
+    def error(self, message):  # noqa: D401 - argparse's hook
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_CONFIG)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="privacy-lab", description="Privacy Imbalance Lab engine")
+    p = OneLineParser(prog="privacy-lab", description="Privacy Imbalance Lab engine")
     p.add_argument("--store", default=os.environ.get("PRIVACY_LAB_STORE"),
                    help="run store (SQLite file or folder); default $PRIVACY_LAB_STORE or ~/.privacy-imbalance-lab")
     p.add_argument("--data-dir", dest="data_dir", help="data folder (sets $PRIVACY_LAB_DATA_DIR for this command)")
@@ -430,16 +191,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train one run from a JSON config")
-    r.add_argument("config")
+    r.add_argument("config", help="the run config (JSON; docs/CONFIG.md)")
     r.add_argument("--algorithm", help="override algorithm.name")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
                    help="change one config field, e.g. --set seeds=3 (three seeds trained together) --set epochs=4 "
                         "(repeatable)")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=_command("cmd_run"))
 
     rr = sub.add_parser("rerun", help="re-run a stored run (train or audit) as a new run, with overrides")
-    rr.add_argument("run_id", type=int)
+    rr.add_argument("run_id", type=int, help="the stored run to train again (privacy-lab list)")
     rr.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
                     help="change one config field, e.g. --set epochs=4 --set algorithm.name='\"ino\"' (repeatable); "
                          "a row of a k-seed job re-runs the whole job, --set seeds=1 --set seed=S one seed alone")
@@ -447,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--join", action="store_true",
                     help="add the new run to the original run's comparison (default: a new comparison of its own)")
     rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
-    rr.set_defaults(func=cmd_rerun)
+    rr.set_defaults(func=_command("cmd_rerun"))
 
     pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")
     pl.add_argument("config", nargs="?", help="plan for this run config (else use the flags)")
@@ -456,31 +217,31 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tier-sizes", dest="tier_sizes", type=int, nargs="+",
                     help="without a CONFIG: each tier's number of samples")
     pl.add_argument("--delta", type=float,
-                    help=f"without a CONFIG (default: {PLAN_DEFAULTS['delta']:g}; at most a run config's cap)")
+                    help=f"without a CONFIG (default: {DEFAULT_DELTA:g}; at most a run config's cap)")
     pl.add_argument("--batch-size", dest="batch_size", type=int, help="without a CONFIG: the expected batch")
     pl.add_argument("--clip-norm", dest="clip_norm", type=float,
-                    help=f"without a CONFIG (default: {PLAN_DEFAULTS['clip_norm']:g})")
+                    help=f"without a CONFIG (default: {DEFAULT_CLIP_NORM:g})")
     pl.add_argument("--steps", type=int, help="without a CONFIG: optimizer steps (capped as a run config's are)")
     pl.add_argument("--allow-large", dest="allow_large", action="store_true",
                     help="without a CONFIG: lift the cap on steps (a run config's \"allow_large\")")
     pl.add_argument("--accountant", choices=ACCOUNTANTS, default=None,
                     help="whose ε the plan meets (default: the CONFIG's, else rdp); not rdp: RDP's q and C beside")
-    pl.add_argument("--json", action="store_true")
-    pl.set_defaults(func=cmd_plan)
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON line")
+    pl.set_defaults(func=_command("cmd_plan"))
 
     s = sub.add_parser("show", help="one run's config, status and per-tier summary")
-    s.add_argument("run_id", type=int)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_show)
+    s.add_argument("run_id", type=int, help="the run (privacy-lab list)")
+    s.add_argument("--json", action="store_true", help="print the whole run record as one JSON line")
+    s.set_defaults(func=_command("cmd_show"))
 
     ls = sub.add_parser("list", help="all runs in the store")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the runs as one JSON list")
     ls.add_argument("--active", action="store_true", help="only queued and running runs")
     ls.set_defaults(func=cmd_list)
 
     ca = sub.add_parser("cancel", help="stop a queued or running run (its worker keeps what it logged)")
-    ca.add_argument("run_id", type=int)
-    ca.set_defaults(func=cmd_cancel)
+    ca.add_argument("run_id", type=int, help="the run to stop (a row of a k-seed job stops its whole job)")
+    ca.set_defaults(func=_command("cmd_cancel"))
 
     au = sub.add_parser("audit", help="PA-ALOOA membership audit from a JSON audit config or a preset")
     au.add_argument("config", nargs="?", help="JSON audit config file (or give --preset)")
@@ -492,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--controls", action="store_true",
                     help="add DP-SGD-S's controls: DP-SGD at the noise DP-SGD-S realised and at its accuracy, "
                          "compared with it pairwise (needs dpsgd_s and dpsgd among the algorithms)")
-    au.set_defaults(func=cmd_audit)
+    au.set_defaults(func=_command("cmd_audit"))
 
     o1 = sub.add_parser("one-run-audit", help="per-tier empirical ε lower bounds from one training run per algorithm "
                                                "(canaries; Steinke et al. 2023)")
@@ -500,27 +261,28 @@ def build_parser() -> argparse.ArgumentParser:
     o1.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=JSON_VALUE",
                     help="change one field, e.g. --set run.data.name='\"mnist\"' --set canaries=1000 (repeatable)")
     o1.add_argument("--json", action="store_true", help="print the per-tier rows as one JSON line")
-    o1.set_defaults(func=cmd_one_run)
+    o1.set_defaults(func=_command("cmd_one_run"))
 
     ex = sub.add_parser("export", help="export figures of runs (png, svg, pdf, html, csv, json)")
-    ex.add_argument("run_ids", type=int, nargs="+")
-    ex.add_argument("--format", dest="formats", action="append", choices=("png", "svg", "pdf", "html", "csv", "json"))
-    ex.add_argument("--out", default="export")
-    ex.add_argument("--width", type=int, default=1000)
-    ex.add_argument("--height", type=int, default=600)
-    ex.add_argument("--scale", type=float, default=2.0)
-    ex.add_argument("--theme", default="light", choices=("light", "dark"))
-    ex.set_defaults(func=cmd_export)
+    ex.add_argument("run_ids", type=int, nargs="+", help="the runs whose figures to export, compared with each other")
+    ex.add_argument("--format", dest="formats", action="append", choices=("png", "svg", "pdf", "html", "csv", "json"),
+                    help="a format to write; repeat it for several (--format png --format csv); default png")
+    ex.add_argument("--out", default="export", help="the folder to write into (default: export)")
+    ex.add_argument("--width", type=int, default=1000, help="figure width in pixels (default: 1000)")
+    ex.add_argument("--height", type=int, default=600, help="figure height in pixels (default: 600)")
+    ex.add_argument("--scale", type=float, default=2.0, help="pixel scale of PNG exports (default: 2)")
+    ex.add_argument("--theme", default="light", choices=("light", "dark"), help="figure theme (default: light)")
+    ex.set_defaults(func=_command("cmd_export"))
 
     ap = sub.add_parser("app", help="start the dashboard (streamlit run app.py on 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=8501)
+    ap.add_argument("--port", type=_port, default=8501, help="the port on 127.0.0.1 (default: 8501; it must be free)")
     ap.epilog = "Other options (e.g. --theme.base dark) are passed to streamlit run."
     ap.set_defaults(func=cmd_app)
 
     w = sub.add_parser("worker", help="(internal) execute a queued run from the store")
-    w.add_argument("run_id", type=int)
-    w.add_argument("--threads", type=int, default=1)
-    w.set_defaults(func=cmd_worker)
+    w.add_argument("run_id", type=int, help="the queued run")
+    w.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    w.set_defaults(func=_command("cmd_worker"))
     return p
 
 
@@ -534,15 +296,18 @@ def main(argv=None, *, prepared=None) -> int:
     args.prepared = prepared
     if args.data_dir:
         os.environ["PRIVACY_LAB_DATA_DIR"] = os.path.abspath(os.path.expanduser(args.data_dir))
+        if not os.path.isdir(os.environ["PRIVACY_LAB_DATA_DIR"]):  # said, not refused: shipped datasets still load
+            print(f"warning: --data-dir: {args.data_dir!r} is not a folder: only the datasets the lab ships "
+                  "(digits, MNIST, Adult) will load", file=sys.stderr)
     try:
         if args.backend is not None:
             os.environ[BACKEND_ENV] = BackendConfig.parse(args.backend, field="--backend").spec()
         return args.func(args)
     except Cancelled as e:  # SIGTERM (`privacy-lab cancel N` from another shell): one line, no traceback
-        print(f"stopped: {e}; {STOPPED_NOTE}", file=sys.stderr)
+        print(stopped_line(str(e), getattr(args, "started", None)), file=sys.stderr)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print(f"stopped: {INTERRUPTED}; {STOPPED_NOTE}", file=sys.stderr)
+        print(stopped_line(INTERRUPTED, getattr(args, "started", None)), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one clear line, no traceback (unknown kinds of error propagate)
         err, message = e, error_line(e, store_path=args.store)

@@ -30,6 +30,9 @@ MAX_TRAIN = 10**9  # training samples: data.max_train, a plan's tiers in all
 # measured 2026-12-07; that is engine.dp.accounting's to bound, not this cap's.)
 MAX_DELTA = 0.5
 STEPS_RULES = ("round", "floor_per_epoch")
+#: a run config's δ and clip norm when it names none (RunConfig's defaults; privacy-lab plan's without a config)
+DEFAULT_DELTA = 1e-5
+DEFAULT_CLIP_NORM = 1.0
 #: the accountants a run may plan and report under (engine.dp.accountants implements one per name)
 ACCOUNTANTS = ("rdp", "prv", "pld")
 MAX_CNN_PADDING = 8

@@ -27,7 +27,7 @@ from engine.config.algorithms import (ALGORITHM_LABELS, ALGORITHM_SPECS, ALGORIT
                                       MAX_GROUPS, MAX_KNOTS, NO_DP_REASONS, TIF_SHAPES, algorithm_spec,
                                       check_field_values, ignored_advisory, ignored_fields, no_formal_dp_reason,
                                       tif_knots_problem)
-from engine.config.limits import (ACCOUNTANTS, LARGE_BATCH_FRACTION, LIFT_IN_CONFIG,  # noqa: F401
+from engine.config.limits import (ACCOUNTANTS, DEFAULT_CLIP_NORM, DEFAULT_DELTA, LARGE_BATCH_FRACTION, LIFT_IN_CONFIG,  # noqa: F401
                                   MAX_AUDIT_MODEL_STEPS,
                                   MAX_BATCH_SIZE, MAX_CHUNK_MODELS, MAX_CLASS_ID, MAX_CNN_PADDING, MAX_DELTA,
                                   MAX_HIDDEN_LAYERS, MAX_HIDDEN_WIDTH, MAX_MODEL_PARAMS, MAX_NAME_CHARS,
@@ -280,9 +280,9 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     epochs: float = 10.0  # digits: ~110 steps, a few seconds on a laptop CPU
     batch_size: int = 128
-    delta: float = 1e-5
+    delta: float = DEFAULT_DELTA
     accountant: str = "rdp"  # whose ε the plan meets and the run reports: rdp | prv | pld (engine.dp.accountants)
-    clip_norm: float = 1.0
+    clip_norm: float = DEFAULT_CLIP_NORM
     seed: int = 0
     device: str = "auto"
     eval_every: int = 0  # steps between evaluations; 0: about 25 evaluations per run

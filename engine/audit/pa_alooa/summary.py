@@ -37,6 +37,11 @@ def compact_summary(results) -> dict:
     return out
 
 
+# beyond this many groups the GPR cells leave the algorithms' rows for a table of their own (10 digit classes
+# inline made a table ~240 characters wide; issue 60)
+MAX_INLINE_GROUPS = 4
+
+
 def summary_table(results) -> str:
     """The audit as a text table (``python -m engine audit`` / ``show``); ``results``: a report or its dict."""
     r = as_report(results)
@@ -44,16 +49,21 @@ def summary_table(results) -> str:
     lines = [f"PA-ALOOA on {r.dataset} (n={r.n_train}, 2R={r.n_models} models per algorithm, threshold "
              f"{r.threshold}, score {r.score or 'loss (float32)'}, groups by {r.group_by})"
              + ("  [partial]" if r.partial else "")]
-    lines.append(f"{'algorithm':<22} {'acc':>6} " + " ".join(f"{('GPR ' + g)[:14]:>14}" for g in groups)
-                 + f" {'Δ pp [CI]':>20} {'null Δ':>13} {'resolved':>8} {'ε LB / claimed':>18}")
+    inline = groups if len(groups) <= MAX_INLINE_GROUPS else []  # more groups: their own table below
+    lines.append(f"{'algorithm':<22} {'acc':>6} " + "".join(f"{('GPR ' + g)[:14]:>14} " for g in inline)
+                 + f"{'Δ pp [CI]':>20} {'null Δ':>13} {'resolved':>8} {'ε LB / claimed':>18}")
     for a in r.algorithms:
         d, nd = a.delta, a.null_delta
         eps = ", ".join(f"{_f(t.lower_bound, '.2f')}/{_f(c, '.2f')}" for t, c in zip(a.epsilon, a.claimed_epsilons()))
         lines.append(f"{a.label[:22]:<22} {_f(a.accuracy.mean, '.3f'):>6} "
-                     + " ".join(f"{_gpr_cell(a, g):>14}" for g in groups)
-                     + f" {_f(d.value, '.2f')} [{_f(d.low, '.2f')}, {_f(d.high, '.2f')}]".rjust(21)
+                     + "".join(f"{_gpr_cell(a, g):>14} " for g in inline)
+                     + f"{_f(d.value, '.2f')} [{_f(d.low, '.2f')}, {_f(d.high, '.2f')}]".rjust(20)
                      + f" {_spread(nd):>13}"
                      + f" {_yes_no(a.resolved):>8} {eps:>18}")
+    if not inline:  # one row per group, one column per algorithm: as wide as the algorithms, not the groups
+        lines.append(f"{'GPR by group':<22} " + " ".join(f"{a.label[:15]:>15}" for a in r.algorithms))
+        for g in groups:
+            lines.append(f"{g[:22]:<22} " + " ".join(f"{_gpr_cell(a, g):>15}" for a in r.algorithms))
     lines.append("GPR cells: the group's GPR / its own null floor (permuted membership); claimed ε — : no formal "
                  "guarantee; resolved: Δ's CI above the null Δ spread")
     lines.append(r.delta_method + ".")

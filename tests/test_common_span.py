@@ -177,3 +177,23 @@ def test_the_results_page_says_the_span_and_shows_the_gain_over_it(tmp_path, mon
     assert len(note) == 1 and "IDP-SGD (SAMPLE) #1 was cancelled at 64 %" in note[0].replace("\\", "")
     gain = next(m for m in at.metric if m.label.startswith("INO gain"))
     assert gain.value == "0.0 pp"
+
+
+def test_a_cancelled_run_is_counted_up_to_the_click_even_before_the_store_drops_what_came_after():
+    """Issue 59: the worker trains on while the Cancel reaches it; the run row records the click's step
+    (``cancel_step``) and nothing after it is compared — here still in the record (a run still "cancelling…")."""
+    idp = run(1, "idp_sample", list(range(0, 1001, 100)), status="running")
+    idp["cancel_step"] = 650  # the click; evaluations at 700..1000 came after it
+    ino = run(2, "ino", list(range(0, PLAN + 1, 100)), status="finished")
+    span = common_span([idp, ino])
+    assert span.limit(1) == 600 and span.limit(2) == 600 and 1 in span.cut
+    assert span.last(training_records(idp), 1).step == 600
+    alone = common_span([idp])
+    assert alone.limit(1) == 600 and alone.cut == (1,)
+    kept = alone.keep(pd.DataFrame({"run_id": [1] * 11, "step": list(range(0, 1001, 100))}))
+    assert kept["step"].max() == 600
+
+
+def training_records(r):
+    """The run's evaluations as records with a ``step`` (what Span.last reads)."""
+    return [type("E", (), {"step": e["step"]})() for e in r["evals"]]

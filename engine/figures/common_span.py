@@ -9,7 +9,9 @@ presentation pack, ``privacy-lab export`` and the experiment scripts) read each 
 
 The rule, stated once:
 
-* each run has *reached* the share of its planned steps of its last evaluation (a finished run: all of it);
+* each run has *reached* the share of its planned steps of its last evaluation (a finished run: all of it); a run
+  the user cancelled has reached its last evaluation at or before the step of the click (``cancel_step``: the steps
+  its worker trained while the request reached it are never counted, also before the store drops them);
 * the compared span is the smallest share any compared run reached: each run is read up to that share of its own
   plan (runs with the same plan: up to the same step);
 * when a run is cut, the numbers carry it in words (:meth:`Span.words`): "over steps 0–900, which both runs
@@ -32,12 +34,17 @@ from engine.jobs.runs import run_label
 _STOPPED = {"running": "is still running", "queued": "is queued", "diverged": "diverged"}
 
 
-def _last_step(run: dict) -> int | None:
-    evals = run.get("evals") or []
-    if not evals:
-        return None
-    e = evals[-1]
+def _step(e) -> int:
     return int(e.step if hasattr(e, "step") else e.get("step", 0))
+
+
+def _last_step(run: dict) -> int | None:
+    """The step of the run's last counted evaluation: its last one, or for a Cancel its last one at or before the
+    click's step (None: none)."""
+    evals = run.get("evals") or []
+    stop = run.get("cancel_step")
+    steps = [_step(e) for e in evals if stop is None or _step(e) <= stop]
+    return steps[-1] if steps else None
 
 
 def _reached(run: dict, last: int) -> tuple[int, float]:
@@ -119,7 +126,7 @@ def common_span(runs: list[dict]) -> Span:
     for run_id, (run, last, total, own) in reached.items():
         limit = last if own <= share else int(share * total + 1e-9)
         limits[run_id] = limit
-        if limit < last:
+        if limit < _step(run["evals"][-1]):  # (a cancelled run's evaluations after the click are cut too)
             cut.append(run_id)
     for rerun, kept in rerun_of.items():
         if kept in limits:

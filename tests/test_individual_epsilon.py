@@ -147,11 +147,13 @@ def _dp_accounting_epsilons(q, sigma, segments, delta, releases):
        st.lists(st.floats(1.0, 50.0), max_size=1), st.data())
 def test_matches_dp_accountings_rdp_accountant_on_samples_with_changing_norms(q, sigma, steps, delta, releases, data):
     """A sample whose ratio changes at each checkpoint, recomputed by dp-accounting. At the integer orders (where
-    both libraries evaluate the same binomial sum) on the grid's points (u = j / GRID) the two agree to 1e-6
-    relative; off the grid each step is rounded up to the next point, so the ε here is above dp-accounting's, by at
-    most 5 %. At all of Opacus' orders the ε here is at most dp-accounting's and within 1 % of it: dp-accounting's
-    fractional-order RDP is conservative (at q = 0.02, σ = 0.78: 0.7 % above Opacus' at α = 2.5, 0.25 % at α = 2.9,
-    where Opacus' agrees with a 40-digit numerical integration of A_α to 1e-10; 0.4 % in an ε of 8.9)."""
+    both libraries evaluate the same binomial sum) on the grid's points (u = j / GRID) the ε here is at most 1e-3
+    above dp-accounting's (the grid's round-off margin) and never below; off the grid each step is rounded up to the next point, so the ε here is above dp-accounting's, by at
+    most 5 %. At all of Opacus' orders the two differ in both directions: between the grid's points where every
+    order is evaluated (every 8th) the grid bounds a fractional order's RDP by the next integer order's or the next
+    such point's (up to 8 % more ε in our checks, ~1 % typically), and dp-accounting's fractional-order RDP is
+    conservative (at q = 0.02, σ = 0.78: 0.7 % above Opacus' at α = 2.5, 0.25 % at α = 2.9, where Opacus' agrees
+    with a 40-digit numerical integration of A_α to 1e-10): within −5 % and +10 %."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     cps = sorted(set(data.draw(st.lists(st.integers(0, steps - 1), min_size=1, max_size=3))) | {0})
@@ -166,10 +168,24 @@ def test_matches_dp_accountings_rdp_accountant_on_samples_with_changing_norms(q,
         theirs_int, theirs = _dp_accounting_epsilons(q, sigma, [(u, e - s) for u, s, e in zip(u_row, cps, ends)],
                                                      delta, releases)
         if on:
-            assert ours_int == pytest.approx(theirs_int, rel=1e-6)
-            assert theirs * (1 - 1e-2) <= ours <= theirs * (1 + 1e-9)
+            assert theirs_int * (1 - 1e-6) <= ours_int <= theirs_int * (1 + 1e-3)
+            assert theirs / 1.05 <= ours <= theirs * 1.10
         else:
             assert theirs_int * (1 - 1e-6) <= ours_int <= theirs_int * 1.05
+
+
+@settings(max_examples=8, deadline=None)
+@given(RATES, SIGMAS, st.lists(st.integers(1, GRID), min_size=1, max_size=4))
+def test_the_ratio_grid_bounds_opacus_rdp_at_every_order(q, sigma, points):
+    """Each grid row is at or above Opacus' own one-step RDP at σ / u for every order, exactly it at u = 1, and
+    non-decreasing in u."""
+    from engine.dp.accountants import rdp_one_step
+    from engine.dp.individual import ratio_grid_rdp
+
+    grid = ratio_grid_rdp(q, sigma)
+    for j in points:
+        assert np.all(grid[j] >= rdp_one_step(q, sigma * GRID / j) * (1 - 1e-12)), j
+    assert np.array_equal(grid[GRID], rdp_one_step(q, sigma)) and np.all(np.diff(grid, axis=0) >= 0)
 
 
 def test_a_non_rdp_run_gets_its_individual_epsilon_under_rdp_labelled_so():

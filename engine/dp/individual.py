@@ -19,7 +19,8 @@ Approximations, each on the safe side or stated:
   an estimate of the run's individual ε, not a bound on it: between checkpoints a norm can move either way.
 * Each step's u is rounded UP to the next point of a grid of ``GRID`` equal steps in (0, 1] (the RDP of one step
   is increasing in u, so rounding up can only over-state ε: by at most C / GRID in norm units); u = 0 spends
-  nothing, u = 1 is exactly the tier's step.
+  nothing, u = 1 is exactly the tier's step. Between the points where every order is evaluated (every 8th), a
+  fractional order's RDP is bounded by the next integer order's or the next such point's (:func:`ratio_grid_rdp`).
 * RDP only: under RDP the composition of steps with different noise multipliers is a sum per order, cheap for a
   few thousand samples; a per-sample PLD would be a convolution of distinct PLDs per sample and checkpoint (seconds
   each), so a run whose accountant is PLD or PRV gets its individual ε under RDP, labelled so
@@ -30,7 +31,7 @@ The formulas are the run's RDP accountant's (``engine.dp.accountants``): the ord
 RDP of the tier's own step (``rdp_one_step``: Opacus' ``compute_rdp``), the RDP of one-off releases
 (``releases_rdp``) and the conversion to (ε, δ) (Opacus' ``get_privacy_spent``, row-wise as
 ``engine.dp.fast_rdp`` evaluates it); the grid's other points are Opacus' formulas vectorised
-(``engine.dp.fast_rdp.rdp``). Nothing here is a second RDP formula.
+(``engine.dp.fast_rdp``). Nothing here is a second RDP formula.
 """
 from __future__ import annotations
 
@@ -74,17 +75,45 @@ def grid_index(ratios) -> np.ndarray:
     return np.minimum(np.ceil(u * GRID - _U_TOLERANCE * GRID), GRID).astype(np.int64).clip(0, GRID)
 
 
+# for each of the accountant's orders, the smallest integer order at or above it (Opacus' list has no 11: 10.1-10.9
+# take 12's value)
+_CEILING = np.searchsorted(fast_rdp.ALPHAS[fast_rdp._INT_MASK], fast_rdp.ALPHAS, side="left")
+
+
+_COARSE = 8  # every 8th grid point also gets its fractional orders' own value
+# fast_rdp's vectorised sums differ from Opacus' own by round-off: up to 4.5e-4 relative for the fractional orders'
+# series where the RDP is ~1e-9, ~1e-10 for the integer orders' sum; its values are raised by this to stay above
+_FAST_SAFETY = 1e-3
+
+
 @functools.lru_cache(maxsize=64)
 def ratio_grid_rdp(q: float, sigma: float) -> np.ndarray:
-    """(GRID + 1, orders) the one-step RDP at noise multiplier σ / u_j, u_j = j / GRID: row 0 is 0 (no loss), the
-    last row Opacus' ``rdp_one_step(q, σ)`` itself (what the tier's accountant composes), the others Opacus'
-    formulas vectorised, kept non-decreasing in u (a round-off dip is raised, which only over-states)."""
+    """(GRID + 1, orders) an upper bound on the one-step RDP at noise multiplier σ / u_j, u_j = j / GRID, per order:
+    row 0 is 0 (no loss); the last row is Opacus' ``rdp_one_step(q, σ)`` itself (what the tier's accountant
+    composes); a row in between is the least of three upper bounds — the tier's own step (u ≤ 1); Opacus'
+    integer-order binomial sum (``fast_rdp``, vectorised) with each fractional order α given the next integer order's
+    value (a Rényi divergence never falls as its order grows); every order's own value (``fast_rdp.rdp``, all of
+    Opacus' formulas) at the next multiple of ``_COARSE`` (RDP never falls as u grows) — the last two raised by
+    ``_FAST_SAFETY``, the rows kept non-decreasing in u. The fractional orders' series costs ~1 ms a row, so it is
+    paid for 31 rows only, the integer sum for all: 0.05-0.3 s a tier (0.7 s at q = 0.5), once per (q, σ). Against
+    Opacus' ε at a sample's own constant u: ~1 % more typically, up to 8 % in our checks (with the rounding of u)."""
     out = np.zeros((GRID + 1, len(accountants.ORDERS)))
     if q > 0:
-        u = np.arange(1, GRID) / GRID
-        out[1:GRID] = np.maximum.accumulate(fast_rdp.rdp(np.full(GRID - 1, float(q)), float(sigma) / u), axis=0)
-        out[GRID] = accountants.rdp_one_step(float(q), float(sigma))
-        out[1:GRID] = np.minimum(out[1:GRID], out[GRID])  # a round-off excess (≤ 1e-9 relative) over the tier's step
+        top = accountants.rdp_one_step(float(q), float(sigma))
+        j = np.arange(1, GRID)
+        noise = float(sigma) * GRID / j
+        if q >= 1.0:  # no subsampling: the Gaussian's α / 2σ², every order exactly
+            rows = fast_rdp.rdp(np.ones(GRID - 1), noise) * (1.0 + _FAST_SAFETY)
+        else:
+            ints = np.concatenate([fast_rdp._log_a_int(np.full(len(part), float(q)), part)  # blocks that stay in cache
+                                   for part in np.array_split(noise, -(-len(noise) // 128))])
+            coarse = np.arange(_COARSE, GRID, _COARSE)
+            exact = np.vstack([fast_rdp.rdp(np.full(len(coarse), float(q)), float(sigma) * GRID / coarse)
+                               * (1.0 + _FAST_SAFETY), top])
+            rows = np.minimum((ints / (fast_rdp._INT_ORDERS - 1.0))[:, _CEILING] * (1.0 + _FAST_SAFETY),
+                              exact[(j - 1) // _COARSE])
+        out[1:GRID] = np.maximum.accumulate(np.minimum(rows, top), axis=0)
+        out[GRID] = top
     out.setflags(write=False)
     return out
 

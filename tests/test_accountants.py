@@ -384,7 +384,7 @@ def test_the_shaped_plan_is_the_searched_plan_within_the_searches_tolerance(monk
     assert fallback.to_dict() == searched.to_dict()
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(**PLANS)
 def test_every_tier_of_a_shaped_pld_plan_meets_its_target_with_the_plan_cache_on(mode, eps, sizes, steps,
                                                                                   batch_share):

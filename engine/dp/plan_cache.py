@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -37,6 +38,7 @@ _MEMORY_MAX = 512
 _TRANSIENT = ("locked", "busy", "readonly", "unable to open", "disk I/O", "full")
 
 _memory: dict = {}  # (path, key) → value: this process's hits without a query
+_memory_lock = threading.Lock()  # the app server plans from several threads
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,8 +83,9 @@ def get(kind: str, inputs: dict) -> dict | None:
     if path is None:
         return None
     k = key(kind, inputs)
-    if (str(path), k) in _memory:
-        return _memory[(str(path), k)]
+    hit = _memory.get((str(path), k))
+    if hit is not None:
+        return hit
     row = _with_db(path, lambda db: db.execute("SELECT value FROM plans WHERE key = ?", (k,)).fetchone())
     if not row:
         return None
@@ -116,13 +119,15 @@ def put(kind: str, inputs: dict, value: dict) -> None:
 
 def clear_memory() -> None:
     """Forget this process's hits (the file stays): the planner bench's cold timings."""
-    _memory.clear()
+    with _memory_lock:
+        _memory.clear()
 
 
 def _remember(path: str, k: str, value: dict) -> None:
-    if len(_memory) >= _MEMORY_MAX:
-        _memory.pop(next(iter(_memory)))
-    _memory[(path, k)] = value
+    with _memory_lock:
+        if len(_memory) >= _MEMORY_MAX:
+            _memory.pop(next(iter(_memory)))
+        _memory[(path, k)] = value
 
 
 def _with_db(path: Path, action):

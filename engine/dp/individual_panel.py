@@ -46,9 +46,10 @@ PANEL_PER_GROUP = 256
 #: the measurement's share of the training time the default cadence aims at
 MEASURE_BUDGET = 0.10
 #: a panel sample's norm costs about this share of one batch sample's training step (no clipped sum, no noise, no
-#: optimizer, larger chunks): 0.38 (digits CNN) and 0.47 (MNIST CNN) measured by bench/individual_overhead.py
-MEASURE_COST = 0.5
-_CHUNK = 512  # panel samples differentiated at once (memory: one batch's per-sample work)
+#: optimizer): 0.4-0.9 measured by bench/individual_overhead.py (digits and MNIST CNN, a loaded 2-core machine),
+#: ~0.7 for the MNIST CNN's norms alone at any chunk of 64-512
+MEASURE_COST = 0.75
+_CHUNK = 256  # panel samples differentiated at once (memory: one batch's per-sample work)
 
 
 def choose_panel(groups, seed: int, per_group: int = PANEL_PER_GROUP) -> np.ndarray:

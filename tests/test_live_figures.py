@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.figures import scaffold, training
+from engine.figures import frames, scaffold, training
 from engine.figures.live import LiveFigures
 from test_plots import diverged_run, make_run, seed_series
 
@@ -116,6 +116,36 @@ def test_new_evaluations_patch_without_calling_the_builders(monkeypatch):
     assert len(mid.data[0].x) == 11  # the points appended
     assert [s.x1 for s in mid.layout.shapes][:1] == [60]  # the MID span's end moved from 30 to its recovery
     assert_same_specs(specs, snapshot(runs, [11] * 5))
+
+
+@pytest.mark.slow
+def test_a_view_change_redraws_from_the_kept_frames(monkeypatch):
+    """A view change (x unit, smoothing, layout) with nothing new logged computes no data frame from the runs'
+    evaluations, only the plans and figures (equal to a fresh build); a refresh with nothing new rebuilds
+    nothing; a new evaluation reads the frames again and patches."""
+    runs = full_runs()
+    records = snapshot(runs, [6] * 5)
+    live = LiveFigures(NAMES)
+    live.update(records)
+    reads = []
+    for name in ("tier_history", "class_history", "overall_history", "mid_spans", "recall_gain_over_time"):
+        real = getattr(frames, name)
+        monkeypatch.setattr(frames, name, lambda *a, _real=real, _name=name, **k: (reads.append(_name), _real(*a, **k))[1])
+    for change in ({"x_axis": "epoch"}, {"x_axis": "epoch", "smoothing": 0.6},
+                   {"x_axis": "elapsed", "smoothing": 0.6, "mid_layout": "overlay"}, {}):
+        options = {"mid_layout": "facet", "x_axis": "step", "smoothing": 0.0, **change}
+        builds = live.builds
+        specs = live.update(records, **options)
+        assert reads == [], (change, reads)
+        assert live.builds == builds + len(NAMES) and live.frame_reads == 1
+        again = live.update(records, **options)  # a refresh with nothing new
+        assert (live.builds, reads) == (builds + len(NAMES), [])
+        assert all(again[k].figure is specs[k].figure for k in NAMES)
+        assert_same_specs(specs, records, **options)
+        reads.clear()  # (the fresh build's own reads)
+    patches = live.patches
+    live.update(snapshot(runs, [7] * 5))  # a new logged step: the frames are read again and the figures patched
+    assert reads and live.frame_reads == 2 and live.patches == patches + len(NAMES)
 
 
 @pytest.mark.slow

@@ -12,13 +12,18 @@ built again on every data change. The patched figure equals a freshly built one 
 Each stored evaluation is converted to its record (``engine.train.records.EvalRecord``) once: a refresh converts
 only the new ones (a structural refresh keeps the records of the runs whose own status and tiers did not change).
 
-Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched.
+The data frames behind the curves are kept too, keyed by what the runs have logged (each run's evaluation count
+and last step, with the structural signature): a view change (x unit, smoothing, layout) with nothing new logged
+computes only the plans from them and renders the figures, and a refresh with nothing new rebuilds nothing.
+
+Counters (per instance): ``builds`` — figures built (rendered from scratch); ``patches`` — figures patched;
+``frame_reads`` — times the data frames were computed from the runs' evaluations (once per new logged step).
 
 Use (one instance per view, kept across refreshes, e.g. in the session state)::
 
     live = LiveFigures(LIVE_FIGURES, theme="light", mid_layout="facet")
     specs = live.update(records)                       # {name: FigureSpec}, figures kept and patched
-    specs = live.update(records, x_axis="epoch")       # a changed option: rebuilt once, patched after
+    specs = live.update(records, x_axis="epoch")       # a changed option: rebuilt once (from the kept frames)
 """
 from __future__ import annotations
 
@@ -41,6 +46,15 @@ def _signature(records: list[dict], memo: dict | None = None) -> tuple:
                     tuple((t.name, t.epsilon) for t in last.tiers) if last is not None else (),
                     tuple(c.name for c in last.classes) if last is not None else ()))
     return tuple(out)
+
+
+def _last_step(record: dict):
+    """The step of a run record's last logged evaluation (a stored dict or an evaluation record); None before one."""
+    evals = record.get("evals") or []
+    if not evals:
+        return None
+    last = evals[-1]
+    return last.get("step") if isinstance(last, dict) else getattr(last, "step", None)
 
 
 def _same(a, b) -> bool:
@@ -93,6 +107,9 @@ class LiveFigures:
                          smoothing=self.options["smoothing"])
         self.builds = 0
         self.patches = 0
+        self.frame_reads = 0
+        self._frames: dict = {}  # the curves' data frames (engine.figures.training.curve_parts) …
+        self._frames_key = None  # … of these logged evaluations: (signature, each run's count and last step)
         self._signature = None
         self._plans: dict[str, Plan] = {}
         self._specs: dict[str, FigureSpec] = {}
@@ -115,12 +132,15 @@ class LiveFigures:
             before = {entry[0]: entry for entry in self._signature or ()}
             fr.forget(self._memo, [entry[0] for entry in signature if before.get(entry[0], entry) != entry])
             self._signature = signature
-        counts = tuple(len(r.get("evals") or []) for r in records)
+        counts = tuple((len(r.get("evals") or []), _last_step(r)) for r in records)
         if self._specs and counts == self._evals:
             return dict(self._specs)  # nothing new
         self._evals = counts
+        if self._frames_key != (signature, counts):  # new evaluations (or runs): the frames are read again
+            self._frames, self._frames_key = {}, (signature, counts)
+            self.frame_reads += 1
         curve_names = [n for n in self.names if n in CURVE_NAMES]
-        parts = curve_parts(records, curve_names, memo=self._memo, **self.options)
+        parts = curve_parts(records, curve_names, memo=self._memo, frames=self._frames, **self.options)
         rebuild = []
         for name in self.names:
             old = self._plans.get(name)

@@ -232,15 +232,22 @@ def private_gain_title(gain: pd.DataFrame) -> str:
 
 
 def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: str = "step", smoothing: float = 0.0,
-                bands: bool = True, memo: dict | None = None) -> dict:
+                bands: bool = True, memo: dict | None = None, frames: dict | None = None) -> dict:
     """name → (plan, data frame) for the curve figures among ``names`` (frames computed once; ``memo``: the
-    frames' row memo of a live view, see :func:`engine.figures.frames.tier_history`)."""
-    out, cache = {}, {}
+    frames' row memo of a live view, see :func:`engine.figures.frames.tier_history`). ``frames``: a dict the
+    caller keeps while the runs' evaluations stay the same (a live view keys it by their last logged step): the
+    data frames do not depend on the options (x unit, smoothing, layout, bands), so a view change takes them from
+    it and computes only the plans."""
+    out = {}
+    cache = {} if frames is None else frames
+
+    def kept(key, make):
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
 
     def hist():
-        if "hist" not in cache:
-            cache["hist"] = fr.tier_history(runs, memo) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS)
-        return cache["hist"]
+        return kept("hist", lambda: fr.tier_history(runs, memo) if runs else pd.DataFrame(columns=fr.TIER_COLUMNS))
 
     opts = dict(x_axis=x_axis, smoothing=smoothing, bands=bands)
     ids = fr.ID_COLUMNS
@@ -248,30 +255,31 @@ def curve_parts(runs: list[dict], names, *, mid_layout: str = "facet", x_axis: s
         if name == "mid_curves":
             h = hist()
             plan = cv.mid_curves_plan(h, layout=mid_layout, **opts)
-            spans = fr.mid_spans(runs, memo)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "loss"]].merge(
-                spans[["run_id", "tier", "onset_step", "end_step", "state"]], on=["run_id", "tier"], how="left")
+            data = kept(name, lambda: h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "loss"]].merge(
+                fr.mid_spans(runs, memo)[["run_id", "tier", "onset_step", "end_step", "state"]],
+                on=["run_id", "tier"], how="left"))
         elif name == "tier_recall":
             h = hist()
             plan = cv.tier_recall_plan(h, **opts)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent", "recall", "accuracy"]]
+            data = kept(name, lambda: h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent",
+                                             "recall", "accuracy"]])
         elif name == "class_recall":
-            data = fr.class_history(runs, memo)
+            data = kept(name, lambda: fr.class_history(runs, memo))
             plan = cv.class_recall_plan(data, **opts)
         elif name == "accuracy":
-            data = fr.overall_history(runs, memo)
+            data = kept(name, lambda: fr.overall_history(runs, memo))
             plan = cv.accuracy_plan(data, **opts)
         elif name == "epsilon_spent":
             h = hist()
             plan = cv.epsilon_spent_plan(h, notes={run_label(r): dp_note(r) for r in runs},
                                          accountants={run_label(r): run_accountant(r) for r in runs}, x_axis=x_axis,
                                          bands=bands)
-            data = h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]]
+            data = kept(name, lambda: h[ids + ["step", "epoch", "elapsed", "tier", "epsilon", "epsilon_spent"]])
         elif name == "recall_gain_time":
-            data = fr.recall_gain_over_time(runs, hist(), memo)
+            data = kept(name, lambda: fr.recall_gain_over_time(runs, hist(), memo))
             plan = cv.recall_gain_time_plan(data, **opts)
         elif name == "private_gain":  # the Results page's gain frame, cut to the tier the lab is about
-            data = hd.private_gain(runs, fr.recall_gain_over_time(runs, hist(), memo), memo)
+            data = kept(name, lambda: hd.private_gain(runs, fr.recall_gain_over_time(runs, hist(), memo), memo))
             plan = cv.recall_gain_time_plan(data, title=private_gain_title(data), **opts)
         else:
             continue

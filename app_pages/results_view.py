@@ -2,7 +2,13 @@
 then recall vs budget with Pearson r, INO − IDP gains, the talk figures (frontier, results table, INO
 internals, DP-SGD-S clips, a TIF sweep's heatmap, an audit's GPR vs ε), loss/accuracy, fairness, the MID
 table — and export everything. Before the user has finished runs of their own it shows the lab's example
-runs (``engine.tools.demo.example_runs``), labelled "example"."""
+runs (``engine.tools.demo.example_runs``), labelled "example".
+
+Opening fast while runs train: the figures are built once per state of the selection (:func:`cached_figures`,
+keyed by each run's id, status and last evaluation: a run that trains on between evaluations, or a widget change,
+builds nothing again), the headline and the first row of charts are drawn before the other figures are built, and
+the sections with widgets of their own (the talk figures, the export) are fragments: their widgets rerun only
+them."""
 from __future__ import annotations
 
 import time
@@ -55,6 +61,26 @@ def readable_results_table(spec: FigureSpec, theme: str) -> FigureSpec:
         if not pd.api.types.is_numeric_dtype(data[column]):
             data[column] = ["—" if v is None or v != v else no_negative_zero(v) for v in data[column]]
     return FigureSpec(spec.name, spec.title, fig_results_table(data, theme=theme), data)
+
+
+def selection_key(runs: list[dict]) -> tuple:
+    """What the figures of ``runs`` depend on: each run's id, status, plan and evaluations so far (their number and
+    last step). A run training between two evaluations keeps its key; so does every widget change of the page."""
+    return tuple((r.get("id"), r.get("status"), r.get("total_steps"), r.get("cancel_step"), len(r["evals"]),
+                  r["evals"][-1].get("step") if r["evals"] else None) for r in runs)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_figures(key: tuple, theme: str, names: tuple, mid_layout: str, _runs: list[dict]) -> dict:
+    """``build_figures`` of ``_runs`` by name, built once per ``key`` (:func:`selection_key`) and theme."""
+    return {s.name: s for s in build_figures(_runs, theme=theme, names=list(names), mid_layout=mid_layout)}
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_talk_figures(key: tuple, theme: str, audit_id, sweep_metric: str, _runs: list[dict], _report) -> dict:
+    """The talk figures of ``_runs`` (with audit ``audit_id``'s report), built once per ``key`` and options."""
+    return {s.name: s for s in build_talk_figures(_runs, theme=theme, audit=_report, sweep_metric=sweep_metric,
+                                                  sweep_epoch=1.0)}
 
 
 def run_option_label(run: dict) -> str:
@@ -124,8 +150,11 @@ audits = [] if examples else store.list_runs(kind="audit", status="finished")
 audit_ids = [None] + [a["id"] for a in audits]
 audit_by_id = {a["id"]: a for a in audits}
 theme = plot_theme()
-specs = {s.name: s for s in build_figures(runs, theme=theme, names=RESULT_FIGURES)}
-mid = build_figures(runs, theme=theme, names=["mid_curves"], mid_layout="overlay")[0]
+key = selection_key(runs)
+# the first row first (drawn before the other figures are built), the rest below it
+first = cached_figures(key, theme, ("mid_curves",), "overlay", runs) | \
+    cached_figures(key, theme, ("recall_gain_time",), "facet", runs)
+mid = first["mid_curves"]
 
 st.subheader("MID and the INO gain of the most private tier")
 tier = tf.most_private_tier(runs)
@@ -162,11 +191,13 @@ c1, c2 = st.columns(2)
 with c1:
     charts.chart(mid, key="res-mid", export_key="e-mid-curves", narrow=True)
 with c2:
-    charts.chart(specs["recall_gain_time"], key="res-gain-time", export_key="e-gain-time", narrow=True)
+    charts.chart(first["recall_gain_time"], key="res-gain-time", export_key="e-gain-time", narrow=True)
 st.caption("On easy tasks the INO gain lives early, in the MID window, and fades by the end: "
            "the area under each tier's recall curve keeps it visible.")
 
 st.subheader("Who pays for privacy?")
+rest = cached_figures(key, theme, tuple(n for n in RESULT_FIGURES if n != "recall_gain_time"), "facet", runs)
+specs = {n: first[n] if n in first else rest[n] for n in RESULT_FIGURES}  # (the pack lists them in this order)
 charts.chart(specs["recall_vs_budget"], key="res-budget", export_key="e-budget")
 stats = frames.pearson_by_run(frames.owner_recall(runs))
 with st.container(key="pearson-table"):
@@ -192,8 +223,7 @@ sweep_metric = c2.segmented_control("Sweep gain", ["auc", "epoch"], default="auc
                                     format_func={"auc": "recall AUC", "epoch": "recall at epoch 1"}.get,
                                     disabled=not sweep) or "auc"
 report = as_report(audit_by_id[audit_id]["summary"]) if audit_id is not None and audit_by_id[audit_id].get("summary") else None
-talk = {s.name: s for s in build_talk_figures(runs, theme=theme, audit=report, sweep_metric=sweep_metric,
-                                              sweep_epoch=1.0)}
+talk = dict(cached_talk_figures(key, theme, audit_id, sweep_metric, runs, report))
 talk["results_table"] = talk_table = readable_results_table(talk["results_table"], theme)
 charts.chart(talk["privacy_frontier"], key="res-frontier", export_key="e-frontier")
 # the results table as a table of the page, full width (its Plotly figure, in a half-width column, showed only
@@ -228,45 +258,51 @@ st.subheader("MID summary")
 st.dataframe(specs["mid_summary"].data, hide_index=True, width="stretch")
 charts.export_menu(specs["mid_summary"], key="e-mid")
 
+@st.fragment
+def export_section(runs: list[dict], names: list[str], report, examples: bool) -> None:
+    """The pack's options and buttons: a fragment, so changing them reruns only this section."""
+    ids = "-".join(str(r["id"]) for r in runs)
+    ok, reason = export.static_export_available()
+    with st.container():
+        if not ok:
+            st.warning(reason)
+    c1, c2, c3, c4 = st.columns(4)
+    width = c1.number_input("Width (px)", 400, 4000, 1600, 100, key="pack_w")
+    height = c2.number_input("Height (px)", 300, 3000, 900, 100, key="pack_h")
+    scale = c3.number_input("Scale", 0.5, 4.0, 2.0, 0.5, key="pack_scale")
+    pack_theme = c4.selectbox("Theme", ["presentation", "light", "dark"], key="pack_theme")
+    titles = {n: export.figure_titles()[n] for n in names}
+    chosen = st.multiselect("Figures in the pack", list(titles), default=list(titles), key="pack_figures",
+                            format_func=lambda n: titles.get(n, n), help="Default: every figure of the selection")
+    request = (ids, tuple(chosen), int(width), int(height), float(scale), pack_theme)
+    c1, c2, c3 = st.columns(3)
+    if c1.button("Build presentation pack", icon=":material/slideshow:", key="pack-build", type="primary",
+                 disabled=not chosen, help="The chosen figures as PNG, SVG, PDF and HTML (one shared plotly.js), "
+                                           "their data as CSV, and the configs, zipped"):
+        with st.status(f"Building the presentation pack ({len(chosen)} figures)…", expanded=True) as status:
+            bar = st.progress(0.0, text="preparing figures")
+
+            def step(done: int, total: int, title: str) -> None:
+                bar.progress(done / max(total, 1), text=f"{done}/{total} · {title}")
+
+            data = export.presentation_pack(runs, names=chosen, width=int(width), height=int(height), scale=float(scale),
+                                            theme=pack_theme, progress=step, audit=report)
+            status.update(label=f"Presentation pack ready: {len(chosen)} figures, {len(data) / 1e6:.1f} MB",
+                          state="complete", expanded=False)
+        st.session_state["pack-data"] = (request, data)
+    built = st.session_state.get("pack-data")
+    if built is not None and built[0] == request:
+        c2.download_button("Download pack (zip)", data=built[1], file_name=f"privacy-lab-runs-{ids}.zip",
+                           mime=export.MIME["zip"], key="pack", on_click="ignore", icon=":material/download:")
+    elif built is not None:
+        c2.caption("The selection changed: build the pack again.")
+    c3.download_button("Run configs (JSON)", data=export.configs_json(runs), file_name=f"runs-{ids}-configs.json",
+                       mime=export.MIME["json"], key="configs", on_click="ignore")
+    if not examples:
+        st.caption(f"CLI: `privacy-lab export {' '.join(str(r['id']) for r in runs)} --format png --out export/`")
+
+
 st.subheader("Export")
-ok, reason = export.static_export_available()
-with st.container():
-    if not ok:
-        st.warning(reason)
-c1, c2, c3, c4 = st.columns(4)
-width = c1.number_input("Width (px)", 400, 4000, 1600, 100, key="pack_w")
-height = c2.number_input("Height (px)", 300, 3000, 900, 100, key="pack_h")
-scale = c3.number_input("Scale", 0.5, 4.0, 2.0, 0.5, key="pack_scale")
-pack_theme = c4.selectbox("Theme", ["presentation", "light", "dark"], key="pack_theme")
-ids = "-".join(str(r["id"]) for r in runs)
 # the pack's figures: the live ones (every run here has evaluations), the non-empty result and talk figures
-names = list(LIVE_FIGURES) + [n for n, s in {**specs, **talk}.items() if not s.data.empty]
-titles = {n: export.figure_titles()[n] for n in names}
-chosen = st.multiselect("Figures in the pack", list(titles), default=list(titles), key="pack_figures",
-                        format_func=lambda n: titles.get(n, n), help="Default: every figure of the selection")
-request = (ids, tuple(chosen), int(width), int(height), float(scale), pack_theme)
-c1, c2, c3 = st.columns(3)
-if c1.button("Build presentation pack", icon=":material/slideshow:", key="pack-build", type="primary",
-             disabled=not chosen, help="The chosen figures as PNG, SVG, PDF and HTML (one shared plotly.js), "
-                                       "their data as CSV, and the configs, zipped"):
-    with st.status(f"Building the presentation pack ({len(chosen)} figures)…", expanded=True) as status:
-        bar = st.progress(0.0, text="preparing figures")
-
-        def step(done: int, total: int, title: str) -> None:
-            bar.progress(done / max(total, 1), text=f"{done}/{total} · {title}")
-
-        data = export.presentation_pack(runs, names=chosen, width=int(width), height=int(height), scale=float(scale),
-                                        theme=pack_theme, progress=step, audit=report)
-        status.update(label=f"Presentation pack ready: {len(chosen)} figures, {len(data) / 1e6:.1f} MB",
-                      state="complete", expanded=False)
-    st.session_state["pack-data"] = (request, data)
-built = st.session_state.get("pack-data")
-if built is not None and built[0] == request:
-    c2.download_button("Download pack (zip)", data=built[1], file_name=f"privacy-lab-runs-{ids}.zip",
-                       mime=export.MIME["zip"], key="pack", on_click="ignore", icon=":material/download:")
-elif built is not None:
-    c2.caption("The selection changed: build the pack again.")
-c3.download_button("Run configs (JSON)", data=export.configs_json(runs), file_name=f"runs-{ids}-configs.json",
-                   mime=export.MIME["json"], key="configs", on_click="ignore")
-if not examples:
-    st.caption(f"CLI: `privacy-lab export {' '.join(str(r['id']) for r in runs)} --format png --out export/`")
+export_section(runs, list(LIVE_FIGURES) + [n for n, s in {**specs, **talk}.items() if not s.data.empty], report,
+               examples)

@@ -12,6 +12,7 @@ import streamlit as st
 from app_pages import _handles as handles
 from app_pages import _widgets as widgets
 from app_pages._look import md
+from app_pages._status import cancelling, state_words
 from engine.figures import export
 from engine.config.schema import ConfigError
 from engine.jobs.kinds import JOB_KINDS, rerun_of
@@ -52,12 +53,22 @@ def _duration(r: dict) -> float | None:
     return end - r["started_at"]
 
 
+def watched(run: dict) -> tuple:
+    """What reruns the whole page when it changes: a run's status and its Cancel (not its steps: a page rerun per
+    step kept the page busy redrawing the table and the details for as long as a run trained)."""
+    return run["id"], run["status"], run.get("cancel_requested_at") is not None
+
+
 @st.fragment(run_every=1.0 if any_active else None)
 def watch(snapshot: tuple) -> None:
-    """While runs are active, rerun the page when a status or step changes (keeps the selection)."""
-    now = tuple((r["id"], r["status"], r["step"]) for r in (store.get_run(x["id"]) for x in runs) if r)
-    if now != snapshot:
+    """While runs are active: their steps in one line, redrawn every second here; the page reruns only when a
+    status changes (keeps the selection)."""
+    now = [r for r in (store.get_run(x["id"]) for x in runs) if r]
+    if tuple(watched(r) for r in now) != snapshot:
         st.rerun()
+    live = [f"{run_label(r)}: step {r['step']}/{r['total_steps'] or '?'}" for r in now if r["status"] == "running"]
+    if live:
+        st.caption(md("Training now — " + " · ".join(live)))
 
 
 if not runs:
@@ -68,7 +79,8 @@ df = pd.DataFrame([{
     "algorithm": algorithms_label(r), "dataset": dataset_name(r),
     "kind": r["kind"], "progress": f"{r['step']}/{r['total_steps'] or '?'}", "duration": format_seconds(_duration(r)),
     "created": time.strftime("%m-%d %H:%M:%S", time.localtime(r["created_at"])),
-    "comparison": r["group_id"] or "", "note": "; ".join(filter(None, (r["error"], dp_note(r)))),
+    "comparison": r["group_id"] or "",
+    "note": "; ".join(filter(None, (state_words(r) if cancelling(r) else None, r["error"], dp_note(r)))),
 } for r in runs])
 # Every column's width set: with widths from their content the table outgrew the page (1211 px in a box of 938 at
 # 1400 × 900, its last column cut at the right edge). 915 px with the selection column: a longer text shows its
@@ -88,7 +100,7 @@ RUNS_COLUMNS = {
 }
 event = st.dataframe(df, hide_index=True, width="stretch", key="runs-table", on_select="rerun",
                      selection_mode="multi-row", column_config=RUNS_COLUMNS)
-watch(tuple((r["id"], r["status"], r["step"]) for r in runs))
+watch(tuple(watched(r) for r in runs))
 rows = list(event.selection.rows) if event is not None else []
 selected = [runs[i] for i in rows if i < len(runs)]
 if not selected:
@@ -101,9 +113,9 @@ if c1.button("Open in Results", icon=":material/insights:", key="to-results"):
     st.switch_page("app_pages/results_view.py", query_params={"runs": [run_label(r) for r in selected], "all": "true"})
 if any(r["status"] in ACTIVE for r in selected) and c2.button("Cancel selected", icon=":material/stop_circle:",
                                                                  key="cancel-selected"):
-    for r in selected:
+    for r in selected:  # without waiting for the workers: their rows say "cancelling…" at once (the table's note)
         if r["status"] in ACTIVE:
-            mgr.cancel(r["id"])
+            mgr.cancel(r["id"], wait=False, step=r["step"])
     st.rerun()
 with c3.popover("Delete selected", icon=":material/delete:"):
     st.write(f"Delete run(s) {', '.join(map(str, ids))} and their metrics? This cannot be undone.")

@@ -119,3 +119,49 @@ def test_a_worker_beside_a_cpu_bound_process_stops_within_steps_and_nothing_afte
         hog.kill()
         hog.wait()
         mgr.shutdown(cancel_running=True)
+
+
+def _status_row_page():
+    """The status row of run 1 of the store at $PRIVACY_LAB_STORE, with a job manager that only cancels."""
+    import os  # noqa: PLC0415 - AppTest runs this function's body as the script
+
+    from app_pages._status import status_row
+    from engine.jobs.manager import JobManager
+
+    mgr = JobManager(os.environ["PRIVACY_LAB_STORE"], prewarm=False, autostart=False)
+    run = mgr.store.get_run(1)
+    status_row(run, f"step {run['step']}", mgr)
+
+
+def test_the_cancel_button_says_cancelling_at_once_and_records_the_step_the_row_showed(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    path = tmp_path / "runs.sqlite"
+    monkeypatch.setenv("PRIVACY_LAB_STORE", str(path))
+    store = RunStore(path)
+    told = tmp_path / "sigterm"
+    # stands for the run's worker, still busy with its step: it notes the SIGTERM and goes on for now
+    worker = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, time\n"
+                               f"signal.signal(signal.SIGTERM, lambda *a: pathlib.Path({str(told)!r}).touch())\n"
+                               "time.sleep(120)"])
+    try:
+        rid = store.create_run(TINY, group_id="g")
+        store.start_run(rid, pid=worker.pid, total_steps=100)
+        _logged(store, rid, 40)
+        at = AppTest.from_function(_status_row_page, default_timeout=60)
+        at.run()
+        assert at.button(key="cancel-1").label == "Cancel" and not at.button(key="cancel-1").disabled
+        _logged(store, rid, 52)  # the run trained on while the user looked at step 40 and clicked
+        at.button(key="cancel-1").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        run = store.get_run(rid)
+        assert run["cancel_step"] == 40 and run["cancel_requested_at"] is not None
+        # the page says so at once, from the store (the worker has not been reaped: the run is still "running")
+        assert run["status"] == "running"
+        assert any("cancelling…" in c.value for c in at.caption), [c.value for c in at.caption]
+        assert at.button(key="cancel-1").disabled and at.button(key="cancel-1").label == "Cancelling…"
+        wait_until(told.exists, 30, "the worker to get the SIGTERM")  # sent without the page waiting for the worker
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()

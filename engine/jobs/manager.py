@@ -49,6 +49,7 @@ import atexit
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -307,8 +308,11 @@ class JobManager:
                 run["step"] if run is not None else 0
             if run is not None and run["status"] in ("queued", "running", "cancelled"):
                 # (cancelled: the worker stopped itself at the signal, "terminated by signal at step N" with N its
-                # own last step: the row says the click's step, what is kept)
-                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {at}")
+                # own last step: the row says the click's step, what is kept, and where the worker stopped)
+                stopped = re.search(r"at step (\d+)", run["error"] or "") if run["status"] == "cancelled" else None
+                after = f" (its worker stopped at step {stopped.group(1)})" if stopped and \
+                    int(stopped.group(1)) != at else ""
+                self.store.set_status(run_id, "cancelled", error=f"{CANCELLED_BY_USER} at step {at}{after}")
             elif run is not None and run["status"] in ("failed", "interrupted"):
                 # the worker raised while it was being stopped (e.g. the signal landed inside a store
                 # write), or died of the signal before its handler was set (and another manager reaped

@@ -181,9 +181,9 @@ class RunStore:
                 db.execute("ALTER TABLE runs ADD COLUMN host TEXT")
             if "job_id" not in columns:  # stores made before k-seed jobs: every run is a single run
                 db.execute("ALTER TABLE runs ADD COLUMN job_id INTEGER")
-            for column, kind in (("cancel_requested_at", "REAL"), ("cancel_step", "INTEGER")):
+            for column, sql_type in (("cancel_requested_at", "REAL"), ("cancel_step", "INTEGER")):
                 if column not in columns:  # stores made before Cancel recorded the click (see request_cancel)
-                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {sql_type}")
             db.execute("CREATE INDEX IF NOT EXISTS runs_job ON runs(job_id)")
         self._keep_reserve()
 
@@ -433,20 +433,20 @@ class RunStore:
         return at
 
     def cut_at_cancel(self, run_id: int) -> int | None:
-        """A cancelled train job keeps what it logged up to its Cancel's step, nothing after (steps a worker trained
-        while the request reached it are not counted: not drawn, not compared). Every row; returns the step,
-        None when no Cancel was recorded. Call it once the worker is gone."""
+        """A cancelled job keeps what it logged up to its Cancel's step, nothing after (steps a worker trained
+        while the request reached it are not counted: not drawn, not compared; an audit's checkpoints, artifacts,
+        are what it resumes from and stay). Every row; returns the step, None when no Cancel was recorded. Call it
+        once the worker is gone."""
         with self._transaction() as db:
-            row = db.execute("SELECT kind, cancel_step FROM runs WHERE id=?", (run_id,)).fetchone()
+            row = db.execute("SELECT cancel_step FROM runs WHERE id=?", (run_id,)).fetchone()
             if row is None or row["cancel_step"] is None:
                 return None
             at = int(row["cancel_step"])
-            if row["kind"] == "train":  # (an audit's steps count chunks of models: its checkpoints are what it keeps)
-                ids = [int(r["id"]) for r in db.execute(f"SELECT id FROM runs WHERE {self._JOB}", (run_id, run_id))]
-                marks = ",".join("?" * len(ids))
-                db.execute(f"DELETE FROM step_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
-                db.execute(f"DELETE FROM eval_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
-                db.execute(f"UPDATE runs SET step=MIN(step, ?) WHERE id IN ({marks})", (at, *ids))
+            ids = [int(r["id"]) for r in db.execute(f"SELECT id FROM runs WHERE {self._JOB}", (run_id, run_id))]
+            marks = ",".join("?" * len(ids))
+            db.execute(f"DELETE FROM step_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
+            db.execute(f"DELETE FROM eval_metrics WHERE run_id IN ({marks}) AND step>?", (*ids, at))
+            db.execute(f"UPDATE runs SET step=MIN(step, ?) WHERE id IN ({marks})", (at, *ids))
         return at
 
     def delete_run(self, run_id: int) -> None:

@@ -177,28 +177,18 @@ class FeatureEncoder:
     def encode(self):
         """(x_train, x_test, feature names, NumericScale records, CategoricalCode records)."""
         tr, te = self.tr, self.te
-        plans = []
         names: list[str] = []
+        sources = []  # (offset, one-hot?, per training row, per test row): a float32 value or an int32 column
+        cats, nums = [], []
         for name, codes, values in self.categorical_cols:
             seen = np.flatnonzero(value_counts(codes[tr], len(values)))
             order = sorted(seen, key=lambda k: values[k])
-            column_of = np.full(len(values), -1, dtype=np.int64)
+            column_of = np.full(len(values), -1, dtype=np.int32)
             column_of[order] = np.arange(len(order))
-            plans.append((name, codes, column_of, [values[k] for k in order]))
+            sources.append((len(names), True, column_of[codes[tr]], column_of[codes[te]]))
+            cats.append(CategoricalCode(name, tuple(values[k] for k in order), int((sources[-1][3] < 0).sum())))
             names += [f"{name}={values[k]}" for k in order]
-        width = len(names) + len(self.numeric_cols)
-        x_train = np.zeros((len(tr), width), dtype=np.float32)
-        x_test = np.zeros((len(te), width), dtype=np.float32)
-        cats = []
-        offset = 0
-        for name, codes, column_of, cat_names in plans:
-            for rows, x in ((tr, x_train), (te, x_test)):
-                col = column_of[codes[rows]]
-                hit = np.flatnonzero(col >= 0)
-                x[hit, offset + col[hit]] = 1.0
-            cats.append(CategoricalCode(name, tuple(cat_names), int((column_of[codes[te]] < 0).sum())))
-            offset += len(cat_names)
-        nums = []
+        self.categorical_cols = []
         for name, v in self.numeric_cols:
             v = numeric_values(self.table.column(name), name) if v is None else v
             inf = np.isinf(v)
@@ -206,16 +196,32 @@ class FeatureEncoder:
                 raise DataError(f"column {name!r} has {int(inf.sum()):,} infinite value(s) (first in data row "
                                 f"{int(np.flatnonzero(inf)[0]) + 1}); give finite numbers or leave the cells empty.")
             missing = np.isnan(v)
-            train_v = v[tr]
-            known = train_v[~missing[tr]]
+            known = v[tr][~missing[tr]]  # the training split's statistics only
             mean = float(known.mean()) if len(known) else 0.0
             std = float(known.std()) if len(known) else 1.0
             std = std if std > 0 and np.isfinite(std) else 1.0
             scaled = (v - mean) / std
             scaled[missing] = 0.0
-            x_train[:, offset] = scaled[tr]
-            x_test[:, offset] = scaled[te]
+            sources.append((len(names), False, scaled[tr].astype(np.float32), scaled[te].astype(np.float32)))
             nums.append(NumericScale(name, mean, std, int(missing.sum())))
             names.append(name)
-            offset += 1
+        self.table = None  # the parsed columns' memory goes before the matrices are made
+        x_train = _fill(len(tr), len(names), sources, 2)
+        x_test = _fill(len(te), len(names), sources, 3)
         return x_train, x_test, names, tuple(nums), tuple(cats)
+
+
+def _fill(n: int, width: int, sources, which: int, block: int = 8192) -> np.ndarray:
+    """The float32 matrix, filled a block of rows at a time: each block (a few MB) stays in the cache while its
+    columns are written, where a whole column at a time would touch every page of the matrix once per column."""
+    x = np.zeros((n, width), dtype=np.float32)
+    for r0 in range(0, n, block):
+        rows = x[r0:r0 + block]
+        for source in sources:
+            offset, one_hot, values = source[0], source[1], source[which][r0:r0 + block]
+            if one_hot:
+                hit = np.flatnonzero(values >= 0)
+                rows[hit, offset + values[hit]] = 1.0
+            else:
+                rows[:, offset] = values
+    return x

@@ -10,8 +10,8 @@ Reading: :mod:`engine.data.table_file`; the encoding rule: :mod:`engine.data.tab
 :mod:`engine.data.budgets`; the records: :mod:`engine.data.table_records`.
 
 Caching: the encoded arrays are saved under ``<data dir>/cache/tables/<file sha256>-<schema hash>/`` as ``.npy``
-files and one JSON (read back with ``allow_pickle=False``), so a second load of the same bytes with the same schema
-does not parse the file (it only hashes it). A cache that cannot be written (a read-only data folder) is skipped;
+files and one JSON (read back with ``allow_pickle=False``, memory-mapped copy-on-write), so a second load of the same
+bytes with the same schema does not parse the file (it only hashes it). A cache that cannot be written (a read-only data folder) is skipped;
 one that cannot be read is rebuilt.
 """
 from __future__ import annotations
@@ -182,7 +182,8 @@ def _load_cached(folder: Path) -> dict | None:
         pass
     try:
         facts = json.loads((folder / "facts.json").read_text(encoding="utf-8"))
-        arrays = {p.stem: np.load(p, allow_pickle=False) for p in folder.glob("*.npy")}
+        # memory-mapped copy-on-write: the tensors are ready at once, their pages read from the file as used
+        arrays = {p.stem: np.load(p, allow_pickle=False, mmap_mode="c") for p in folder.glob("*.npy")}
     except (OSError, ValueError):
         return None
     need = {"x_train", "x_test", "y_train", "y_test"} | {f"group{k}_{s}" for k in range(len(facts.get("groups", {})))

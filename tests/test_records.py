@@ -370,8 +370,11 @@ def test_old_store_records_have_the_keys_today_writes(old_store, tmp_path, one_t
         added = {"dpsgd_noise_multiplier": None} if new["algorithm"] == "dpsgd_s" else {}  # σ of DP-SGD (issue 18)
         added["accountant"] = None  # whose ε the plan's are (issue 40; absent from older plans: RDP)
         assert key_shape(new["plan"]) == {**key_shape(old[rid]["plan"]), **added}
-        assert key_shape(new["summary"]) == key_shape(old[rid]["summary"])
-        assert [key_shape(e) for e in store.eval_metrics(rid)] == [key_shape(e) for e in old_store.eval_metrics(rid)]
+        # individual ε per group (issue 62): a key of its own in the summary and each evaluation, the rest unchanged
+        summary, evals = dict(new["summary"]), [dict(e) for e in store.eval_metrics(rid)]
+        assert all(d.pop("individual_epsilon")["class"]["groups"] for d in [summary, *evals])
+        assert key_shape(summary) == key_shape(old[rid]["summary"])
+        assert [key_shape(e) for e in evals] == [key_shape(e) for e in old_store.eval_metrics(rid)]
         assert new["plan"]["tier_names"] == old[rid]["plan"]["tier_names"]
 
 

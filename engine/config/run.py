@@ -292,6 +292,9 @@ class RunConfig:
     secure_rng: bool = False  # sampling and noise from an OS-seeded generator (not reproducible; Opacus' secure mode)
     steps_rule: str = "round"  # total_steps: "round" round(E·N/B) | "floor_per_epoch" E·⌊N/B⌋ (the reference's)
     train_epochs: float | None = None  # stop after this many of the planned `epochs` (plan, σ, q are for `epochs`)
+    # per group the individual ε the run spent on a seeded panel of training samples (engine.dp.individual_panel;
+    # ~10 % extra training time); false: skip it. Runs without a formal DP guarantee get none either way
+    individual_epsilon: bool = True
     # "repeat over k seeds": one job trains `seeds` models together (the model axis, M = seeds); model j starts
     # from seed `base + j`. The store keeps one row per model: row j's config has seed = base + j,
     # seed_index = j (base = seed - seed_index; see seed_configs / job_config).

@@ -48,6 +48,7 @@ from engine.dp.stacked import StackedModels
 from engine.dp.step import PoissonSampler, dp_step
 from engine.models.metrics import diverged_at, fairness_metrics, group_metrics, mid_markers, predict, recall_auc
 from engine.store.lifecycle import NO_STORE, TERMINATED, Cancelled, RunLifecycle, stop_checked_every_step
+from engine.train import individual
 from engine.train.records import (ClassMetrics, EvalRecord, Fairness, MidMarkers, OverallMetrics, PlanRecord,
                                   RunSummary, TierMetrics, TierSummary)
 
@@ -209,6 +210,7 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
     last = prep.train_steps or prep.steps
     eval_every = config.eval_every or max(1, last // 25)
     evaluator = _Evaluator(prep)
+    tracker = evaluator.tracker = individual.run_tracker(prep)  # individual ε's panel; None: none to account
     plan = plan_record(prep)
     plan_dict = plan.to_dict()
     life.start(total_steps=last, plan=plan_dict)
@@ -231,6 +233,8 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
             stored[j].append(d)
         flush(step, ds)
 
+    if tracker is not None:  # the panel's norms before step 1
+        tracker.measure(0, models.grads_of, mech, x_train, y_train)
     record_eval(0)
     bar = _progress_bar(last, config.label) if progress else None
     # SIGTERM (Cancel) is checked every step, at its boundary; the terminal's bar line is cleared also when stopped
@@ -246,6 +250,8 @@ def train(config: RunConfig, *, life: RunLifecycle = NO_STORE, progress: bool = 
             optimizer.step()
             if accountant is not None:
                 accountant.step()
+            if tracker is not None and tracker.due(step):
+                tracker.measure(step, models.grads_of, mech, x_train, y_train)
             for j, (loss, size) in enumerate(zip(out.mean_losses(), out.batch_sizes.tolist())):
                 pending[j].append((step, loss, int(size)))
             if bar is not None:
@@ -327,6 +333,7 @@ class _Evaluator:
         self.tier_split = "test"
         self.tier_groups = prep.tiers.test
         self.sensitive = None
+        self.tracker, self.groupings = None, individual.groupings(prep)  # tracker: set by train()
         attr = ds.default_sensitive
         if ds.num_classes == 2 and attr is not None and attr in ds.sensitive_test:
             self.sensitive = np.asarray(ds.sensitive_test[attr]).astype(str)
@@ -360,6 +367,8 @@ class _Evaluator:
                                         epsilon_spent=spent[j], **t) for j, t in enumerate(tiers)),
                 classes=tuple(ClassMetrics(name=ds.class_names[c], **cm) for c, cm in enumerate(classes)),
                 tier_split=self.tier_split, fairness=fairness,
+                individual_epsilon=None if self.tracker is None else individual.summaries(
+                    self.tracker, prep, step, m, self.groupings),
                 **EvalRecord.mechanism_fields(mechanism_state(prep.mechanism, m))))
         return records
 
@@ -403,4 +412,4 @@ def summarize(prep: Prepared, evals: list[EvalRecord], seconds: float, *,
         accuracy=last.overall.accuracy, balanced_accuracy=last.overall.balanced_accuracy, loss=last.overall.loss,
         tiers=tiers, class_recall=tuple(c.recall for c in last.classes), fairness=last.fairness,
         seed=config.seed, seed_index=config.seed_index if several else None, seeds=config.seeds if several else None,
-        diverged_step=diverged_at(steps, losses))
+        diverged_step=diverged_at(steps, losses), individual_epsilon=last.individual_epsilon)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from engine.dp import accounting
+from engine.dp.individual import IndividualEpsilonSummary
 
 
 # ================================================================================================
@@ -206,9 +207,12 @@ class EvalRecord:
     ino: InoState | None = None  # INO-SGD runs
     group_clip: GroupClipState | None = None  # DP-SGD-S runs
     global_scale: GlobalScaleState | None = None  # DPSGD-Global-Adapt runs
+    # {grouping ("class", "tier", an attribute): IndividualEpsilonSummary}; None: not measured (engine.train.individual)
+    individual_epsilon: dict | None = None
     extra: dict = field(default_factory=dict)
 
-    _OWN: ClassVar = frozenset({"step", "epoch", "elapsed", "overall", "tiers", "classes", "tier_split", "fairness"})
+    _OWN: ClassVar = frozenset({"step", "epoch", "elapsed", "overall", "tiers", "classes", "tier_split", "fairness",
+                                "individual_epsilon"})
 
     def to_dict(self) -> dict:
         out = {"step": self.step, "epoch": self.epoch, "elapsed": self.elapsed, "overall": self.overall.to_dict(),
@@ -219,6 +223,8 @@ class EvalRecord:
         for state in (self.ino, self.group_clip, self.global_scale):
             if state is not None:
                 out.update(state.to_dict())
+        if self.individual_epsilon is not None:
+            out["individual_epsilon"] = individual_to_dict(self.individual_epsilon)
         out.update(self.extra)
         return out
 
@@ -233,6 +239,7 @@ class EvalRecord:
                    classes=tuple(ClassMetrics.from_dict(c) for c in own.get("classes") or ()),
                    tier_split=own.get("tier_split"),
                    fairness=None if own.get("fairness") is None else Fairness.from_dict(own["fairness"]),
+                   individual_epsilon=individual_from_dict(own.get("individual_epsilon")),
                    **cls.mechanism_fields(state))
 
     @staticmethod
@@ -252,6 +259,16 @@ class EvalRecord:
     def of(cls, e) -> "EvalRecord":
         """``e`` as a record: an EvalRecord as it is, a stored dict through :meth:`from_dict`."""
         return e if isinstance(e, EvalRecord) else cls.from_dict(e)
+
+
+def individual_to_dict(by_grouping: dict) -> dict:
+    """The JSON of an ``individual_epsilon`` field: {grouping: IndividualEpsilonSummary.to_dict()}."""
+    return {name: s.to_dict() for name, s in by_grouping.items()}
+
+
+def individual_from_dict(d: dict | None) -> dict | None:
+    """An ``individual_epsilon`` field from its JSON (None: absent, a record stored before it or opted out)."""
+    return None if d is None else {name: IndividualEpsilonSummary.from_dict(s) for name, s in d.items()}
 
 
 # ================================================================================================
@@ -326,12 +343,14 @@ class RunSummary:
     seeds: int | None = None
     # the step from which a tier's test loss diverged (engine.models.metrics.diverged_at; the run ends "diverged")
     diverged_step: int | None = None
+    # the last evaluation's individual ε per grouping (EvalRecord.individual_epsilon); None: not measured
+    individual_epsilon: dict | None = None
     extra: dict = field(default_factory=dict)
 
     _SCALARS: ClassVar = ("algorithm", "label", "steps", "planned_steps", "seconds", "formal_dp", "formal_dp_reason",
                           "accuracy", "balanced_accuracy", "loss")
     _OPTIONAL: ClassVar = ("seed_index", "seeds", "diverged_step")  # stored only when set
-    _OWN: ClassVar = _SCALARS + ("tiers", "class_recall", "fairness", "seed") + _OPTIONAL
+    _OWN: ClassVar = _SCALARS + ("tiers", "class_recall", "fairness", "seed", "individual_epsilon") + _OPTIONAL
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self._SCALARS}
@@ -340,6 +359,8 @@ class RunSummary:
         for k in self._OPTIONAL:
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
+        if self.individual_epsilon is not None:
+            out["individual_epsilon"] = individual_to_dict(self.individual_epsilon)
         out.update(self.extra)
         return out
 
@@ -351,6 +372,7 @@ class RunSummary:
                    class_recall=tuple(d.get("class_recall") or ()),
                    fairness=None if d.get("fairness") is None else Fairness.from_dict(d["fairness"]),
                    seed=d.get("seed"), **{k: d.get(k) for k in cls._OPTIONAL},
+                   individual_epsilon=individual_from_dict(d.get("individual_epsilon")),
                    extra={k: v for k, v in d.items() if k not in cls._OWN})
 
     @classmethod

@@ -27,7 +27,7 @@ from engine.jobs.worker import run_worker
 from engine.jobs.manager import JobManager, new_group_id
 from engine.store.db import ACTIVE, RunStore, resolve_store_path
 from engine.store.lifecycle import Cancelled
-from engine.train.records import tier_table
+from engine.train.records import individual_table, tier_table
 
 def _store(args, *, readonly: bool = False) -> RunStore:
     return RunStore(args.store, readonly=readonly)
@@ -178,8 +178,10 @@ def cmd_show(args) -> int:
     run = store.get_run(args.run_id)
     if run is None:
         raise ConfigError("run_id", f"no run {args.run_id} in {store.path}")
+    individual = (run.get("summary") or {}).get("individual_epsilon")
     if args.json:
-        print(json.dumps(run, sort_keys=True, default=str))
+        # the section a reader looks for: each group's individual ε quantiles, per grouping (RunSummary's own)
+        print(json.dumps({**run, "individual_epsilon": individual}, sort_keys=True, default=str))
         return 0
     print(f"run {run['id']} [{run['status']}] {run['name'] or run['algorithm']}  kind={run['kind']}"
           + _seed_note(run))
@@ -192,6 +194,8 @@ def cmd_show(args) -> int:
     kind = JOB_KINDS.get(run["kind"])
     if run["summary"] and kind is not None:  # the result first, then the config that made it, one field a line
         print(kind.summary_table(run["summary"]))
+        if individual:
+            print(individual_table(run["summary"]))
     print("config:")
     print(json.dumps(run["config"], sort_keys=True, indent=2, ensure_ascii=False))
     return 0

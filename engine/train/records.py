@@ -30,6 +30,7 @@ against plain DP-SGD's at the same ε, (z_Δ · max_j C_j) / (σ·C), has one ow
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -650,6 +651,27 @@ def tier_table(summary) -> str:
     lines.append(f"overall accuracy {s.accuracy:.4f}, balanced accuracy {s.balanced_accuracy:.4f}, "
                  f"{s.steps} steps in {s.seconds:.1f} s"
                  + no_dp_note(s))
+    return "\n".join(lines)
+
+
+def individual_table(summary) -> str:
+    """The summary's individual ε (``RunSummary.individual_epsilon``) as text: per grouping and group the median
+    individual ε [quartiles] and the median share of the promise, the accountant named, then the data-dependence
+    note; '' when the run has none (opted out, no formal guarantee, stored before it)."""
+    by = RunSummary.of(summary).individual_epsilon
+    if not by:
+        return ""
+    first = next(iter(by.values()))
+    under = first.accountant.upper() + ("" if first.run_accountant == first.accountant
+                                        else f"; the run's accountant is {first.run_accountant.upper()}")
+    lines = [*textwrap.wrap(f"individual ε after {first.step} steps (under {under}; {first.panel_per_group} panel "
+                            f"samples a group at most), median [quartiles], share of the tier's planned ε:", 110),
+             f"{'by':<10} {'group':<24} {'n':>5} {'ε median':>9} {'[q1, q3]':>17} {'share':>6}"]
+    for grouping, s in by.items():
+        for g in s.groups:
+            lines.append(f"{grouping[:10]:<10} {g.group[:24]:<24} {g.n_samples:>5} {g.epsilon_median:>9.3f} "
+                         f"{f'[{g.epsilon_q1:.3f}, {g.epsilon_q3:.3f}]':>17} {g.share_median:>6.1%}")
+    lines.extend(textwrap.wrap(first.note, 110))
     return "\n".join(lines)
 
 

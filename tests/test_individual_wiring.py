@@ -1,0 +1,114 @@
+"""Individual ε in the engine (issue 62): a training run measures its panel (engine.train.individual) and stores per
+group (class, tier) the quartiles of individual ε at every evaluation and in its summary; ``show --json`` has an
+``individual_epsilon`` section; ``individual_epsilon: false`` and runs without a formal guarantee store none; summaries
+stored before it still load; the engine's figure of it builds and escapes user text."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine.config.run import RunConfig
+from engine.config.schema import ConfigError
+from engine.dp.individual import DATA_DEPENDENT_NOTE, GroupIndividualEpsilon, IndividualEpsilonSummary
+from engine.jobs.kinds import execute
+from engine.store.db import RunStore
+from engine.train.records import EvalRecord, PlanRecord, RunSummary, individual_table
+from tests.in_process import cli_here
+
+# digits DP-SGD, a few steps; a clip above most gradient norms so that samples spend less than their tier's ε
+DIGITS = RunConfig().replace(**{"algorithm.name": "dpsgd", "epochs": 8.0, "eval_every": 30, "clip_norm": 5.0})
+
+
+def run_into(store: RunStore, config: RunConfig) -> dict:
+    rid = store.create_run(config.validate())
+    execute(store, rid, config, kind="train")
+    return store.get_run(rid)
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        path = tmp_path_factory.mktemp("individual") / "runs.sqlite"
+        store = RunStore(path)
+        yield path, run_into(store, DIGITS), store
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_digits_dpsgd_run_stores_individual_epsilon_per_class_and_tier_within_each_promise(digits_run):
+    _, run, store = digits_run
+    summary, plan = RunSummary.from_dict(run["summary"]), PlanRecord.from_dict(run["plan"])
+    by = summary.individual_epsilon
+    assert set(by) == {"class", "tier"}
+    assert [g.group for g in by["class"].groups] == [str(c) for c in range(10)]
+    assert [g.group for g in by["tier"].groups] == list(plan.tier_names)
+    for s in by.values():
+        assert s.accountant == "rdp" and s.run_accountant == "rdp" and s.step == summary.steps
+        assert s.note == DATA_DEPENDENT_NOTE and s.checkpoints[0] == 0 and len(s.checkpoints) > 1
+        assert s.tier_epsilons == pytest.approx(plan.epsilons, rel=1e-6)  # the promise, under the same accountant
+    for k, g in enumerate(by["tier"].groups):  # every group within its tier's planned ε
+        assert 0 < g.epsilon_q1 <= g.epsilon_median <= g.epsilon_q3 <= plan.epsilons[k] * (1 + 1e-9)
+        assert g.share_median == pytest.approx(g.epsilon_median / plan.epsilons[k], rel=1e-6)
+    # with C above most norms, some group spends clearly less than its promise (not the worst case everywhere)
+    assert min(g.share_median for g in by["tier"].groups) < 0.95
+    # each evaluation stores its own, growing with the steps; the last is the summary's
+    evals = [EvalRecord.from_dict(e) for e in store.eval_metrics(run["id"])]
+    medians = [e.individual_epsilon["tier"].groups[0].epsilon_median for e in evals]
+    assert all(e.individual_epsilon is not None for e in evals) and medians == sorted(medians)
+    assert evals[-1].individual_epsilon == by
+
+
+def test_show_json_has_the_individual_epsilon_section_and_show_prints_its_table(digits_run):
+    path, run, _ = digits_run
+    out = cli_here("show", "--json", run["id"], store=path)
+    assert out.returncode == 0, out.stderr
+    section = json.loads(out.stdout)["individual_epsilon"]
+    assert section == run["summary"]["individual_epsilon"]
+    for grouping in ("class", "tier"):
+        assert section[grouping]["accountant"] == "rdp"
+        for g in section[grouping]["groups"]:
+            assert g["epsilon_q1"] <= g["epsilon_median"] <= g["epsilon_q3"] and g["n_samples"] > 0
+    text = cli_here("show", run["id"], store=path).stdout
+    assert "individual ε after" in text and "under RDP" in text and "Individual ε is computed" in text
+    assert max(len(line) for line in text.splitlines()) < 120
+
+
+def test_the_opt_out_and_a_nonprivate_run_store_none(tmp_path, one_thread):
+    store = RunStore(tmp_path / "runs.sqlite")
+    short = DIGITS.replace(epochs=0.5, eval_every=0)
+    for config in (short.replace(individual_epsilon=False), short.replace(**{"algorithm.name": "nonprivate"})):
+        run = run_into(store, config)
+        assert "individual_epsilon" not in run["summary"]
+        assert all("individual_epsilon" not in e for e in store.eval_metrics(run["id"]))
+        assert individual_table(run["summary"]) == ""
+        shown = json.loads(cli_here("show", "--json", run["id"], store=tmp_path / "runs.sqlite").stdout)
+        assert shown["individual_epsilon"] is None
+
+
+def test_the_opt_out_is_validated_like_its_neighbours():
+    with pytest.raises(ConfigError, match="individual_epsilon: must be true or false"):
+        RunConfig(individual_epsilon="no").validate()
+
+
+def summary_with(groups) -> IndividualEpsilonSummary:
+    return IndividualEpsilonSummary(step=10, accountant="rdp", run_accountant="pld", delta=1e-5, panel_per_group=256,
+                                    checkpoints=(0, 5), tier_epsilons=(1.0, 3.0), groups=tuple(groups))
+
+
+def test_summaries_round_trip_and_old_ones_load_without_it():
+    g = GroupIndividualEpsilon(group="ε=1", n_samples=7, epsilon_q1=0.2, epsilon_median=0.5, epsilon_q3=0.9,
+                               share_q1=0.2, share_median=0.5, share_q3=0.9)
+    record = RunSummary(algorithm="dpsgd", steps=10, individual_epsilon={"tier": summary_with([g])})
+    assert RunSummary.from_dict(record.to_dict()) == record
+    assert EvalRecord.from_dict(EvalRecord(step=3, individual_epsilon={"class": summary_with([g])}).to_dict()) \
+        == EvalRecord(step=3, individual_epsilon={"class": summary_with([g])})
+    old = {k: v for k, v in record.to_dict().items() if k != "individual_epsilon"}
+    assert RunSummary.from_dict(old).individual_epsilon is None and RunSummary.from_dict(old).to_dict() == old
+    text = individual_table(record)  # a PLD run's individual ε is under RDP, labelled so
+    assert "under RDP; the run's accountant is PLD" in text and not math.isnan(g.share_median)

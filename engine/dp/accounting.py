@@ -523,7 +523,7 @@ MAX_TIGHT_EPSILON = 50.0
 #: the accountants' own searches alone (``bench/planner.py`` times both)
 SHAPED_SEARCH = True
 _SHAPE_RTOL = 1e-4  # the accountants' searches' tolerance (engine.dp.accountants): ε within it below the target
-_SHAPE_ROUNDS = 12
+_SHAPE_ROUNDS = 20  # a round costs one ε per tier; the searches it saves cost 20 to 30 per tier
 
 
 def _follow_rdp(targets, spend, start=None):
@@ -531,7 +531,7 @@ def _follow_rdp(targets, spend, start=None):
     accountant is within 1e-4 below its target: ``spend(ε')`` makes the RDP plan (fast ε) of those targets and
     returns (each tier's ε under the tight accountant, which tiers are capped at q = 1, the plan), or None. The two
     accountants' ε are nearly proportional near a plan, so the Jacobian starts at the identity and the rank-one
-    updates learn the rest: three to eight rounds, one ε per tier each. ``start``: the first RDP targets (default
+    updates learn the rest: three to eight rounds, one ε per tier each (up to 15 where RDP is far looser). ``start``: the first RDP targets (default
     the targets). The plan, or None if it does not settle."""
     targets = np.asarray(targets, float)
     aim = np.log(targets) - _SHAPE_RTOL / 2

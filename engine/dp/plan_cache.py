@@ -62,9 +62,14 @@ def fingerprint_of(folder: Path) -> str:
 
 
 def cache_path() -> Path | None:
-    """The cache file, None when ``$PRIVACY_LAB_PLAN_CACHE`` is ``off``."""
+    """The cache file, None when ``$PRIVACY_LAB_PLAN_CACHE`` is ``off`` (or the sources to fingerprint cannot be
+    read, as in an install without them: no key could tell their versions apart)."""
     env = os.environ.get(ENV_VAR, "")
     if env.strip().lower() == OFF:
+        return None
+    try:
+        fingerprint()
+    except OSError:
         return None
     return Path(env or DEFAULT_PATH).expanduser()
 

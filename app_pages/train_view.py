@@ -70,17 +70,17 @@ def live_records(store, runs: list[dict]) -> list[dict]:
 
 
 def live_figures(group: str, names, **options) -> LiveFigures:
-    """The :class:`engine.figures.live.LiveFigures` of ``group`` for these figures and options, kept in the
-    session: a refresh that only brings new evaluations patches its figures instead of rebuilding them. A new
-    group or option starts a new one (one is kept per set of figure names)."""
-    key = (group, tuple(sorted(options.items())))
+    """The :class:`engine.figures.live.LiveFigures` of ``group`` for these figures, kept in the session (one per
+    set of figure names): a refresh that only brings new evaluations patches its figures, and a view change
+    (``options``, given to its ``update``) redraws them from the frames it keeps. A new group starts a new one."""
     slots = st.session_state.setdefault("live-figures", {})
     kept = slots.get(tuple(names))
-    if kept is None or kept[0] != key:
-        kept = slots[tuple(names)] = (key, LiveFigures(names, **options))
+    if kept is None or kept[0] != group:
+        kept = slots[tuple(names)] = (group, LiveFigures(names, **options))
     return kept[1]
 
 
+st.session_state["page-runs"] = st.session_state.get("page-runs", 0) + 1  # vs "view-runs": the live fragment's
 st.title("Train / compare")
 intro()
 # the primary action in view on a first visit: filled once the settings below are read and checked (a widget
@@ -295,42 +295,54 @@ h1.subheader("Live view")
 current = widgets.run_picker("Comparison", groups, key="group_pick", param="group", default=(active or groups)[0],
                              format_func=lambda g: comparison_label(g, runs_all), url=url, where=h2,
                              label_visibility="collapsed")
-o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
-x_axis = o1.selectbox("x axis", list(X_AXES), format_func=X_AXES.get, key="xaxis", bind="query-params")
-smoothing = o2.slider("Smoothing (EMA weight; raw drawn faint)", 0.0, 0.95, 0.0, 0.05, key="smooth",
-                      bind="query-params")
-mid_layout = o3.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
-                                  bind="query-params",
-                                  help="overlay: IDP and INO of the most-private tier on one panel")
-url.check()  # every URL-bound widget has run: warn about the values Streamlit dropped
 any_active = any(status.is_active(r) for r in runs_all if r["group_id"] == current)
+
+
+def view_options() -> dict:
+    """The live view's controls (x unit, smoothing, MID layout), drawn inside its fragment: a change reruns the
+    fragment alone, which redraws the charts from the evaluations it has read (a widget outside a fragment
+    reruns the whole page: the form, its checks and the plan preview, seconds on a busy machine). Bound to the
+    URL as before (the page's own run checks them with ``url.check``)."""
+    o1, o2, o3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+    x_axis = o1.selectbox("x axis", list(X_AXES), format_func=X_AXES.get, key="xaxis", bind="query-params")
+    smoothing = o2.slider("Smoothing (EMA weight; raw drawn faint)", 0.0, 0.95, 0.0, 0.05, key="smooth",
+                          bind="query-params")
+    mid_layout = o3.segmented_control("MID layout", ["facet", "overlay"], default="facet", key="mid_layout",
+                                      bind="query-params",
+                                      help="overlay: IDP and INO of the most-private tier on one panel")
+    return dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
+                smoothing=float(smoothing or 0.0))
+
+
+def cached_gain_sentence(group: str, records: list[dict], gain) -> str | None:
+    """The gain in words, computed once per logged step (it reads every seed's curve: ~1 s on a slow machine),
+    not on every view change or refresh that brings nothing new."""
+    key = (group, tuple((r["id"], len(r["evals"])) for r in records))
+    kept = st.session_state.get("live-gain-sentence")
+    if kept is None or kept[0] != key:
+        kept = st.session_state["live-gain-sentence"] = (key, gain_sentence(gain))
+    return kept[1]
 
 
 @st.fragment(run_every=status.LIVE_INTERVAL if any_active else None)
 def live(group: str) -> None:
+    st.session_state["view-runs"] = st.session_state.get("view-runs", 0) + 1
+    options = view_options()
     runs = sorted(store.list_runs(group_id=group), key=lambda r: r["id"])  # the refresh's one read of the runs
     queue = queue_positions(store.list_runs(status="queued"))  # every row of a k-seed job: its job's place
     with st.container(key="live-status"):
         for run in runs:
             status.kind_status_row(run, mgr, queue)
     records = live_records(store, runs)
-    options = dict(theme=plot_theme(), mid_layout=mid_layout or "facet", x_axis=x_axis or "step",
-                   smoothing=float(smoothing or 0.0))
     names = live_figure_names(runs)  # the gain with an INO-SGD/IDP-SGD pair, DP-SGD-S's clips with a DP-SGD-S run
     headline = live_figures(group, tuple(n for n in names if n in HEADLINE_FIGURES), **options)
     detail_names = tuple(n for n in names if n not in HEADLINE_FIGURES)
     details = [live_figures(group, (name,), **options) for name in detail_names]
-    specs = headline.update(records)  # every refresh
-    # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
-    # or the last run ends)
-    redraw = {name: (lambda f=f: f.update(records)) for name, f in zip(detail_names, details)}
-    for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
-            tuple(options.items()), any(status.is_active(r) for r in runs))).items():
-        specs[name] = got[name]
+    specs = headline.update(records, **options)  # every refresh (rebuilds nothing when nothing is new)
     view = charts.view_revision(group, options["x_axis"])  # the live charts' views re-range when these change
     if "private_gain" in specs:  # the phenomenon first, in words and as the paired gain over steps
         with st.container(key="live-gain-sentence"):
-            sentence = gain_sentence(specs["private_gain"].data)
+            sentence = cached_gain_sentence(group, records, specs["private_gain"].data)
             if sentence:
                 st.info(md(sentence), icon=":material/trending_up:")
             else:
@@ -342,6 +354,13 @@ def live(group: str) -> None:
     charts.chart(specs["mid_curves"], key="live-mid", export_key="x-mid",
                  uirevision=charts.view_revision(view, options["mid_layout"]))
     charts.chart(specs["tier_recall"], key="live-tier-recall", export_key="x-tier", uirevision=view)
+    # each detail chart at most every DETAIL_INTERVAL, one per refresh (all at once when the options change
+    # or the last run ends); computed after the headline charts are drawn, which the browser gets first (a view
+    # change redraws the MID chart before the details are built)
+    redraw = {name: (lambda f=f: f.update(records, **options)) for name, f in zip(detail_names, details)}
+    for name, got in charts.staggered(DETAIL_INTERVAL, f"live-detail-{group}", redraw, unless_changed=(
+            tuple(options.items()), any(status.is_active(r) for r in runs))).items():
+        specs[name] = got[name]
     c1, c2 = st.columns(2)
     with c1:
         charts.chart(specs["accuracy"], key="live-accuracy", export_key="x-acc", uirevision=view, narrow=True)
@@ -358,9 +377,11 @@ def live(group: str) -> None:
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
         figures = [headline, *details]
         st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "
-                   f"(accuracy, ε spent and per-class recall redraw every {DETAIL_INTERVAL:g} s)")
+                   f"(accuracy, ε spent and per-class recall redraw every {DETAIL_INTERVAL:g} s) · "
+                   f"page runs {st.session_state.get('page-runs', 0)} · view runs {st.session_state['view-runs']}")
     if any_active and not any(status.is_active(r) for r in runs):
         st.rerun()  # all done: one full rerun stops the polling
 
 
 live(current)
+url.check()  # every URL-bound widget has run (the view's, in the fragment, too): warn about the values dropped

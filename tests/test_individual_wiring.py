@@ -12,6 +12,8 @@ import pytest
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.dp.individual import DATA_DEPENDENT_NOTE, GroupIndividualEpsilon, IndividualEpsilonSummary
+from engine.figures import export, talk, training
+from engine.figures.individual import individual_frame
 from engine.jobs.kinds import execute
 from engine.store.db import RunStore
 from engine.train.records import EvalRecord, PlanRecord, RunSummary, individual_table
@@ -112,3 +114,46 @@ def test_summaries_round_trip_and_old_ones_load_without_it():
     assert RunSummary.from_dict(old).individual_epsilon is None and RunSummary.from_dict(old).to_dict() == old
     text = individual_table(record)  # a PLD run's individual ε is under RDP, labelled so
     assert "under RDP; the run's accountant is PLD" in text and not math.isnan(g.share_median)
+
+
+# --- the figure ---------------------------------------------------------------------------------------------------
+
+
+def test_the_figure_draws_each_groups_median_with_quartiles_beside_its_tiers_promise(digits_run):
+    _, run, store = digits_run
+    run = {**run, "evals": store.eval_metrics(run["id"])}
+    assert "individual_epsilon" in talk.TALK_FIGURES and "individual_epsilon" in training.EXTRA_FIGURES
+    assert "individual_epsilon" in export.figure_titles()  # privacy-lab export and the presentation pack
+    frame = individual_frame([run])
+    tiers = frame[frame["grouping"] == "tier"]
+    assert list(tiers["group"]) == ["ε=1", "ε=2", "ε=3"] and len(frame[frame["grouping"] == "class"]) == 10
+    promise = PlanRecord.from_dict(run["plan"]).epsilons  # DP-SGD: every tier at the strictest ε
+    assert tiers["planned_epsilon"].to_numpy() == pytest.approx(promise, rel=1e-6)
+    assert (tiers["epsilon_median"] <= tiers["planned_epsilon"] * (1 + 1e-9)).all()
+    assert frame[frame["grouping"] == "class"]["planned_epsilon"].isna().all()  # a class spans tiers
+    for build in (lambda: talk.build_talk_figures([run], names=["individual_epsilon"])[0],
+                  lambda: training.build_figures([run], names=["individual_epsilon"])[0]):
+        spec = build()
+        fig = spec.figure
+        medians = [t for t in fig.data if t.meta == f"tier|{spec.data['series'].iloc[0]}"]
+        assert len(medians) == 1 and list(medians[0].y) == pytest.approx(list(tiers["epsilon_median"]))
+        assert list(medians[0].error_y.array) == pytest.approx(list(tiers["epsilon_q3"] - tiers["epsilon_median"]))
+        planned = [t for t in fig.data if t.meta == "tier|planned"]
+        assert list(planned[0].y) == pytest.approx(promise, rel=1e-6)
+        captions = " ".join(a.text for a in fig.layout.annotations)
+        assert "Individual ε is computed from this run's own gradients" in captions
+
+
+def test_the_figure_escapes_user_text_and_says_why_it_is_empty():
+    from test_plots import HOSTILE, assert_escaped, hostile_run
+
+    run = hostile_run(1, "idp_sample")
+    g = GroupIndividualEpsilon(group=f"{HOSTILE} class 0", n_samples=7, epsilon_q1=0.2, epsilon_median=0.5,
+                               epsilon_q3=0.9, share_q1=0.2, share_median=0.5, share_q3=0.9)
+    run["evals"][-1]["individual_epsilon"] = {"class": summary_with([g]).to_dict(),
+                                              f"{HOSTILE} attribute": summary_with([g]).to_dict()}
+    spec = talk.build_talk_figures([run], names=["individual_epsilon"])[0]
+    assert_escaped(spec.figure, spec.name)
+    assert f"{HOSTILE} class 0" in set(spec.data["group"])  # the CSV keeps what the user wrote
+    empty = talk.build_talk_figures([hostile_run(2, "ino")], names=["individual_epsilon"])[0]
+    assert empty.data.empty and "individual_epsilon: false" in empty.figure.layout.annotations[0].text

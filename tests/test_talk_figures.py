@@ -289,6 +289,11 @@ def test_user_text_is_escaped_in_every_talk_figure():
     runs[2]["plan"]["clip_groups"] = [f"{HOSTILE} group {k}" for k in range(3)]
     for e in runs[2]["evals"]:
         e["group_clip_norms"], e["noise_std"] = [1.0, 2.0, 3.0], 1.5
+    runs[0]["evals"][-1]["individual_epsilon"] = {  # individual ε per group (issue 62), its groups named by the user
+        "tier": {"step": 100, "accountant": "rdp", "run_accountant": "rdp", "delta": 1e-5, "panel_per_group": 256,
+                 "checkpoints": [0], "tier_epsilons": [1.0, 2.0], "groups": [
+                     {"group": f"{HOSTILE} tier {k}", "n_samples": 5, "epsilon_q1": 0.1, "epsilon_median": 0.2,
+                      "epsilon_q3": 0.3, "share_q1": 0.1, "share_median": 0.2, "share_q3": 0.3} for k in range(2)]}}
     results = audit_results(tier_names=(f"{HOSTILE} tier 0", f"{HOSTILE} tier 2"), label=HOSTILE)
     for spec in talk.build_talk_figures(runs, audit=results, skip_empty=True):
         assert_escaped(spec.figure, spec.name)

@@ -9,6 +9,8 @@
   DP-SGD's at the same ε, (z_Δ · max_k C_k) / (σ·C) (the raw noise std for runs stored without σ);
 * ``global_scale`` — DPSGD-Global-Adapt over training: its tracked threshold Z, its scale C / max(Z, C) and its noise
   against DP-SGD's (:mod:`engine.figures.global_scale`);
+* ``individual_epsilon`` — per group (class, tier, attribute) the median individual ε a run spent on its samples,
+  quartiles as whiskers, beside the tier's planned ε (:mod:`engine.figures.individual`);
 * ``tif_sweep`` — a sweep group (:mod:`engine.tools.sweep`): the most private tier's recall gain INO − IDP as a
   heatmap over two of α, β, γ;
 * ``audit_tiers`` — an audit (grouped by tier): GPR per tier (CI, its null floor) against the tier's ε with the
@@ -30,15 +32,17 @@ from engine.figures import talk_frames as tf
 from engine.figures.bands import seed_mean
 from engine.figures.common_span import common_span, span_title
 from engine.figures.global_scale import fig_global_scale, global_scale_frame
+from engine.figures.individual import fig_individual, individual_frame
 from engine.figures.scaffold import (FigureSpec, algo_color, base_figure, empty_figure, esc, escape_columns, facet_grid,
                                      fig_table, group_color, tier_color)
 from engine.figures.sweep_frame import PARAM_LABELS, sweep_frame
 
-TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "global_scale", "tif_sweep",
-                "audit_tiers")
+TALK_FIGURES = ("privacy_frontier", "results_table", "ino_internals", "group_clip", "global_scale",
+                "individual_epsilon", "tif_sweep", "audit_tiers")
 TITLES = {"privacy_frontier": "Privacy–utility frontier", "results_table": "Results table",
           "ino_internals": "INO-SGD internals", "group_clip": "Group clips and their noise",
-          "global_scale": "Global-Adapt's threshold and scale", "tif_sweep": "TIF sweep", "audit_tiers": "Audit: GPR vs ε"}
+          "global_scale": "Global-Adapt's threshold and scale", "tif_sweep": "TIF sweep", "audit_tiers": "Audit: GPR vs ε",
+          "individual_epsilon": "Individual ε per group"}
 NOT_RECORDED = ("not recorded by this run: its evaluations carry no mean ρ per tier / down-weighted mass "
                 f"(keys {tf.RHO_KEY}, {tf.DOWNWEIGHTED_KEY})")
 
@@ -291,6 +295,9 @@ def build_talk_figures(runs: list[dict], *, theme: str = "light", names=None, au
         elif name == "global_scale":
             f = global_scale_frame(runs)
             spec = FigureSpec(name, TITLES[name], fig_global_scale(f, theme=theme), f)
+        elif name == "individual_epsilon":
+            f = individual_frame(runs)
+            spec = FigureSpec(name, TITLES[name], fig_individual(f, theme=theme), f)
         elif name == "tif_sweep":
             f = sweep_frame(runs, metric=sweep_metric, epoch=sweep_epoch)
             spec = FigureSpec(name, TITLES[name], fig_sweep_heatmap(f, theme=theme), f)

@@ -21,6 +21,7 @@ from engine.figures import talk
 from engine.figures import talk_frames as tf
 from engine.figures.common_span import common_span, span_title
 from engine.figures.global_scale import fig_global_scale, global_scale_frame
+from engine.figures.individual import fig_individual, individual_frame
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
                                      escape_columns, fig_table, render, run_colors)
 from engine.jobs.runs import dp_note, run_label
@@ -28,7 +29,8 @@ from engine.jobs.runs import dp_note, run_label
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
                   "fairness_bars", "mid_summary")
-EXTRA_FIGURES = ("gain_spread", "group_clip", "global_scale", "private_gain")  # built when named (not by default)
+# built when named (not by default)
+EXTRA_FIGURES = ("gain_spread", "group_clip", "global_scale", "private_gain", "individual_epsilon")
 # the live view's too, when its comparison has a run whose algorithm draws it
 DRAWN_LIVE_FIGURES = ("group_clip", "global_scale")
 # the live view's first figure when its comparison pairs an INO-SGD run with an IDP-SGD one: the headline
@@ -327,6 +329,9 @@ def build_figures(runs: list[dict], *, theme: str = "light", names=None, mid_lay
         elif name == "global_scale":  # the talk figure, built on the live view's memo
             f = global_scale_frame(runs, memo)
             spec = FigureSpec(name, talk.TITLES[name], fig_global_scale(f, theme=theme), f)
+        elif name == "individual_epsilon":  # the talk figure, built on the live view's memo
+            f = individual_frame(runs, memo)
+            spec = FigureSpec(name, talk.TITLES[name], fig_individual(f, theme=theme), f)
         elif name == "gain_spread":
             t = bd.recall_gain_spread(fr.recall_gain_over_time(runs, memo=memo))
             spec = FigureSpec(name, "Gain beyond seed spread", fig_gain_spread(t, theme=theme), t)

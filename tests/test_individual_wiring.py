@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from engine.audit.pa_alooa import individual as gvi
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
 from engine.dp.individual import DATA_DEPENDENT_NOTE, GroupIndividualEpsilon, IndividualEpsilonSummary
@@ -157,3 +158,64 @@ def test_the_figure_escapes_user_text_and_says_why_it_is_empty():
     assert f"{HOSTILE} class 0" in set(spec.data["group"])  # the CSV keeps what the user wrote
     empty = talk.build_talk_figures([hostile_run(2, "ino")], names=["individual_epsilon"])[0]
     assert empty.data.empty and "individual_epsilon: false" in empty.figure.layout.annotations[0].text
+
+
+# --- the audit: who pays in ε beside who leaks -------------------------------------------------------------------
+
+
+def test_spearman_and_its_permutation_p_agree_with_scipy():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from scipy import stats
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), min_size=3, max_size=7))
+    def check(pairs):
+        a, b = zip(*pairs)
+        rho = gvi.spearman(a, b)
+        if len(set(a)) < 2 or len(set(b)) < 2:
+            assert rho is None
+            return
+        assert rho == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+        if len(set(a)) < len(a) or len(set(b)) < len(b):
+            return  # with ties the null is not symmetric: scipy doubles one tail, ours counts |ρ| (both valid)
+        exact = stats.permutation_test((a,), lambda x: stats.spearmanr(x, b).statistic, permutation_type="pairings",
+                                       n_resamples=math.inf, alternative="two-sided").pvalue
+        assert gvi.permutation_p(a, b, rho) == pytest.approx(exact, abs=1e-9)
+
+    check()
+
+
+def test_the_sentence_says_whether_the_groups_that_pay_most_in_epsilon_leak_most():
+    from engine.audit.pa_alooa.records import Estimate
+
+    def individual(medians):
+        return summary_with([GroupIndividualEpsilon(group=g, n_samples=9, epsilon_q1=m / 2, epsilon_median=m,
+                                                    epsilon_q3=m, share_q1=0.1, share_median=0.2, share_q3=0.3)
+                             for g, m in medians.items()])
+
+    eps = {"a": 0.5, "b": 0.9, "c": 1.3, "d": 2.0, "e": 2.2}
+    same = gvi.individual_vs_gpr({g: Estimate(0.01 * k, 0.0, 0.1) for k, g in enumerate(eps)}, individual(eps))
+    assert same.spearman == pytest.approx(1.0) and same.p_value == pytest.approx(2 / 120)
+    assert same.sentence.startswith("The groups that pay most in ε are the ones that leak most (Spearman ρ = +1.00 "
+                                    "over 5 groups") and "e pays most in ε" in same.sentence
+    assert list(same.frame()["gpr"]) == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04])
+    opposite = gvi.individual_vs_gpr({g: 0.05 - 0.01 * k for k, g in enumerate(eps)}, individual(eps).to_dict())
+    assert opposite.spearman == pytest.approx(-1.0) and "leak least" in opposite.sentence
+    four = dict(list(eps.items())[:4])  # a perfect order of 4 groups still arises by chance with p = 1/12
+    weak = gvi.individual_vs_gpr({g: 0.01 * k for k, g in enumerate(four)}, individual(four))
+    assert "not clearly" in weak.sentence and weak.p_value == pytest.approx(2 / 24)
+    two = gvi.individual_vs_gpr({"Female": 0.02, "Male": 0.01, "Other": None}, individual({"Female": 1.0, "Male": 2}))
+    assert two.groups == ("Female", "Male") and two.spearman is None
+    assert two.sentence.startswith("With two groups, the one that pays most in ε is not the same group")
+    assert gvi.individual_vs_gpr({"x": 0.1}, individual({"y": 1.0})).sentence.startswith("Too few groups")
+
+
+def test_a_real_runs_individual_epsilon_by_tier_meets_a_gpr_by_tier(digits_run):
+    _, run, _ = digits_run
+    by_tier = RunSummary.from_dict(run["summary"]).individual_epsilon["tier"]
+    names = [g.group for g in by_tier.groups]
+    result = gvi.individual_vs_gpr({n: 0.01 * (k + 1) for k, n in enumerate(names)}, by_tier)
+    assert result.groups == tuple(names) and result.accountant == "rdp"
+    assert result.epsilon_median == tuple(g.epsilon_median for g in by_tier.groups)
+    assert "over 3 groups" in result.sentence or "does not vary" in result.sentence

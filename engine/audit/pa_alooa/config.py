@@ -56,7 +56,7 @@ _NOT_IN_AUDIT = {"algorithm": "an audit lists its algorithms in the top-level 'a
                  "name": "an audit's name is the top-level 'name'",
                  "secure_rng": "an audit's generators are seeded so that it resumes bit-identically",
                  "train_epochs": "an audit's models train their whole plan (run.epochs)",
-                 "individual_epsilon": "an audit trains no run: its report measures individual ε on its own",
+                 "individual_epsilon": "an audit's models carry no panel: a training run's individual ε meets its GPR",
                  "seeds": "an audit's models are seeded by the audit (its 2R models are the repeats)",
                  "seed_index": "an audit's models are seeded by the audit (its 2R models are the repeats)"}
 # The earlier flat audit config: top-level key → path in the run.

@@ -24,6 +24,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 if "PRIVACY_LAB_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
     os.environ["PRIVACY_LAB_DATA_DIR"] = str(SHARED_DATA)
 
+# The plan cache (engine.dp.plan_cache) and the encoded-table cache (engine.data.user_table) write beside the user's
+# files by default (~/.cache, the data folder): tests, and every server and worker they start (they inherit the
+# environment), write them to a temporary folder of this process instead, removed when it ends.
+_CACHES = tempfile.mkdtemp(prefix="lab-test-caches-")
+os.environ["PRIVACY_LAB_PLAN_CACHE"] = os.path.join(_CACHES, "plans.sqlite")
+os.environ["PRIVACY_LAB_TABLE_CACHE"] = os.path.join(_CACHES, "tables")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHES, ignore_errors=True)
+
 
 # Modules that start a Ray instance (test_ray.py checks Ray's worker processes on the whole machine).
 RAY_MODULES = {"test_ray.py", "test_browser_ray.py"}

@@ -189,7 +189,8 @@ def test_no_owner_is_ever_trained_at_a_larger_epsilon_than_they_chose(budgets, e
 
 
 # ------------------------------------------------------------------------------ cache, records, escaping
-def test_a_second_load_reads_the_cache_and_does_not_parse(tmp_path):
+def test_a_second_load_reads_the_cache_and_does_not_parse(tmp_path, monkeypatch):
+    monkeypatch.delenv(user_table.CACHE_ENV_VAR, raising=False)  # the default place: the data folder's cache
     (tmp_path / "t.csv").write_text(rows_csv())
     first = load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
     n = parse_count()
@@ -210,6 +211,7 @@ def test_a_second_load_reads_the_cache_and_does_not_parse(tmp_path):
 
 
 def test_the_cache_drops_its_least_recently_used_entries_and_rebuilds_a_broken_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(user_table.CACHE_ENV_VAR, raising=False)
     (tmp_path / "t.csv").write_text(rows_csv())
     entries = tmp_path / "cache" / "tables"
     a = load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
@@ -301,3 +303,13 @@ def test_a_subsample_makes_its_tiers_from_the_owners_it_keeps(tmp_path):
     assert np.array_equal(np.asarray(sub.tiers.epsilons)[sub.tiers.train], sub.budgets_train)
     assert sub.tiers.epsilons == tuple(sorted(set(sub.budgets_train.tolist())))
     assert t.subsample(None, seed=0) is t and t.subsample(10_000, seed=0) is t
+
+
+def test_the_cache_can_live_outside_the_data_folder(tmp_path, monkeypatch):
+    """$PRIVACY_LAB_TABLE_CACHE (the tests set it: they write only to temporary folders) takes the encoded tables;
+    the data folder gets nothing."""
+    (tmp_path / "t.csv").write_text(rows_csv())
+    monkeypatch.setenv(user_table.CACHE_ENV_VAR, str(tmp_path / "elsewhere"))
+    clear_table_cache()
+    load_user_table(SCHEMA, max_tiers=MAX_TIERS, data_dir=tmp_path)
+    assert any((tmp_path / "elsewhere").iterdir()) and not (tmp_path / "cache").exists()

@@ -90,7 +90,13 @@ class UserTable:
         return UserTable(sub, self.preview, tiers, budgets, self.budgets_test, self.max_tiers, self.bins)
 
 
+CACHE_ENV_VAR = "PRIVACY_LAB_TABLE_CACHE"  # a folder for the encoded tables instead of the data folder's (tests)
+
+
 def cache_root(data_dir=None) -> Path:
+    """Where encoded tables are cached: ``$PRIVACY_LAB_TABLE_CACHE`` when set, else ``<data dir>/cache/tables``."""
+    if os.environ.get(CACHE_ENV_VAR):
+        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
     return _resolve_data_dir(data_dir).joinpath(*CACHE_FOLDER)
 
 

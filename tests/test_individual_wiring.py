@@ -219,3 +219,43 @@ def test_a_real_runs_individual_epsilon_by_tier_meets_a_gpr_by_tier(digits_run):
     assert result.groups == tuple(names) and result.accountant == "rdp"
     assert result.epsilon_median == tuple(g.epsilon_median for g in by_tier.groups)
     assert "over 3 groups" in result.sentence or "does not vary" in result.sentence
+
+
+# --- IDP-SGD against INO-SGD, and a table with a sensitive attribute ----------------------------------------------
+
+
+def test_ino_sgd_spends_at_least_what_idp_sgd_spends_at_the_same_norms(tmp_path, one_thread):
+    """Both from the same seed: at step 0 their models are the same, so are the panel's norms; a run shorter than the
+    cadence keeps those norms (one checkpoint). INO-SGD's sound sensitivity ρ_min·a + (1 − ρ_min)·C is never below
+    a, so no group of it spends less than the same group under IDP-SGD, and its owners spend nearly their promise."""
+    store = RunStore(tmp_path / "runs.sqlite")
+    short = DIGITS.replace(epochs=2.0, eval_every=0)
+    idp, ino = (run_into(store, short.replace(**{"algorithm.name": a})) for a in ("idp_sample", "ino"))
+    assert PlanRecord.from_dict(idp["plan"]).noise_multipliers == PlanRecord.from_dict(ino["plan"]).noise_multipliers
+    a, b = (RunSummary.from_dict(r["summary"]).individual_epsilon for r in (idp, ino))
+    assert a["tier"].checkpoints == b["tier"].checkpoints == (0,)
+    for grouping in ("class", "tier"):
+        for g_idp, g_ino in zip(a[grouping].groups, b[grouping].groups):
+            assert g_ino.group == g_idp.group
+            assert g_ino.epsilon_median >= g_idp.epsilon_median * (1 - 1e-9)
+            assert g_ino.epsilon_q1 >= g_idp.epsilon_q1 * (1 - 1e-9)
+    assert min(g.share_median for g in a["tier"].groups) < min(g.share_median for g in b["tier"].groups)
+
+
+@pytest.mark.slow
+def test_a_table_with_a_sensitive_attribute_reports_it_with_a_panel_per_class_and_attribute_cell(one_thread):
+    from engine.data import load_dataset
+    from engine.dp.tiers import preset
+    from engine.train.loop import train
+
+    ds = load_dataset("adult")
+    cfg = RunConfig().replace(**{"data.name": "adult", "model.name": "lr", "epochs": 0.1, "batch_size": 512,
+                                 "optimizer.lr": 0.5, "algorithm.name": "idp_sample"},
+                              tiers=preset("two_tier_attribute", ds))
+    by = train(cfg).run_summary.individual_epsilon
+    assert set(by) == {"class", "tier", "sex"}
+    # every class × sex cell has its 256 panel samples: the minority cell (>50K women) too
+    assert [g.n_samples for g in by["sex"].groups] == [512, 512]
+    assert [g.n_samples for g in by["class"].groups] == [512, 512]
+    for k, g in enumerate(by["tier"].groups):
+        assert g.epsilon_median <= by["tier"].tier_epsilons[k] * (1 + 1e-9)

@@ -1,5 +1,5 @@
 """Command line: ``privacy-lab`` (installed) or ``python -m engine``, with the subcommands
-``run, rerun, plan, show, list [--active], cancel, export, audit, one-run-audit, worker, app``. This module
+``run, rerun, plan, show, list [--active], cancel, export, audit, one-run-audit, data, worker, app``. This module
 builds the parser and runs ``list`` and ``app`` itself; the commands that train, plan, audit or draw live in
 :mod:`engine.commands`, imported once such a command is parsed.
 
@@ -208,7 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--join", action="store_true",
                     help="add the new run to the original run's comparison (default: a new comparison of its own)")
     rr.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS, help="as the global --data-dir")
+    rr.add_argument("--accept-changed-data", dest="accept_changed_data", action="store_true",
+                    help="re-run a run on your own table even though the file changed since (default: stop, saying so)")
     rr.set_defaults(func=_command("cmd_rerun"))
+
+    dt = sub.add_parser("data", help="dry run of your own table: read, encode and split it, print its preview")
+    dt.add_argument("file", help="a CSV (.csv, .csv.gz) or Parquet table; a relative path resolves in the data "
+                                 "folder, then the current one")
+    dt.add_argument("--label", required=True, help="the target column")
+    dt.add_argument("--attributes", nargs="+", metavar="COLUMN", help="sensitive-attribute columns (groups, audits)")
+    dt.add_argument("--features", nargs="+", metavar="COLUMN", help="feature columns (default: every other column)")
+    dt.add_argument("--categorical", nargs="+", metavar="COLUMN",
+                    help="columns read as categories even when they hold numbers")
+    dt.add_argument("--split", metavar="COLUMN", help='a column of "train" / "test" (default: a seeded stratified '
+                                                      "split)")
+    dt.add_argument("--budget-column", dest="budget_column", metavar="COLUMN",
+                    help="each owner's ε (tiers.assign \"column\"): one tier per distinct budget")
+    dt.add_argument("--bins", nargs="+", type=float, metavar="EDGE",
+                    help="upper edges grouping the budgets into tiers (tiers.bins), e.g. --bins 1 2 4 8")
+    dt.add_argument("--json", action="store_true", help="print the preview as one JSON line")
+    dt.set_defaults(func=_command("cmd_data"))
 
     pl = sub.add_parser("plan", help="per-tier sampling rates, clip norms and noise")
     pl.add_argument("config", nargs="?", help="plan for this run config (else use the flags)")

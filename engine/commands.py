@@ -16,9 +16,12 @@ from engine.audit.pa_alooa.summary import compact_summary, summary_table
 from engine.config.job import algorithms_advisories
 from engine.config.run import RunConfig, check_plan_request, load_config
 from engine.config.schema import ConfigError, replace_dotted
-from engine.data import load_dataset
+from engine.config.run import MAX_TIERS
+from engine.data.table_records import TableSchema
+from engine.data.uploads import table_changed
+from engine.data.user_table import preview_table
 from engine.dp import accounting
-from engine.dp.prepare import make_plan, plan_errors, prepare_data, total_steps
+from engine.dp.prepare import load_run_dataset, make_plan, plan_errors, prepare_data, total_steps
 from engine.figures.common_span import common_span
 from engine.figures.export import export_runs, load_runs
 from engine.jobs.kinds import JOB_KINDS, execute, rerun_of
@@ -98,8 +101,7 @@ def _job_advisories(job, config, n_train: int | None = None) -> list[ConfigError
 def _print_data_report(config: RunConfig) -> int:
     """Load the run's dataset (cached: training reuses it) and say which files were skipped, if any; its number of
     training samples."""
-    ds = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                      max_train=config.data.max_train)
+    ds = load_run_dataset(config)
     if ds.report.skipped:
         print(f"note: {ds.report}", file=sys.stderr)
     return len(ds.y_train)
@@ -128,6 +130,7 @@ def cmd_plan(args) -> int:
         if args.accountant is not None:
             config = config.replace(accountant=args.accountant).validate()
         data = prepare_data(config)
+        config = data.config  # tiers from a budget column: made from the table
         if data.dataset.report.skipped:
             print(f"note: {data.dataset.report}", file=sys.stderr)
         _print_advisories(config.advisories(len(data.dataset.y_train)))
@@ -297,6 +300,7 @@ def cmd_rerun(args) -> int:
         raise ConfigError("run_id", f"no run {args.run_id} in {resolve_store_path(args.store)}")
     job, config = rerun_of(old)
     config = apply_overrides(config, args.overrides)
+    _check_table_unchanged(old, job.run_config(config), accept=args.accept_changed_data)
     store = _store(args)
     store.mark_dead_runs()
     n_train = _print_data_report(job.run_config(config))
@@ -310,6 +314,35 @@ def cmd_rerun(args) -> int:
     _print_job(store, ids, args, lambda run_id, run: f"run {run_id}{_seed_note(run)} (re-run of {args.run_id}; "
                                                       f"{joined} {group}) — {_ended(run)}",
                extra={"rerun_of": args.run_id, "group_id": group}, table=job.summary_table)
+    return 0
+
+
+ACCEPT_CHANGED_DATA = "--accept-changed-data"
+
+
+def _check_table_unchanged(old: dict, config: RunConfig, *, accept: bool) -> None:
+    """A re-run of a run on a researcher's table trains on the bytes the run recorded (its plan's ``table``:
+    sha256, size, schema): a file changed since is one ConfigError line, unless ``accept`` (the flag)."""
+    recorded = (old.get("plan") or {}).get("table")
+    if accept or not recorded or config.data.file is None or config.data.file != recorded["schema"]["file"]:
+        return
+    changed = table_changed(config.data.file, recorded["sha256"], data_dir=config.data.data_dir)
+    if changed:
+        raise ConfigError("data.file", f"{changed}; re-run with {ACCEPT_CHANGED_DATA} to train on the new content")
+
+
+def cmd_data(args) -> int:
+    """The dry run of a researcher's table: read, encode and split it (the cache is then warm for training) and
+    print its preview (rows, the encoding rule, classes, groups, tiers from budgets); a bad table: one line."""
+    schema = TableSchema(file=args.file, label=args.label, attributes=tuple(args.attributes or ()),
+                         features=None if args.features is None else tuple(args.features),
+                         categorical=tuple(args.categorical or ()), split=args.split, budget=args.budget_column,
+                         bins=None if args.bins is None else tuple(args.bins))
+    preview = preview_table(schema, max_tiers=MAX_TIERS)
+    if args.json:
+        print(json.dumps(preview.to_dict(), sort_keys=True))
+    else:
+        print("\n".join(preview.lines()))
     return 0
 
 

@@ -22,6 +22,7 @@ MAX_TIERS = 1_000
 MAX_CLASS_ID = 1_000_000
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
+MAX_COLUMNS = 100_000  # a table's columns one config may name (data.attributes, data.features, data.categorical)
 MAX_SEED = 2**63 - 1
 MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
 MAX_TRAIN = 10**9  # training samples: data.max_train, a plan's tiers in all

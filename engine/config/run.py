@@ -32,29 +32,48 @@ from engine.config.limits import (ACCOUNTANTS, DEFAULT_CLIP_NORM, DEFAULT_DELTA,
                                   MAX_BATCH_SIZE, MAX_CHUNK_MODELS, MAX_CLASS_ID, MAX_CNN_PADDING, MAX_DELTA,
                                   MAX_HIDDEN_LAYERS, MAX_HIDDEN_WIDTH, MAX_MODEL_PARAMS, MAX_NAME_CHARS,
                                   MAX_PATH_CHARS, MAX_SEED, MAX_SEEDS, MAX_THREADS, MAX_TIERS, MAX_TOTAL_STEPS,
+                                  MAX_COLUMNS,
                                   MAX_TRAIN, STEPS_RULES, total_steps, check_work, check_epsilon, check_delta,
                                   check_batch_size, check_clip_norm, check_plan_request)
 from engine.config.schema import (ConfigError, _show, check_choice, check_int, check_list, check_number, check_positive,
                                   check_section, check_str, parse_config_json, parse_section, read_config_text,
                                   replace_dotted)
 from engine.data import dataset_names
+from engine.data.errors import DataError
+from engine.data.table_records import TableSchema
 
 
 MODELS = ("auto", "lr", "mlp", "cnn", "resnet18")
-TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit")
+TIER_ASSIGNMENTS = ("class", "attribute", "random", "explicit", "column")
+#: data.name of a run on a researcher's own table (data.file set; issue 61)
+TABLE_DATASET = "table"
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class DataConfig:
+    """A registered dataset (``name``), or a researcher's own table (``file`` set: ``name`` is then
+    :data:`TABLE_DATASET`, "table"; a config that gives ``file`` and leaves ``name`` at its default gets it).
+    The table's fields are :class:`engine.data.table_records.TableSchema`'s (its budget column is ``tiers.column``)."""
+
     name: str = "digits"
     data_dir: str | None = None  # None: $PRIVACY_LAB_DATA_DIR, else the user cache folder
     max_train: int | None = None  # stratified subsample of the training set (quick runs)
+    file: str | None = None  # a CSV (.csv.gz) or Parquet table; a relative path resolves in the data folder
+    label: str | None = None  # the table's target column
+    attributes: tuple[str, ...] = ()  # the table's sensitive-attribute columns (groups, audits, fairness)
+    features: tuple[str, ...] | None = None  # None: every other column
+    categorical: tuple[str, ...] = ()  # columns read as categories even when they hold numbers
+    split: str | None = None  # a column of "train" / "test"; None: a seeded stratified split
+
+    def __post_init__(self):
+        if self.file is not None and self.name == DataConfig.name:
+            object.__setattr__(self, "name", TABLE_DATASET)
 
     def validate(self) -> None:
         check_section(self, "data.")
-        check_choice(self.name, "data.name", tuple(dataset_names()))
+        check_choice(self.name, "data.name", (*dataset_names(), TABLE_DATASET))
         if self.data_dir is not None:
             check_str(self.data_dir, "data.data_dir", max_len=MAX_PATH_CHARS, nonempty=True)
             folder = os.path.expanduser(self.data_dir)
@@ -63,6 +82,42 @@ class DataConfig:
                                                    "holds mnist/, adult/ …")
         if self.max_train is not None:
             check_int(self.max_train, "data.max_train", 2, MAX_TRAIN)
+        self.validate_table()
+
+    def validate_table(self) -> None:
+        """The table's fields: each typed and bounded, then the schema's own checks (a column named twice …)."""
+        table_fields = ("label", "attributes", "features", "categorical", "split")
+        if self.file is None:
+            if self.name == TABLE_DATASET:
+                raise ConfigError("data.file", f'data.name "{TABLE_DATASET}" needs the table\'s path in data.file')
+            given = [f for f in table_fields if getattr(self, f) not in ((), None)]
+            if given:
+                raise ConfigError(f"data.{given[0]}", "describes a table: set data.file too")
+            return
+        if self.name != TABLE_DATASET:
+            raise ConfigError("data.name", f'a table run (data.file set) has data.name "{TABLE_DATASET}", '
+                                           f"got {_show(self.name)}")
+        check_str(self.file, "data.file", max_len=MAX_PATH_CHARS, nonempty=True)
+        if self.label is None:
+            raise ConfigError("data.label", "a table needs its label column (the target the model predicts)")
+        check_str(self.label, "data.label", max_len=MAX_NAME_CHARS, nonempty=True)
+        for name in ("attributes", "features", "categorical"):
+            for k, column in enumerate(check_list(getattr(self, name) or (), f"data.{name}", max_len=MAX_COLUMNS)):
+                check_str(column, f"data.{name}[{k}]", max_len=MAX_NAME_CHARS, nonempty=True)
+        if self.split is not None:
+            check_str(self.split, "data.split", max_len=MAX_NAME_CHARS, nonempty=True)
+        try:
+            TableSchema(**self.schema_fields())
+        except DataError as e:
+            text = str(e)
+            field = next((f"data.{f}" for f in table_fields if text.startswith(f"data.{f}")), "data")
+            raise ConfigError(field, text.removeprefix(field + " ").rstrip(".")) from None
+
+    def schema_fields(self, budget: str | None = None) -> dict:
+        """The :class:`~engine.data.table_records.TableSchema` fields of this table (``budget``: tiers.column)."""
+        return {"file": self.file, "label": self.label, "attributes": tuple(self.attributes),
+                "features": None if self.features is None else tuple(self.features),
+                "categorical": tuple(self.categorical), "split": self.split, "budget": budget}
 
     def advisories(self) -> list[ConfigError]:
         """A data folder that does not exist (a typo, an unmounted disk) is said, not refused: the datasets the lab
@@ -109,11 +164,20 @@ class TiersConfig:
     tiers: tuple[TierConfig, ...] = PAPER_TIERS
     attribute: str | None = None  # assign="attribute": which sensitive attribute (None: the dataset's default)
     assignment: tuple[int, ...] | None = None  # assign="explicit": tier index per training sample
+    # assign="column": the table's column of each owner's ε; each distinct budget (or bin) is one tier with that ε
+    # (engine.data.budgets). `tiers` is then made from the table when the data load (empty until then)
+    column: str | None = None
+    bins: tuple[float, ...] | None = None  # assign="column": upper edges grouping the budgets; a bin's ε: its smallest
+
+    def __post_init__(self):
+        if self.assign == "column" and self.tiers is PAPER_TIERS:  # the default tiers: the table makes them
+            object.__setattr__(self, "tiers", ())
 
     def validate(self) -> None:
         check_section(self, "tiers.")
         check_choice(self.assign, "tiers.assign", TIER_ASSIGNMENTS)
-        check_list(self.tiers, "tiers.tiers", max_len=MAX_TIERS, nonempty=True)
+        check_list(self.tiers, "tiers.tiers", max_len=MAX_TIERS, nonempty=self.assign != "column")
+        self.validate_column()
         for k, tier in enumerate(self.tiers):
             tier.validate(f"tiers.tiers[{k}].")
         if self.attribute is not None:
@@ -142,6 +206,24 @@ class TiersConfig:
                 raise ConfigError("tiers.assignment", "explicit assignment needs one tier index per training sample")
             for i, a in enumerate(self.assignment):
                 check_int(a, f"tiers.assignment[{i}]", 0, len(self.tiers) - 1)
+
+    def validate_column(self) -> None:
+        if self.assign != "column":
+            for name in ("column", "bins"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"tiers.{name}", f'is read with tiers.assign "column" only, got assign '
+                                                       f"{_show(self.assign)}")
+            return
+        if self.column is None:
+            raise ConfigError("tiers.column", "tiers from a column need the column of each owner's ε")
+        check_str(self.column, "tiers.column", max_len=MAX_NAME_CHARS, nonempty=True)
+        if self.bins is not None:
+            edges = check_list(self.bins, "tiers.bins", max_len=MAX_TIERS, nonempty=True)
+            for k, e in enumerate(edges):
+                check_positive(e, f"tiers.bins[{k}]")
+                if k and e <= edges[k - 1]:
+                    raise ConfigError(f"tiers.bins[{k}]", f"the upper edges must increase: {_show(edges[k - 1])} "
+                                                          f"then {_show(e)}")
 
 
 @dataclass(frozen=True)
@@ -305,6 +387,12 @@ class RunConfig:
         check_section(self, "", skip=("data", "tiers", "model", "algorithm", "optimizer"))
         self.data.validate()
         self.tiers.validate()
+        if self.tiers.assign == "column" and self.data.file is None:
+            raise ConfigError("tiers.assign", '"column" reads each owner\'s ε from a table: set data.file')
+        if self.tiers.column is not None and self.tiers.column in (self.data.label, self.data.split,
+                                                                   *self.data.attributes, *(self.data.features or ())):
+            raise ConfigError("tiers.column", f"{_show(self.tiers.column)} is also a data column of another role "
+                                              "(label, split, attribute or feature)")
         self.model.validate()
         self.algorithm.validate()
         self.optimizer.validate()
@@ -375,6 +463,10 @@ class RunConfig:
         for key, default in _OMIT_AT_DEFAULT.items():
             if d.get(key) == default and type(d.get(key)) is type(default):
                 del d[key]
+        for section, defaults in _OMIT_SECTION_AT_DEFAULT.items():  # a config without a table: JSON as before
+            for key, default in defaults.items():
+                if key in d[section] and d[section][key] == default:
+                    del d[section][key]
         return d
 
     def to_json(self) -> str:
@@ -431,6 +523,9 @@ def comparison_advisories(configs) -> list[ConfigError]:
 
 
 _OMIT_AT_DEFAULT = {"seeds": 1, "seed_index": 0, "accountant": "rdp"}
+_OMIT_SECTION_AT_DEFAULT = {"data": {"file": None, "label": None, "attributes": [], "features": None,
+                                     "categorical": [], "split": None},
+                            "tiers": {"column": None, "bins": None}}
 
 
 def _to_jsonable(x):

@@ -13,19 +13,21 @@ Planning failures (``accounting.PlanError``) become ``ConfigError`` in one place
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine.config.run import RunConfig
+from engine.config.run import MAX_TIERS, RunConfig
 from engine.config.schema import ConfigError
 from engine.data import load_dataset
+from engine.data.user_table import load_user_table
 from engine.dp import accounting
 from engine.dp.accounting import plan_errors
 from engine.dp.algorithms import Algorithm, algorithm
 from engine.dp.groups import GroupClipSetup
-from engine.dp.tiers import assign_tiers
+from engine.dp.tiers import assign_tiers, column_tiers
 from engine.models.nets import build_model
 
 
@@ -33,7 +35,7 @@ from engine.models.nets import build_model
 
 @dataclass
 class PreparedData:
-    config: RunConfig
+    config: RunConfig  # with tiers from a budget column made from the table (engine.dp.tiers.column_tiers)
     device: torch.device
     dataset: object
     tiers: object  # engine.dp.tiers.TierAssignment
@@ -51,17 +53,38 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def load_run_dataset(config: RunConfig):
+    """The dataset ``config`` trains on: a registered one by ``data.name``, or a researcher's table ``data.file``
+    (:func:`engine.data.user_table.load_user_table`, with the budget column ``tiers.column`` when the tiers come
+    from it), subsampled by ``data.max_train``. A table's dataset carries its owners' budgets per row
+    (``meta["budgets_train"]`` / ``["budgets_test"]``, what ``tiers.assign = "column"`` reads) and the file's
+    sha256, size and resolved schema (``meta["table"]``, what the run records)."""
+    data, tiers = config.data, config.tiers  # tiers None: an audit's own (never a column)
+    if data.file is None:
+        return load_dataset(data.name, data_dir=data.data_dir, seed=config.seed, max_train=data.max_train)
+    table = data.schema_fields(tiers.column if tiers is not None and tiers.assign == "column" else None)
+    loaded = load_user_table(table, max_tiers=MAX_TIERS, data_dir=data.data_dir).subsample(data.max_train,
+                                                                                           config.seed)
+    ds = loaded.dataset
+    if loaded.budgets_train is not None:  # a copy: the loaded dataset is shared in-process
+        ds = dataclasses.replace(ds, meta={**ds.meta, "budgets_train": loaded.budgets_train,
+                                           "budgets_test": loaded.budgets_test})
+    return ds
+
+
 def prepare_data(config: RunConfig, *, dataset=None) -> PreparedData:
     """Validate ``config``, pick the device, load the data (unless ``dataset`` is given), check that the
-    model fits it (``model.name``) and assign tiers."""
+    model fits it (``model.name``) and assign tiers. Tiers from a budget column are made from the table here:
+    the returned ``config`` carries them (``tiers.tiers``: one per distinct budget or bin, its ε)."""
     config.validate()
     device = resolve_device(config.device)
     if dataset is None:
-        dataset = load_dataset(config.data.name, data_dir=config.data.data_dir, seed=config.seed,
-                               max_train=config.data.max_train)
+        dataset = load_run_dataset(config)
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         build_model(config.model, dataset.input_shape, dataset.num_classes)
     tiers = assign_tiers(config.tiers, dataset, seed=config.seed)
+    if config.tiers.assign == "column" and not config.tiers.tiers:
+        config = config.replace(tiers=column_tiers(config.tiers, dataset))
     return PreparedData(config=config, device=device, dataset=dataset, tiers=tiers)
 
 
@@ -86,6 +109,9 @@ def make_plan(config: RunConfig, tier_sizes, steps: int):
     mode = algorithm(config.algorithm.name).mode(config.algorithm)
     if mode is None:
         return None
+    if config.tiers.assign == "column" and not config.tiers.tiers:
+        raise ConfigError("tiers", "tiers from a budget column are made when the table loads: plan the config "
+                                   "prepare_data returns")
     with plan_errors("tiers", "no privacy plan: "):
         return accounting.plan(mode=mode, epsilons=[t.epsilon for t in config.tiers.tiers], delta=config.delta,
                                tier_sizes=list(tier_sizes), batch_size=config.batch_size,
@@ -143,6 +169,8 @@ def prepare_privacy(config: RunConfig, data: PreparedData, *, steps: int, tier_s
     """Plan ``config``'s algorithm for ``tier_sizes`` (default: the data's tiers; the audit plans once
     for its expected half-size tiers) and derive the per-sample rates and clips, γ and DP-SGD-S's set-up.
     ``field``: the config path errors about the algorithm name (the audit: ``algorithms[k]``)."""
+    if config.tiers.assign == "column" and not config.tiers.tiers:  # the table's tiers, made by prepare_data
+        config = config.replace(tiers=data.config.tiers)
     algo = config.algorithm
     entry = algorithm(algo.name)
     sizes = list(data.tiers.sizes if tier_sizes is None else tier_sizes)

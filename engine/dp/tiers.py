@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config.run import PAPER_TIERS, TierConfig, TiersConfig
+from engine.config.run import MAX_TIERS, PAPER_TIERS, TierConfig, TiersConfig
 from engine.config.schema import ConfigError
+from engine.data.budgets import BudgetTiers, budget_tiers
+from engine.data.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,32 @@ def tier_names(tiers: TiersConfig) -> tuple[str, ...]:
         else:
             out.append(f"tier {k} (ε={t.epsilon:g})")
     return tuple(out)
+
+
+def budget_tiers_of(tiers: TiersConfig, dataset) -> BudgetTiers:
+    """``assign="column"``: the tiers of the owners' budgets the dataset (a table loaded with ``tiers.column`` as
+    its budget column) carries per row, one per distinct budget or bin (:mod:`engine.data.budgets`' rule)."""
+    meta = getattr(dataset, "meta", {}) or {}
+    loaded = ((meta.get("table") or {}).get("schema") or {}).get("budget")
+    if meta.get("budgets_train") is None or loaded != tiers.column:
+        raise ConfigError("tiers.column", f"{dataset.name} carries no budget column {tiers.column!r}: tiers from a "
+                                          "column need a table (data.file) loaded with it")
+    try:
+        return budget_tiers(meta["budgets_train"], meta["budgets_test"], tiers.column, max_tiers=MAX_TIERS,
+                            bins=tiers.bins)
+    except DataError as e:
+        raise ConfigError("tiers.bins" if str(e).startswith("tiers.bins") else "tiers.column",
+                          str(e).rstrip(".")) from None
+
+
+def column_tiers(tiers: TiersConfig, dataset) -> TiersConfig:
+    """``tiers`` with its ``tiers`` made from the table's budgets (one TierConfig per tier: its ε and name), what
+    the planner and every page read; ``tiers`` unchanged unless ``assign="column"``."""
+    if tiers.assign != "column":
+        return tiers
+    made = budget_tiers_of(tiers, dataset)
+    return TiersConfig(assign="column", column=tiers.column, bins=tiers.bins,
+                       tiers=tuple(TierConfig(epsilon=e, name=n) for e, n in zip(made.epsilons, made.names)))
 
 
 def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignment:
@@ -80,6 +108,15 @@ def assign_tiers(tiers: TiersConfig, dataset, *, seed: int = 0) -> TierAssignmen
             raise ConfigError("tiers.tiers", f"{attr} has no value {unknown[0]!r}; values: {', '.join(present)}")
         train = np.array([values[str(v)] for v in dataset.sensitive_train[attr]])
         test = np.array([values.get(str(v), -1) for v in dataset.sensitive_test[attr]])
+    elif tiers.assign == "column":  # each owner's own budget: the table's tiers, whatever `tiers` says
+        made = budget_tiers_of(tiers, dataset)
+        if tiers.tiers and tuple(float(t.epsilon) for t in tiers.tiers) != made.epsilons:
+            # a config's tiers beside a budget column could plan another ε than the owners chose: never
+            raise ConfigError("tiers.tiers", f"tiers from the column {tiers.column!r} are the table's ("
+                                             f"ε = {', '.join(f'{e:g}' for e in made.epsilons)}): leave tiers.tiers "
+                                             "out")
+        return TierAssignment(train=made.train.astype(np.int64), test=made.test.astype(np.int64),
+                              epsilons=made.epsilons, names=made.names)
     elif tiers.assign == "random":
         n = len(y_train)
         rng = np.random.default_rng(seed)

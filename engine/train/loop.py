@@ -307,8 +307,10 @@ def plan_record(prep: Prepared, **preview) -> PlanRecord:
     count noise, base clip, c_min/c_max, public group sizes) instead of a noise std and clips (those change
     every step and are in each evaluation: ``EvalRecord.group_clip``); a ``secure_rng`` run is not
     reproducible. ``preview``: the preview's fields (n_train, algorithm, seeds)."""
+    table = prep.data.dataset.meta.get("table")  # a researcher's table: its sha256, size and schema (rerun checks)
     return PlanRecord.from_privacy(prep.privacy, prep.tiers, steps=prep.steps, trained_steps=prep.train_steps,
-                                   secure_rng=prep.config.secure_rng, **preview)
+                                   secure_rng=prep.config.secure_rng, **preview,
+                                   **({"extra": {"table": table}} if table else {}))
 
 
 def preview(config) -> PlanRecord:

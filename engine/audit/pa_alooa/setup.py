@@ -21,9 +21,8 @@ from engine.audit.pa_alooa.estimate import estimate_runtime
 from engine.config.job import algorithm_keys
 from engine.config.run import MAX_AUDIT_MODEL_STEPS, AlgorithmConfig, check_work
 from engine.config.schema import ConfigError
-from engine.data import load_dataset
 from engine.dp.algorithms import algorithm
-from engine.dp.prepare import PrivacyPlan, prepare_data, prepare_privacy, total_steps
+from engine.dp.prepare import PrivacyPlan, load_run_dataset, prepare_data, prepare_privacy, total_steps
 
 
 # ================================================================================================
@@ -80,7 +79,7 @@ def prepare_audit(config: AuditConfig) -> AuditSetup:
     """Validate with the data and plan every algorithm; raises ConfigError (or DataError)."""
     config.validate()
     run = config.run
-    ds = load_dataset(run.data.name, data_dir=run.data.data_dir, seed=run.seed, max_train=run.data.max_train)
+    ds = load_run_dataset(run)
     n = len(ds.y_train)
     if n < 8:
         raise ConfigError("run.data.max_train", f"an audit needs at least 8 training samples, got {n}")

@@ -41,7 +41,7 @@ if (HERE / "pages").is_dir():  # e.g. pages/__pycache__/, which git leaves behin
     st.warning("A folder named pages/ beside app.py makes Streamlit treat the lab as a legacy multipage app, so a "
                "first visit to a page's link finds no page: delete it (the pages are in app_pages/).")
 
-from app_pages._handles import manager  # noqa: E402 - after set_page_config
+from app_pages._handles import manager, started_manager, store_path  # noqa: E402 - after set_page_config
 from engine.config.backend import BACKEND_ENV, backend_from_env  # noqa: E402
 from engine.config.schema import ConfigError  # noqa: E402
 from app_pages._look import home_relative, md  # noqa: E402
@@ -49,7 +49,13 @@ from app_pages._look import home_relative, md  # noqa: E402
 
 @st.fragment(run_every=2.0)
 def workers() -> None:
-    mgr = manager()
+    # a fresh server's first page is drawn before the manager starts (its standby workers import torch on the
+    # same cores): the page starts it when it needs it (Train, after its Launch button), else this refresh does
+    runs = st.session_state["sidebar-runs"] = st.session_state.get("sidebar-runs", 0) + 1
+    mgr = manager() if runs > 1 else started_manager()
+    if mgr is None:
+        st.caption("Workers: starting…")
+        return
     running = len(mgr.store.list_runs(status="running"))
     queued = len(mgr.store.list_runs(status="queued"))
     st.caption(f"Workers: {running} running · {queued} queued · at most {mgr.max_workers} at once")
@@ -57,7 +63,7 @@ def workers() -> None:
 
 with st.sidebar:
     workers()
-    st.caption(f"Store: {md(home_relative(manager().store_path))}")
+    st.caption(f"Store: {md(home_relative(store_path()))}")
     try:  # where runs train and audits send their chunks ($PRIVACY_LAB_BACKEND: engine.config.backend)
         st.caption(f"Backend: {md(backend_from_env().describe())}")
     except ConfigError as e:

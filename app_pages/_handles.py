@@ -36,12 +36,23 @@ def store() -> RunStore:
 def _manager(path: str) -> JobManager:
     at_exit_skip_final_collection()  # the server ends about a second sooner (engine.jobs.exiting)
     workers = os.environ.get("PRIVACY_LAB_WORKERS")
-    return JobManager(path, max_workers=int(workers) if workers else None)
+    mgr = JobManager(path, max_workers=int(workers) if workers else None)
+    _started.add(path)
+    return mgr
+
+
+_started: set[str] = set()  # the stores whose manager this server has started
 
 
 def manager() -> JobManager:
     """The process-wide job manager of this store (starts the scheduler; recovers dead runs)."""
     return _manager(store_path())
+
+
+def started_manager() -> JobManager | None:
+    """The job manager if this server has started it, else None (starting it spawns the standby workers, whose
+    torch imports share the cores with a fresh server's first page: the sidebar waits for its next refresh)."""
+    return manager() if store_path() in _started else None
 
 
 @st.cache_resource(show_spinner="Loading dataset…", max_entries=4)

@@ -7,7 +7,6 @@ from dataclasses import asdict
 
 import streamlit as st
 
-from app_pages import _charts as charts
 from app_pages import _handles as handles
 from app_pages import _plans as plans
 from app_pages import _status as status
@@ -19,11 +18,6 @@ from engine.config.run import (MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, 
 from engine.config.schema import ConfigError
 from engine.data import dataset_names
 from engine.dp.tiers import preset, preset_names
-from engine.figures.headline import gain_sentence, undersampled_note
-from engine.figures.live import LiveFigures
-from engine.figures.sweep_frame import is_sweep_group
-from engine.figures.talk_frames import noise_cost_sentence
-from engine.figures.training import live_figure_names
 from engine.jobs.estimates import format_seconds
 from engine.jobs.manager import new_group_id, queue_positions
 from engine.jobs.runs import algorithm_label
@@ -69,7 +63,7 @@ def live_records(store, runs: list[dict]) -> list[dict]:
     return out
 
 
-def live_figures(group: str, names, **options) -> LiveFigures:
+def live_figures(group: str, names, **options) -> "LiveFigures":
     """The :class:`engine.figures.live.LiveFigures` of ``group`` for these figures, kept in the session (one per
     set of figure names): a refresh that only brings new evaluations patches its figures, and a view change
     (``options``, given to its ``update``) redraws them from the frames it keeps. A new group starts a new one."""
@@ -242,13 +236,14 @@ with st.container():
         st.info("Choose at least one algorithm.")
     previews = plans.run_plans(configs, errors, slots)
 
-mgr = handles.manager()
-if configs and len(previews) == len(configs) and not errors:
-    mgr.hint(configs)  # the warm standby worker prepares the first run ahead of the click
 with launch_row:
     l1, l2 = st.columns([3, 8], vertical_alignment="center")
 launch = l1.button("Launch comparison", type="primary", key="launch", icon=":material/rocket_launch:",
                    disabled=bool(errors) or not configs or len(previews) < len(configs))
+# started once Launch is drawn: on a fresh server its standby workers' torch imports share the cores with this run
+mgr = handles.manager()
+if configs and len(previews) == len(configs) and not errors:
+    mgr.hint(configs)  # the warm standby worker prepares the first run ahead of the click
 with l2.container(key="launch-note"):
     if slots.reasons:
         fields = list(dict.fromkeys(slots.reasons))  # the messages themselves stay next to their fields
@@ -270,6 +265,15 @@ if launch:
     st.session_state.pop("live-figures", None)
 
 # --- live view ----------------------------------------------------------------------------------------------------
+# the chart code (plotly figures, the live figures' frames) is imported once Launch is drawn: a fresh server's first
+# page shows the form and its Launch button without waiting for it
+from app_pages import _charts as charts  # noqa: E402
+from engine.figures.headline import gain_sentence, undersampled_note  # noqa: E402
+from engine.figures.live import LiveFigures  # noqa: E402
+from engine.figures.sweep_frame import is_sweep_group  # noqa: E402
+from engine.figures.talk_frames import noise_cost_sentence  # noqa: E402
+from engine.figures.training import live_figure_names  # noqa: E402
+
 # redrawn on every refresh that brings new evaluations (the gain first, with an INO-SGD/IDP-SGD pair: the lab's
 # headline)
 HEADLINE_FIGURES = ("private_gain", "mid_curves", "tier_recall")

@@ -9,6 +9,14 @@ Starts ``streamlit run app.py`` on a free local port with a temporary run store,
     python bench/ui_latency.py                  # quiet machine, human-readable
     python bench/ui_latency.py --loaded --json  # one JSON line: quiet keys, and the same under "loaded"
 
+Two more interactions per phase (issue 59), each try on a fresh comparison while its runs train:
+
+* Cancel: click a training run's Cancel → the page says so ("cancelling…", or already "cancelled"), click → the
+  page says "cancelled", and the steps its worker trained after the click (the row: "cancelled by the user at step
+  N (its worker stopped at step M)", M − N) and the steps still counted after it (its stored steps past N: 0);
+* Results: click "Results" in the navigation while the comparison's other runs train → its first chart drawn
+  (the MID chart's SVG).
+
 Targets: first point < 3 s quiet / < 6 s loaded; refresh interval ≤ 1.5 s quiet / ≤ 3 s loaded (the page
 polls the store every ``app_pages/_status.LIVE_INTERVAL`` seconds). Each try waits for its comparison to end,
 so every try starts from an idle lab (warm standby worker, as a user would find it). The runs are long
@@ -34,8 +42,13 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ALGOS = ("idp_sample", "ino", "dpsgd_s")
-TARGETS = {"quiet": {"first_point_seconds": 3.0, "refresh_seconds": 1.5},
-           "loaded": {"first_point_seconds": 6.0, "refresh_seconds": 3.0}}
+TARGETS = {"quiet": {"first_point_seconds": 3.0, "refresh_seconds": 1.5, "cancel_said_seconds": 1.0,
+                     "cancelled_seconds": 2.0, "steps_counted_after_click": 0, "results_first_chart_seconds": 3.0},
+           "loaded": {"first_point_seconds": 6.0, "refresh_seconds": 3.0, "cancel_said_seconds": 1.0,
+                      "cancelled_seconds": 2.0, "steps_counted_after_click": 0, "results_first_chart_seconds": 3.0}}
+# the live status rows' text, and whether the Results page's first chart (the MID chart) is drawn
+STATUS_TEXT = "() => { const c = document.querySelector('.st-key-live-status'); return c ? c.innerText : ''; }"
+RESULTS_DRAWN = "() => !!document.querySelector('.st-key-chart-res-mid svg.main-svg')"
 # the live MID chart's plotted data: [points drawn, largest x drawn, the chart's text] (a long curve is drawn
 # thinned to a fixed number of points, so a refresh can move its end without changing the count)
 PLOTTED = """() => { const c = document.querySelector('.st-key-chart-live-mid');
@@ -168,7 +181,88 @@ def percentile(xs: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def phase(page, store, tries: int, settle: float) -> dict:
+def _poll(page, js: str, pred, timeout: float = 120.0, every: float = 0.02):
+    """Evaluate ``js`` on the page until ``pred(value)``; (seconds since the call, value)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        value = page.evaluate(js)
+        if pred(value):
+            return time.perf_counter() - t0, value
+        time.sleep(every)
+    raise RuntimeError(f"timed out waiting on {js[:60]}")
+
+
+def _stages(page):  # (a diagnostic: BENCH_STAGES=1 prints when each stage of the Results page showed)
+    t0, seen = time.perf_counter(), {}
+    stages = {"title": "!!Array.from(document.querySelectorAll('h1')).find(h => h.innerText.includes('Results'))",
+              "headline": "!!document.querySelector('.st-key-headline')",
+              "mid-container": "!!document.querySelector('.st-key-chart-res-mid')",
+              "mid-plot": "!!document.querySelector('.st-key-chart-res-mid .js-plotly-plot')",
+              "mid-svg": "!!document.querySelector('.st-key-chart-res-mid svg.main-svg')",
+              "export": "!!document.querySelector('.st-key-pack-build')"}
+    while len(seen) < len(stages) and time.perf_counter() - t0 < 60:
+        for k, js in stages.items():
+            if k not in seen and page.evaluate("() => " + js):
+                seen[k] = round(time.perf_counter() - t0, 2)
+        time.sleep(0.02)
+    print("stages", seen, file=sys.stderr)
+    return seen.get("mid-svg", 60.0), None
+
+
+def cancel_and_results(page, store, url: str, *, timeout: float = 300) -> dict:
+    """One try of the Cancel and the Results interactions (module doc) on a fresh comparison."""
+    import re
+
+    page.goto(url, wait_until="domcontentloaded")
+    runs = store.list_runs()
+    first = (max(r["id"] for r in runs) if runs else 0) + 1
+    launch = page.get_by_role("button", name="Launch comparison")
+    launch.wait_for(state="visible", timeout=120_000)
+    page.wait_for_function("b => !b.disabled", arg=launch.element_handle(), timeout=120_000)
+    launch.click()
+    deadline = time.time() + timeout
+    while time.time() < deadline:  # the first run trains (a quarter of its steps), shown on the page
+        run = store.get_run(first)
+        if run and run["status"] == "running" and run["total_steps"] and run["step"] > run["total_steps"] // 4:
+            break
+        time.sleep(0.05)
+    button = page.locator(f".st-key-cancel-{first} button")
+    button.wait_for(state="visible", timeout=60_000)
+    t0 = time.perf_counter()
+    button.click()
+    said = None
+    while time.perf_counter() - t0 < 120:
+        text = page.evaluate(STATUS_TEXT)
+        now = time.perf_counter() - t0
+        if said is None and ("cancelling" in text or "cancelled" in text):
+            said = now
+        if re.search(r"\bcancelled\b", text) and store.get_run(first)["status"] == "cancelled":
+            break
+        time.sleep(0.02)
+    else:
+        raise RuntimeError("the run was never shown cancelled")
+    cancelled = now
+    end = time.time() + 10  # the manager's finish: the row names the click's step (and the worker's)
+    while not (store.get_run(first)["error"] or "").startswith("cancelled by the user") and time.time() < end:
+        time.sleep(0.05)
+    run = store.get_run(first)
+    m = re.search(r"at step (\d+)(?: \(its worker stopped at step (\d+)\))?", run["error"] or "")
+    click_step = int(m.group(1)) if m else None
+    worker_step = int(m.group(2)) if m and m.group(2) else click_step
+    stored = max((s["step"] for s in store.step_metrics(first)), default=0)
+    # Results while the comparison's other runs train
+    assert any(r["status"] == "running" for r in store.list_runs() if r["id"] > first), "nothing trains any more"
+    link = page.get_by_role("link", name="Results")
+    link.click()
+    results, _ = _poll(page, RESULTS_DRAWN, bool) if not os.environ.get("BENCH_STAGES") else _stages(page)
+    training = sum(r["status"] == "running" for r in store.list_runs())
+    return {"cancel_said": said, "cancelled": cancelled, "click_step": click_step,
+            "trained_after_click": None if click_step is None else worker_step - click_step,
+            "counted_after_click": None if click_step is None else max(0, stored - click_step),
+            "results": results, "results_runs_training": training, "error": run["error"]}
+
+
+def phase(page, store, tries: int, settle: float, url: str | None = None) -> dict:
     firsts, intervals, handovers = [], [], []
     for _ in range(tries):
         time.sleep(settle)  # (a bench, not a test: let the standby worker warm up as it would for a user)
@@ -178,10 +272,25 @@ def phase(page, store, tries: int, settle: float) -> dict:
         handovers += ho
         wait_idle(store)
     r = lambda x: None if x is None else round(x, 3)  # noqa: E731
-    return {"first_point_seconds": r(statistics.median(firsts)), "first_point_tries": [r(x) for x in firsts],
-            "refresh_p50_seconds": r(percentile(intervals, 0.5)), "refresh_p95_seconds": r(percentile(intervals, 0.95)),
-            "refresh_max_seconds": r(max(intervals) if intervals else None), "refresh_samples": len(intervals),
-            "handover_max_seconds": r(max(handovers) if handovers else None)}
+    out = {"first_point_seconds": r(statistics.median(firsts)), "first_point_tries": [r(x) for x in firsts],
+           "refresh_p50_seconds": r(percentile(intervals, 0.5)), "refresh_p95_seconds": r(percentile(intervals, 0.95)),
+           "refresh_max_seconds": r(max(intervals) if intervals else None), "refresh_samples": len(intervals),
+           "handover_max_seconds": r(max(handovers) if handovers else None)}
+    if url is None:
+        return out
+    tries_cr = []
+    for _ in range(tries):
+        time.sleep(settle)
+        tries_cr.append(cancel_and_results(page, store, url))
+        wait_idle(store)
+    med = lambda key: statistics.median(t[key] for t in tries_cr if t[key] is not None)  # noqa: E731
+    out.update(cancel_said_seconds=r(med("cancel_said")), cancelled_seconds=r(med("cancelled")),
+               steps_trained_after_click=[t["trained_after_click"] for t in tries_cr],
+               steps_counted_after_click=max(t["counted_after_click"] or 0 for t in tries_cr),
+               results_first_chart_seconds=r(med("results")),
+               cancel_tries=[{k: (r(v) if isinstance(v, float) else v) for k, v in t.items() }
+                             for t in tries_cr])
+    return out
 
 
 def main(argv=None) -> int:
@@ -217,11 +326,13 @@ def main(argv=None) -> int:
 
             query = "&".join([f"epochs={args.epochs}", "dataset=digits", "max_train=600", "batch=64"]
                              + [f"algos={quote(ALGORITHM_LABELS[a])}" for a in ALGOS])
-            page.goto(f"http://127.0.0.1:{port}/train?{query}", wait_until="domcontentloaded")
-            result = phase(page, store, args.tries, args.settle)
+            url = f"http://127.0.0.1:{port}/train?{query}"
+            page.goto(url, wait_until="domcontentloaded")
+            result = phase(page, store, args.tries, args.settle, url)
+            result["load_average_quiet"] = [round(x, 2) for x in os.getloadavg()]
             if args.loaded:
                 burner = start_burner()
-                result["loaded"] = phase(page, store, args.tries, args.settle)
+                result["loaded"] = phase(page, store, args.tries, args.settle, url)
             browser.close()
     finally:
         stop(burner)
@@ -241,6 +352,13 @@ def main(argv=None) -> int:
               f"refresh interval p50 {r['refresh_p50_seconds']} s, p95 {r['refresh_p95_seconds']} s over "
               f"{r['refresh_samples']} refreshes (target ≤ {t['refresh_seconds']:g} s); longest hand-over between "
               f"runs {r['handover_max_seconds']} s")
+        print(f"{name}: Cancel → said {r['cancel_said_seconds']} s (target ≤ {t['cancel_said_seconds']:g} s), "
+              f"→ cancelled {r['cancelled_seconds']} s (target ≤ {t['cancelled_seconds']:g} s); steps its worker "
+              f"trained after the click {r['steps_trained_after_click']}, counted {r['steps_counted_after_click']} "
+              f"(target 0); open Results while runs train → first chart {r['results_first_chart_seconds']} s "
+              f"(target ≤ {t['results_first_chart_seconds']:g} s)")
+    print(f"load average at the end {result['load_average']}, after the quiet phase {result['load_average_quiet']}; "
+          f"{result['cores']} cores")
     return 0
 
 

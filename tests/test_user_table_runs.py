@@ -70,7 +70,7 @@ def test_bins_group_the_budgets_each_tier_at_its_smallest(tmp_path, folder):
     ({"data": {"file": "t.csv"}}, "data.label"),
     ({"data": {"label": "y"}}, "data.label"),
     ({"data": {**DATA, "attributes": ["y"]}}, "data"),
-    ({"data": {**DATA, "name": "mnist"}}, "data.name"),
+    ({"data": {"name": "table"}, "tiers": {}}, "data.file"),
     ({"data": {"name": "digits"}, "tiers": COLUMN}, "tiers.assign"),
     ({"tiers": {"assign": "column"}}, "tiers.column"),
     ({"tiers": {**COLUMN, "bins": [2, 1]}}, "tiers.bins[1]"),
@@ -89,6 +89,8 @@ def test_a_config_without_a_table_keeps_its_json():
     assert "file" not in RunConfig().to_dict()["data"] and "column" not in RunConfig().to_dict()["tiers"]
     cfg = RunConfig.from_dict({"data": DATA, "tiers": COLUMN}).validate()
     assert RunConfig.from_json(cfg.to_json()) == cfg and cfg.tiers.tiers == ()
+    # the file decides: a table run's data.name is "table" (an audit merges its data over a preset's "adult")
+    assert RunConfig.from_dict({"data": {**DATA, "name": "adult"}}).data.name == "table"
 
 
 def test_too_many_budgets_for_the_tiers_is_one_line_naming_the_count(tmp_path, folder):
@@ -155,3 +157,19 @@ def test_audit_cli_on_a_table_reports_per_attribute_group(tmp_path, folder):
     out = cli_here("audit", cfg, "--json", store=tmp_path / "runs.sqlite")
     assert out.returncode == 0, out.stderr
     assert {"f", "m"} <= set(out.stdout.replace('"', " ").split())
+
+
+@pytest.mark.slow
+def test_one_run_audit_on_a_table_checks_each_budget_tier(tmp_path, folder):
+    run = {"data": {**DATA, "data_dir": str(folder)}, "tiers": COLUMN, "epochs": 1, "batch_size": 16,
+           "model": {"name": "lr"}, "device": "cpu", "individual_epsilon": False}
+    cfg = tmp_path / "o.json"
+    cfg.write_text(json.dumps({"run": run, "algorithms": [{"name": "idp_sample"}], "canaries": 20,
+                               "input_canaries": 5}))
+    out = cli_here("one-run-audit", cfg, "--json", store=tmp_path / "runs.sqlite")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    white = [r for r in report["rows"] if r["kind"] == "white"]
+    assert [r["tier"] for r in white] == ["ε=1", "ε=2", "ε=4"]
+    assert [r["epsilon"] for r in white] == pytest.approx([1.0, 2.0, 4.0], rel=1e-6)  # each tier's claim: its budget
+    assert all(r["epsilon"] <= b for r, b in zip(white, (1.0, 2.0, 4.0)))

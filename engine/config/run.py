@@ -53,8 +53,9 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """A registered dataset (``name``), or a researcher's own table (``file`` set: ``name`` is then
-    :data:`TABLE_DATASET`, "table"; a config that gives ``file`` and leaves ``name`` at its default gets it).
+    """A registered dataset (``name``), or a researcher's own table (``file`` set: the file decides, ``name`` is
+    then :data:`TABLE_DATASET`, "table", whatever the config says: an audit's run merges its data section over a
+    preset's, whose name is a registered dataset's).
     The table's fields are :class:`engine.data.table_records.TableSchema`'s (its budget column is ``tiers.column``)."""
 
     name: str = "digits"
@@ -68,7 +69,7 @@ class DataConfig:
     split: str | None = None  # a column of "train" / "test"; None: a seeded stratified split
 
     def __post_init__(self):
-        if self.file is not None and self.name == DataConfig.name:
+        if self.file is not None:
             object.__setattr__(self, "name", TABLE_DATASET)
 
     def validate(self) -> None:
@@ -94,9 +95,6 @@ class DataConfig:
             if given:
                 raise ConfigError(f"data.{given[0]}", "describes a table: set data.file too")
             return
-        if self.name != TABLE_DATASET:
-            raise ConfigError("data.name", f'a table run (data.file set) has data.name "{TABLE_DATASET}", '
-                                           f"got {_show(self.name)}")
         check_str(self.file, "data.file", max_len=MAX_PATH_CHARS, nonempty=True)
         if self.label is None:
             raise ConfigError("data.label", "a table needs its label column (the target the model predicts)")
@@ -465,7 +463,7 @@ class RunConfig:
                 del d[key]
         for section, defaults in _OMIT_SECTION_AT_DEFAULT.items():  # a config without a table: JSON as before
             for key, default in defaults.items():
-                if key in d[section] and d[section][key] == default:
+                if isinstance(d.get(section), dict) and key in d[section] and d[section][key] == default:
                     del d[section][key]
         return d
 

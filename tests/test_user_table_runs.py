@@ -39,7 +39,8 @@ def one_line(out) -> str:
 @pytest.mark.parametrize("model,algorithm", [("lr", "idp_sample"), ("mlp", "idp_scale")])
 def test_run_trains_on_a_user_csv_with_one_tier_per_distinct_budget(tmp_path, folder, model, algorithm):
     store = tmp_path / "runs.sqlite"
-    cfg = run_config(tmp_path, model={"name": model, "hidden": [8]}, algorithm={"name": algorithm})
+    cfg = run_config(tmp_path, model={"name": model, "hidden": [8]}, algorithm={"name": algorithm},
+                     individual_epsilon=model == "mlp")
     out = cli_here("--data-dir", folder, "run", cfg, "--json", store=store)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,6 +56,8 @@ def test_run_trains_on_a_user_csv_with_one_tier_per_distinct_budget(tmp_path, fo
     raw = (folder / "t.csv").read_bytes()
     assert plan["table"]["sha256"] == hashlib.sha256(raw).hexdigest() and plan["table"]["size_bytes"] == len(raw)
     assert plan["table"]["schema"]["label"] == "y" and plan["table"]["schema"]["budget"] == "eps"
+    if model == "mlp":  # the individual-ε panel groups by the table's tiers and its attribute too
+        assert {"tier", "sex"} <= set(shown["individual_epsilon"] or {})
 
 
 def test_bins_group_the_budgets_each_tier_at_its_smallest(tmp_path, folder):
@@ -64,6 +67,15 @@ def test_bins_group_the_budgets_each_tier_at_its_smallest(tmp_path, folder):
                                "epochs": 1, "batch_size": 32})
     p = preview(cfg)
     assert p.target_epsilons == (1.0, 4.0) and sum(p.tier_sizes) == 192 and p.mode == "scale"
+    # data.max_train keeps a stratified subsample of the owners: the tiers are made again from those kept
+    small = preview(cfg.replace(**{"data.max_train": 60, "tiers.bins": None}))
+    assert small.target_epsilons == (1.0, 2.0, 4.0) and sum(small.tier_sizes) == 60
+
+
+def test_plan_of_a_table_config_plans_the_tables_tiers(tmp_path, folder):
+    out = cli_here("--data-dir", folder, "plan", run_config(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert all(f"ε={e}" in out.stdout for e in (1, 2, 4))
 
 
 @pytest.mark.parametrize("fields,field", [

@@ -157,6 +157,9 @@ def test_audit_groups_by_one_of_the_tables_attributes(tmp_path, folder):
     assert [float(e) for e in setup.algos[0].claimed] == pytest.approx([1.0, 2.0, 4.0], rel=1e-6)
     with pytest.raises(ConfigError):
         prepare_audit(cfg.replace(group_attribute="nope"))
+    with pytest.raises(ConfigError) as e:  # a budget column the table lacks: named where the audit's config has it
+        prepare_audit(cfg.replace(**{"run.tiers.column": "age"}))
+    assert e.value.field.startswith("run.")
 
 
 @pytest.mark.slow

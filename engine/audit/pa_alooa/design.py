@@ -13,13 +13,17 @@ import numpy as np
 
 from engine.audit.pa_alooa.config import AuditConfig, single_tier
 from engine.config.run import TiersConfig
+from engine.config.schema import ConfigError
 from engine.dp.groups import sample_groups
 from engine.dp.tiers import column_tiers
 
 
 def resolved_tiers(config: AuditConfig, dataset) -> TiersConfig:
     if config.run.tiers is not None:  # tiers from a budget column: made from the table, once for every algorithm
-        return column_tiers(config.run.tiers, dataset)
+        try:
+            return column_tiers(config.run.tiers, dataset)
+        except ConfigError as e:
+            raise e.under("run.") from None
     return single_tier(config.epsilon, range(dataset.num_classes))
 
 

@@ -188,3 +188,14 @@ def test_one_run_audit_on_a_table_checks_each_budget_tier(tmp_path, folder):
     assert [r["tier"] for r in white] == ["ε=1", "ε=2", "ε=4"]
     assert [r["epsilon"] for r in white] == pytest.approx([1.0, 2.0, 4.0], rel=1e-6)  # each tier's claim: its budget
     assert all(r["epsilon"] <= b for r, b in zip(white, (1.0, 2.0, 4.0)))
+
+
+def test_tiers_written_beside_a_budget_column_never_replace_the_owners_budgets(folder):
+    """A config's own tiers with assign "column" could plan another ε than the owners chose: refused, naming it."""
+    from engine.train.loop import preview
+    cfg = RunConfig.from_dict({"data": {**DATA, "data_dir": str(folder)}, "model": {"name": "lr"},
+                               "tiers": {**COLUMN, "tiers": [{"epsilon": 8}, {"epsilon": 8}, {"epsilon": 8}]},
+                               "algorithm": {"name": "idp_sample"}, "epochs": 1, "batch_size": 32})
+    with pytest.raises(ConfigError) as e:
+        preview(cfg)
+    assert e.value.field == "tiers.tiers" and "ε = 1, 2, 4" in e.value.message

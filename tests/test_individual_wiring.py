@@ -259,3 +259,30 @@ def test_a_table_with_a_sensitive_attribute_reports_it_with_a_panel_per_class_an
     assert [g.n_samples for g in by["class"].groups] == [512, 512]
     for k, g in enumerate(by["tier"].groups):
         assert g.epsilon_median <= by["tier"].tier_epsilons[k] * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_the_figure_holds_its_panels_in_a_browser(digits_run, browser, tmp_path):
+    """Three groupings (10 classes, 3 tiers, an attribute's values), two series and the caption below: at the Results
+    page's width and full width, no title, panel title, legend or caption over a plot area or another."""
+    import os
+
+    from tests.test_browser_layout import PAGE_PX, WIDE_PX, problems
+    from tests.test_browser import CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
+    _, run, store = digits_run
+    evals = store.eval_metrics(run["id"])
+    runs = []
+    for rid, algorithm in ((1, "idp_sample"), (2, "ino")):
+        e = dict(evals[-1])
+        e["individual_epsilon"] = {**e["individual_epsilon"], "sex": {**e["individual_epsilon"]["tier"], "groups": [
+            {**g, "group": name} for g, name in zip(e["individual_epsilon"]["tier"]["groups"], ("Female", "Male"))]}}
+        runs.append({**run, "id": rid, "algorithm": algorithm, "name": "", "evals": [e]})
+    (spec,) = talk.build_talk_figures(runs, names=["individual_epsilon"])
+    page = browser.new_page()
+    found = problems(page, spec.figure, PAGE_PX, tmp_path, "individual") + \
+        problems(page, spec.figure, WIDE_PX, tmp_path, "individual")
+    page.close()
+    assert not found, found

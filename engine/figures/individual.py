@@ -30,6 +30,8 @@ EMPTY = ("select a run with a formal DP guarantee trained with individual ε on 
 _VALUES = ("n_samples", "epsilon_q1", "epsilon_median", "epsilon_q3", "share_q1", "share_median", "share_q3",
            "planned_epsilon")
 PLOT_PX = 360
+TOP_PX = 130  # the title, the legend's row, the panel titles
+LEGEND_GAP_PX = 30  # from the plots' top to the legend's bottom: clear of the panel titles
 
 
 def individual_frame(runs: list[dict], memo: dict | None = None) -> pd.DataFrame:
@@ -70,7 +72,8 @@ def fig_individual(frame: pd.DataFrame, *, theme: str = "light", title: str = TI
     groupings = list(dict.fromkeys(df["grouping"]))
     accountants = sorted(set(frame["accountant"]))
     panels = [f"by {g} (ε under {', '.join(a.upper() for a in accountants)})" for g in groupings]
-    fig, _, cols = facet_grid(panels, title, theme, max_cols=3, shared_y=False)
+    # the legend above: the caption takes the space below the plots
+    fig, _, cols = facet_grid(panels, title, theme, max_cols=3, shared_y=False, legend="top")
     series = list(dict.fromkeys(df["series"]))
     for p, grouping in enumerate(groupings):
         row, col = p // cols + 1, p % cols + 1
@@ -99,8 +102,10 @@ def fig_individual(frame: pd.DataFrame, *, theme: str = "light", title: str = TI
                                      hovertemplate="%{x}: planned ε %{y:.3f}<extra></extra>",
                                      meta=f"{grouping}|planned"), row=row, col=col)
         fig.update_yaxes(title_text="individual ε" if col == 1 else None, rangemode="tozero", row=row, col=col)
-    note, layout = notes_below(wrap_words(esc(DATA_DEPENDENT_NOTE), 120), plot_px=PLOT_PX)
-    fig.update_layout(**layout)
+    note, layout = notes_below(wrap_words(esc(DATA_DEPENDENT_NOTE), 120), plot_px=PLOT_PX, top_px=TOP_PX)
+    # the legend above the panel titles, under the figure's title (the caption takes the space below the plots)
+    fig.update_layout(**layout, legend=dict(orientation="h", yanchor="bottom", y=1 + LEGEND_GAP_PX / PLOT_PX,
+                                            x=1, xanchor="right"))
     fig.add_annotation(**note)
     fig.update_xaxes(type="category")
     return fig

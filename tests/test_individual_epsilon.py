@@ -389,3 +389,13 @@ def test_the_tracker_follows_a_real_run_without_changing_it(algorithm, seeds):
         eps = tracker.epsilons(steps, model)
         tier_now = tracker.accountants[model].tier_epsilons(steps)[tracker.tiers]
         assert np.all(eps <= tier_now)
+
+
+def test_a_norm_that_is_not_a_number_counts_at_its_bound():
+    """A diverged model's NaN or infinite gradient norm is taken at the clip (the most a sample can spend), so a
+    diverging run's measurement neither fails nor claims a sample spent less."""
+    prep = _digits_run("dpsgd")
+    clip = float(prep.privacy.sample_clips[0])
+    norms = torch.tensor([[0.5 * clip, float("nan"), float("inf"), 3.0 * clip]], dtype=torch.float64)
+    s, _, _ = panel_sensitivities(prep.mechanism, [0, 1, 2, 3], norms)
+    np.testing.assert_allclose(s[0], [0.5 * clip, clip, clip, clip])

@@ -98,6 +98,9 @@ def panel_sensitivities(mechanism, panel, norms: torch.Tensor):
     norms = norms.to(torch.float64)
     idx = torch.as_tensor(np.asarray(panel, dtype=np.int64), device=norms.device).expand(norms.shape)
     clip = mechanism.clip_norms(idx).to(torch.float64)
+    # a norm that is not a number (a model whose weights diverged) counts at its bound: never below what it spent,
+    # and the run ends *diverged* by the loop's own rule instead of failing here
+    norms = torch.where(torch.isfinite(norms), norms, clip)
     a = torch.minimum(norms, clip).cpu().numpy()
     clip = clip.cpu().numpy()
     if isinstance(mechanism, Importance):

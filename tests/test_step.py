@@ -300,7 +300,8 @@ def test_dashboard_run_equals_the_audit_chunk_path(algo):
     cfg = RunConfig().replace(**{"model.name": "mlp", "model.hidden": (16,), "data.max_train": 120,
                                  "batch_size": 120, "epochs": 6.0, "algorithm.name": algo, "clip_norm": 0.05,
                                  "tiers": TiersConfig(tiers=(TierConfig(epsilon=50.0, classes=tuple(range(10))),)),
-                                 "eval_every": 1000, "device": "cpu", "algorithm.group_by": "class"})
+                                 "eval_every": 1000, "device": "cpu", "algorithm.group_by": "class",
+                                 "individual_epsilon": False})  # noise off below: nothing to account per sample
     prep = prepare(cfg)
     n = len(prep.dataset.y_train)
     assert np.all(prep.sample_rates == 1.0) and prep.steps == 6 and n == 120

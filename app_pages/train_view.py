@@ -11,6 +11,7 @@ from app_pages import _handles as handles
 from app_pages import _plans as plans
 from app_pages import _status as status
 from app_pages import _widgets as widgets
+from app_pages import _your_data as your_data
 from app_pages._look import intro, md, plot_theme, show_error
 from app_pages._tiers import tier_labels, url_tier_editor
 from engine.config.run import (MODELS, TIF_SHAPES, AlgorithmConfig, DataConfig, ModelConfig, OptimizerConfig, RunConfig,
@@ -84,13 +85,14 @@ url = widgets.UrlParams(labels={"algos": algorithm_label}, known=(
     "dataset", "max_train", "model", "epochs", "batch", "lr", "delta", "accountant", "clip", "seed", "eval_every",
     "seeds", "momentum",
     "algos", "idp_mode", "tif", "alpha", "beta", "power", "cut", "tail_pct", "tau", "quantile", "c_min", "c_max",
-    "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout"))
+    "clip_rule", "private_q", "preset", "tiers", "group", "xaxis", "smooth", "mid_layout",
+    "table_file", "table_label", "table_attributes", "table_budget", "table_bins"))
 D = dict(asdict(DEFAULT_TRAIN), seeds=1)  # the default comparison's widget values (engine.tools.demo)
 slots = widgets.FieldSlots()  # an error slot under each setting: a bad value is explained next to its field
 
 
 # --- configuration ------------------------------------------------------------------------------------
-names = dataset_names()
+names = [*dataset_names(), your_data.CHOICE]
 cfg_col, algo_col = st.columns([3, 2], gap="large")
 with cfg_col:
     st.subheader("Data, model and training")
@@ -98,7 +100,7 @@ with cfg_col:
     dataset_name = c1.selectbox("Dataset", names, index=names.index(D["dataset"]) if D["dataset"] in names else 0,
                                 key="dataset", bind="query-params",
                                 help="digits, MNIST and Adult are always available offline; others need their "
-                                     "files (the engine says which and where)")
+                                     "files (the engine says which and where); or your own table")
     slots.add(c1, "Dataset", "data.name", "data")
     max_train = c2.number_input("Training samples (0 = all)", min_value=0, value=D["max_train"], step=100,
                                 key="max_train", bind="query-params")
@@ -106,6 +108,11 @@ with cfg_col:
     model = c3.selectbox("Model", MODELS, index=MODELS.index(D["model"]), key="model", bind="query-params",
                          help="auto: the CNN for images, logistic regression for tabular data")
     slots.add(c3, "Model", "model.name", "model")
+    table_errors: list[str] = []
+    table_fields, table_tiers, table_dataset = ({"name": dataset_name}, None, None)
+    if dataset_name == your_data.CHOICE:
+        with st.container(key="your-data"):
+            table_fields, table_tiers, table_dataset = your_data.table_inputs(table_errors)
     train = widgets.training_inputs(epochs=D["epochs"], batch=D["batch"], batch_step=8, lr=D["lr"], lr_step=0.05,
                                     slots=slots)
     c1, c2, c3 = st.columns(3)
@@ -180,10 +187,18 @@ with algo_col:
 st.subheader("Privacy tiers")
 # (each conditional region lives in its own container: a message appearing or vanishing never shifts
 # the widgets below, which would remount them and break their URL binding)
-errors: list[str] = []
+errors: list[str] = list(table_errors)  # a bad table or table field: said by its field above
 with st.container():
     tiers_cfg = None
-    dataset = handles.dataset_or_error(dataset_name, max_train, errors)
+    if dataset_name == your_data.CHOICE:
+        dataset = table_dataset
+        if table_tiers is not None and dataset is not None:  # each owner's ε from the table: no editor
+            tiers_cfg = table_tiers
+            st.caption(md(f"Tiers from the owners' budgets in `{table_tiers.column}`: one per distinct ε"
+                          + (" bin" if table_tiers.bins else "") + " (the preview above lists them)."))
+            dataset = None
+    else:
+        dataset = handles.dataset_or_error(dataset_name, max_train, errors)
     if dataset is not None:
         t1, t2 = st.columns([1, 3])
         presets = preset_names(dataset)
@@ -212,7 +227,7 @@ with st.container():
     if tiers_cfg is not None:
         try:
             base_cfg = RunConfig(
-                data=DataConfig(name=dataset_name, max_train=int(max_train) or None),
+                data=DataConfig(**table_fields, max_train=int(max_train) or None),
                 tiers=tiers_cfg,
                 model=ModelConfig(name=model),
                 algorithm=AlgorithmConfig(name="ino", idp_mode=idp_mode, tif=tif, alpha=float(alpha), beta=float(beta),

@@ -94,7 +94,8 @@ def test_a_worker_beside_a_cpu_bound_process_stops_within_steps_and_nothing_afte
         assert run["status"] == "cancelled" and run["error"].startswith(TERMINATED), run["error"]
         stopped = _stopped_at(run["error"])
         logged = max(s["step"] for s in store.step_metrics(rid))
-        assert shown <= logged <= stopped <= shown + 60, (shown, logged, stopped)
+        # the worker itself dropped what it trained after the click before it said "cancelled"
+        assert logged == shown < stopped <= shown + 60 or logged == shown == stopped, (shown, logged, stopped)
         # the manager finishes it: the click's step is what the run keeps and says
         mgr.tick()
         run = store.get_run(rid)

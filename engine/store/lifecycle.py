@@ -134,6 +134,11 @@ class RunLifecycle:
             run = None
         if run is not None and run["status"] not in ACTIVE:
             return
+        if status == "cancelled":  # a Cancel's click step recorded: what was trained after it goes first, so that no
+            try:                   # reader sees the run cancelled with steps past the click (the manager cuts again)
+                self.store.cut_at_cancel(self.run_id)
+            except Exception:  # noqa: BLE001 - the status write below is what must happen
+                pass
         self.store.try_set_status(self.run_id, status, error=error)
 
 

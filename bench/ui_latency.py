@@ -283,6 +283,7 @@ def phase(page, store, tries: int, settle: float, url: str | None = None) -> dic
         time.sleep(settle)
         tries_cr.append(cancel_and_results(page, store, url))
         wait_idle(store)
+    page.goto(url, wait_until="domcontentloaded")  # (back on Train for the next phase: the tries end on Results)
     med = lambda key: statistics.median(t[key] for t in tries_cr if t[key] is not None)  # noqa: E731
     out.update(cancel_said_seconds=r(med("cancel_said")), cancelled_seconds=r(med("cancelled")),
                steps_trained_after_click=[t["trained_after_click"] for t in tries_cr],
@@ -330,6 +331,7 @@ def main(argv=None) -> int:
             page.goto(url, wait_until="domcontentloaded")
             result = phase(page, store, args.tries, args.settle, url)
             result["load_average_quiet"] = [round(x, 2) for x in os.getloadavg()]
+            print(json.dumps({"quiet": result}), file=sys.stderr, flush=True)  # kept if the loaded phase fails
             if args.loaded:
                 burner = start_burner()
                 result["loaded"] = phase(page, store, args.tries, args.settle, url)

@@ -238,6 +238,9 @@ if any(draws(r.get("algorithm"), "group_clip") for r in runs):  # DP-SGD-S's, DP
     charts.chart(talk["group_clip"], key="res-clip", export_key="e-clip")
 if any(draws(r.get("algorithm"), "global_scale") for r in runs):  # DPSGD-Global-Adapt's Z, C / max(Z, C), noise
     charts.chart(talk["global_scale"], key="res-scale", export_key="e-scale")
+if "individual_epsilon" in talk and not talk["individual_epsilon"].data.empty:  # whose privacy the runs spent
+    st.subheader("Whose privacy was spent: individual ε per group")
+    charts.chart(talk["individual_epsilon"], key="res-individual", export_key="e-individual")
 if sweep:
     charts.chart(talk["tif_sweep"], key="res-sweep", export_key="e-sweep")
 if report is not None:

@@ -393,6 +393,8 @@ def live(group: str) -> None:
             st.warning(md(cost), icon=":material/warning:")
     if "global_scale" in specs:  # a DPSGD-Global-Adapt run: its threshold Z, scale C / max(Z, C) and noise
         charts.chart(specs["global_scale"], key="live-global-scale", export_key="x-scale", uirevision=view)
+    if "individual_epsilon" in specs and not specs["individual_epsilon"].data.empty:  # whose privacy it spends
+        charts.chart(specs["individual_epsilon"], key="live-individual", export_key="x-individual", uirevision=view)
     with st.container(key="live-stats"):  # for the curious (and the browser test): rebuilds vs patches
         figures = [headline, *details]
         st.caption(f"figures built {sum(f.builds for f in figures)}× · patched {sum(f.patches for f in figures)}× "

@@ -163,7 +163,9 @@ def test_the_gain_figure_reads_back(k):
 
 def test_no_pair_no_gain_figure():
     runs = [make_run(1, "idp_sample"), make_run(3, "dpsgd")]
-    assert training.live_figure_names(runs) == training.LIVE_FIGURES
+    assert training.live_figure_names(runs) == training.LIVE_FIGURES + training.INDIVIDUAL_LIVE_FIGURES
+    opted_out = [{**r, "config": {**(r.get("config") or {}), "individual_epsilon": False}} for r in runs]
+    assert training.live_figure_names(opted_out) == training.LIVE_FIGURES
     (spec,) = training.build_figures(runs, names=["private_gain"])
     assert spec.data.empty and headline.gain_sentence(spec.data) is None
 

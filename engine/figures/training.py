@@ -24,7 +24,7 @@ from engine.figures.global_scale import fig_global_scale, global_scale_frame
 from engine.figures.individual import fig_individual, individual_frame
 from engine.figures.scaffold import (EXTRA_COLORS, FigureSpec, base_figure, colors_from_frame, empty_figure, esc,
                                      escape_columns, fig_table, render, run_colors)
-from engine.jobs.runs import dp_note, run_label
+from engine.jobs.runs import dp_note, formal_dp, run_label
 
 LIVE_FIGURES = ("mid_curves", "tier_recall", "class_recall", "accuracy", "epsilon_spent")
 RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "recall_auc", "overall_bars",
@@ -33,6 +33,7 @@ RESULT_FIGURES = ("recall_vs_budget", "recall_gain_class", "recall_gain_time", "
 EXTRA_FIGURES = ("gain_spread", "group_clip", "global_scale", "private_gain", "individual_epsilon")
 # the live view's too, when its comparison has a run whose algorithm draws it
 DRAWN_LIVE_FIGURES = ("group_clip", "global_scale")
+INDIVIDUAL_LIVE_FIGURES = ("individual_epsilon",)  # individual ε per group (engine.figures.individual)
 # the live view's first figure when its comparison pairs an INO-SGD run with an IDP-SGD one: the headline
 GAIN_LIVE_FIGURES = ("private_gain",)
 # the figures drawn from plans (:mod:`engine.figures.curves`), which a live view patches in place
@@ -47,7 +48,9 @@ def live_figure_names(runs: list[dict]) -> tuple[str, ...]:
     that draws them (DP-SGD-S, DPSGD-F: ``engine.dp.algorithms.draws``)."""
     drawn = tuple(f for f in DRAWN_LIVE_FIGURES if any(draws(r.get("algorithm"), f) for r in runs))
     gain = GAIN_LIVE_FIGURES if fr.pair_runs(runs) else ()
-    return gain + LIVE_FIGURES + drawn
+    # whose privacy a run spends, as it trains: for the runs with a formal guarantee that measure it (the default)
+    spends = any(formal_dp(r) and (r.get("config") or {}).get("individual_epsilon", True) for r in runs)
+    return gain + LIVE_FIGURES + drawn + (INDIVIDUAL_LIVE_FIGURES if spends else ())
 
 
 # --- live training: the curves (plans in engine.figures.curves) -----------------------------------------

@@ -168,9 +168,19 @@ def train_examples(seeds: int = EXAMPLE_SEEDS, *, workers: int = 2, defaults: De
     return records
 
 
+def keep_last_individual_epsilon(run: dict) -> dict:
+    """The run record with individual ε at its last evaluation only (the summary holds it too): what Results draws
+    of it, in a shipped file that stays small (every evaluation's copy tripled it, 0.8 → 2.8 MB)."""
+    last = max((k for k, e in enumerate(run["evals"]) if e.get("individual_epsilon")), default=None)
+    for k, e in enumerate(run["evals"]):
+        if k != last:
+            e.pop("individual_epsilon", None)
+    return run
+
+
 def write_examples(path: str | Path = EXAMPLE_PATH, seeds: int = EXAMPLE_SEEDS, workers: int = 2) -> Path:
     started = time.time()
-    runs = train_examples(seeds, workers=workers)
+    runs = [keep_last_individual_epsilon(r) for r in train_examples(seeds, workers=workers)]
     doc = {"about": "Example runs of engine.tools.demo.DEFAULT_TRAIN (IDP-SGD vs INO-SGD on MNIST, paper tiers), "
                     "written by `python -m engine.tools.demo --write`; floats rounded to 5 significant digits.",
            "config_keys": {c.algorithm.name: config_key(c) for c in DEFAULT_TRAIN.run_configs()},

@@ -4,30 +4,13 @@ go; a bad table or column is said on the page, never a traceback, and Launch wai
 tests/test_input_train_hints.py drives the page."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from app_pages import _your_data as your_data
 from engine.data.example_table import EXAMPLE_SCHEMA
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-
-
-@pytest.fixture()
-def lab(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRIVACY_LAB_STORE", str(tmp_path / "runs.sqlite"))
-    monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
-    at = AppTest.from_file(APP, default_timeout=180)
-    yield at
-    from app_pages import _handles
-
-    _handles._manager.clear()
-
-
-def _texts(elements) -> list[str]:
-    return [str(e.value).replace("\\", "") for e in elements]
+# the Train page in AppTest on a fresh store (a fixture), and the shown texts of its elements
+from tests.test_input_train_hints import lab, texts as _texts  # noqa: F401
 
 
 def test_the_example_table_is_previewed_and_planned_with_one_tier_per_budget(lab):

@@ -312,6 +312,9 @@ def test_readable_results_table_drops_the_sign_of_a_zero(monkeypatch):
 
     monkeypatch.setattr(talk_frames, "results_table", with_zero)
     monkeypatch.setenv("PRIVACY_LAB_PREWARM", "0")
+    import streamlit as st
+
+    st.cache_data.clear()  # Results caches its figures per state of the runs: an earlier test's would be served
     at = AppTest.from_file(str(Path(APP).parent / "app_pages" / "results_view.py"), default_timeout=120)
     at.run()
     no_exception(at)

@@ -134,3 +134,21 @@ def test_rerun_set_goes_through_the_run_configs_whole_validation(store_path, ove
 @pytest.fixture
 def store_path(tmp_path):
     return tmp_path / "runs.sqlite"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, epsilons, sizes, delta", [("dpsgd", [1.0], [60000], 0.2),
+                                                          ("sample", [1.0, 2.0], [20000, 20000], 0.05)])
+def test_a_large_delta_a_run_config_accepts_is_planned_and_the_plan_ends(mode, epsilons, sizes, delta, monkeypatch):
+    """At δ = 0.05–0.2 RDP's conversion gives ε ≤ 0 for some σ; its log was NaN and the σ search never ended (these
+    two ran for minutes). Now they plan, every tier at most its target (the alarm only stops a hang: no timing)."""
+    from engine.dp import accounting
+
+    monkeypatch.setenv("PRIVACY_LAB_PLAN_CACHE", "off")
+    accounting.clear_caches()
+    with within(600):
+        plan = accounting.plan(mode=mode, epsilons=epsilons, delta=delta, tier_sizes=sizes, batch_size=600,
+                               clip_norm=1.0, steps=300)
+    assert all(e <= t * (1 + 1e-9) for e, t in zip(plan.epsilons, epsilons)), (plan.epsilons, epsilons)
+    assert all(e >= 0.99 * t for e, t in zip(plan.epsilons, epsilons))  # tight: the search found its σ
+

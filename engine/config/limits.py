@@ -26,9 +26,8 @@ MAX_COLUMNS = 100_000  # a table's columns one config may name (data.attributes,
 MAX_SEED = 2**63 - 1
 MAX_SEEDS = 16  # RunConfig.seeds: models trained together on the model axis of one job
 MAX_TRAIN = 10**9  # training samples: data.max_train, a plan's tiers in all
-# δ above it certifies nothing. (Below it the planner's σ search does not always end either: at δ ≥ 0.2 for DP-SGD and
-# δ ≈ 0.01–0.1 for SAMPLE with far-apart ε it reaches σ so small that Opacus' fractional-order RDP series runs on,
-# measured 2026-12-07; that is engine.dp.accounting's to bound, not this cap's.)
+# δ above it certifies nothing. (Below it, at δ ≈ 0.05–0.5, RDP's conversion gives ε ≤ 0 for some σ: the searches
+# take that as the feasible side, engine.dp.accounting._log_epsilon; before, they never ended.)
 MAX_DELTA = 0.5
 STEPS_RULES = ("round", "floor_per_epoch")
 #: a run config's δ and clip norm when it names none (RunConfig's defaults; privacy-lab plan's without a config)

@@ -179,6 +179,14 @@ def _sigma_guess(eps: float, q: float, steps: int, delta: float) -> float:
     return min(max(g, 0.3), 1e4)
 
 
+def _log_epsilon(eps: np.ndarray) -> np.ndarray:
+    """log ε for the searches. At a large δ RDP's conversion can give ε ≤ 0 (the bound is met by any target): its
+    log is taken at the smallest positive float, the feasible side, not NaN — a NaN left the searches bracketing
+    nothing, down to σ where Opacus' fractional-order series takes seconds an evaluation: plans at δ ≈ 0.05–0.5
+    never ended (issue 58). Every planned ε is still recomputed by Opacus before it is reported."""
+    return np.log(np.maximum(np.asarray(eps, float), np.finfo(float).tiny))
+
+
 def _sigmas_fast(eps: np.ndarray, q: np.ndarray, steps: int, delta: float) -> np.ndarray:
     """Smallest σ (per row) with fast ε(q, σ) ≤ eps, tight to _TIGHT_RTOL."""
     eps = np.asarray(eps, float)
@@ -187,7 +195,7 @@ def _sigmas_fast(eps: np.ndarray, q: np.ndarray, steps: int, delta: float) -> np
     log_t = np.log(eps)
 
     def G(x, idx):
-        return np.log(fast_rdp.epsilon(q[idx], np.exp(-x), steps, delta)) - log_t[idx]
+        return _log_epsilon(fast_rdp.epsilon(q[idx], np.exp(-x), steps, delta)) - log_t[idx]
 
     x, _, st = fast_rdp.solve_increasing(
         G, x0, 1.0, -math.log(_SIGMA_MAX), -math.log(_SIGMA_MIN), mode="le", tol=_TIGHT_RTOL
@@ -221,7 +229,7 @@ def _rates_fast(eps: np.ndarray, sigma: float, steps: int, delta: float, q0=None
     log_t = np.log(eps)
 
     def G(x, idx):
-        return np.log(fast_rdp.epsilon(np.exp(x), sigma, steps, delta)) - log_t[idx]
+        return _log_epsilon(fast_rdp.epsilon(np.exp(x), sigma, steps, delta)) - log_t[idx]
 
     x, _, st = fast_rdp.solve_increasing(
         G, np.log(q0), 1.0, math.log(_Q_MIN), 0.0, mode="le", tol=_TIGHT_RTOL

@@ -35,7 +35,8 @@ def _fixed_width(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser of ``parser``, by name (the references and their tests walk them)."""
     for action in parser._actions:  # noqa: SLF001 - argparse keeps its subcommands nowhere else
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             return dict(action.choices)
@@ -46,7 +47,7 @@ def cli_reference() -> str:
     """Every subcommand's ``--help``, as the installed command prints it at a fixed width."""
     parser = _fixed_width(build_parser())
     parts = ["## `privacy-lab --help`", "", "```text", parser.format_help().rstrip(), "```", ""]
-    for name, sub in _subparsers(parser).items():
+    for name, sub in subcommands(parser).items():
         parts += [f"## `privacy-lab {name}`", "", "```text", _fixed_width(sub).format_help().rstrip(), "```", ""]
     return "\n".join(parts)
 

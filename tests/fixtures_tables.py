@@ -8,7 +8,7 @@ import pytest
 
 from engine.config.run import MAX_TIERS
 from engine.data import DataError
-from engine.data.user_table import load_user_table
+from engine.data.user_table import clear_table_cache, load_user_table
 
 
 def rows_csv(n: int = 120, sep: str = ",", extra=None) -> str:
@@ -36,3 +36,12 @@ def refused(tmp_path, text, **schema) -> str:
     msg = str(e.value)
     assert "\n" not in msg, msg
     return msg
+
+
+@pytest.fixture(autouse=True)
+def fresh_table_cache():
+    """Each test starts and ends with no table held in this process (modules that import it use it for every test)."""
+    clear_table_cache()
+    yield
+    clear_table_cache()
+

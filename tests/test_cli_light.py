@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import cli
-from engine.reference import _subparsers
+from engine.reference import subcommands
 from engine.store.db import RunStore
 from tests.in_process import cli_here
 
@@ -52,11 +52,11 @@ def test_a_command_that_trains_still_imports_its_engine(tmp_path):
 
 def test_every_option_says_what_it_does():
     silent = [f"{name} {' / '.join(a.option_strings) or a.dest}"
-              for name, sub in {"(global)": cli.build_parser(), **_subparsers(cli.build_parser())}.items()
+              for name, sub in {"(global)": cli.build_parser(), **subcommands(cli.build_parser())}.items()
               for a in sub._actions  # noqa: SLF001 - argparse keeps its actions nowhere else
               if not a.help and not isinstance(a, cli.argparse._SubParsersAction)]  # noqa: SLF001
     assert silent == []
-    export = _subparsers(cli.build_parser())["export"].format_help()
+    export = subcommands(cli.build_parser())["export"].format_help()
     assert "repeat it" in export
 
 

@@ -31,7 +31,7 @@ def test_the_cli_reference_holds_every_subcommand_and_flag():
     from engine.cli import build_parser
 
     text = (DOCS / "CLI.md").read_text(encoding="utf-8")
-    for name, sub in reference._subparsers(build_parser()).items():  # noqa: SLF001 - the generator's own walk
+    for name, sub in reference.subcommands(build_parser()).items():
         assert f"## `privacy-lab {name}`" in text
         for action in sub._actions:  # noqa: SLF001
             for flag in action.option_strings:

@@ -22,17 +22,7 @@ from engine.data.table_records import TablePreview, TableSchema
 from engine.data.user_table import clear_table_cache, load_user_table, parse_count, spreadsheet_safe
 from engine.dp.tiers import assign_tiers
 
-try:  # tests/ as a package or as a plain folder on sys.path
-    from .fixtures_tables import SCHEMA, load, rows_csv
-except ImportError:  # pragma: no cover
-    from fixtures_tables import SCHEMA, load, rows_csv
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    clear_table_cache()
-    yield
-    clear_table_cache()
+from tests.fixtures_tables import SCHEMA, load, rows_csv, fresh_table_cache  # noqa: F401 - an autouse fixture
 
 
 # ------------------------------------------------------------------------------ reading

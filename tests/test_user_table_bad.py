@@ -10,19 +10,9 @@ from engine.config.run import MAX_TIERS
 from engine.data import DataError, table_file
 from engine.data.table_encode import MAX_CATEGORIES
 from engine.data.table_records import TableSchema
-from engine.data.user_table import MIN_AUDIT_GROUP_ROWS, clear_table_cache, load_user_table
+from engine.data.user_table import MIN_AUDIT_GROUP_ROWS, load_user_table
 
-try:  # tests/ as a package or as a plain folder on sys.path
-    from .fixtures_tables import SCHEMA, load, refused, rows_csv
-except ImportError:  # pragma: no cover
-    from fixtures_tables import SCHEMA, load, refused, rows_csv
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    clear_table_cache()
-    yield
-    clear_table_cache()
+from tests.fixtures_tables import SCHEMA, load, refused, rows_csv, fresh_table_cache  # noqa: F401 - an autouse fixture
 
 
 # ------------------------------------------------------------------------------ bad tables: one line each

@@ -7,7 +7,7 @@ from in_process import cli_here
 
 from engine.config.run import RunConfig
 from engine.config.schema import ConfigError
-from fixtures_tables import rows_csv
+from tests.fixtures_tables import rows_csv
 
 DATA = {"file": "t.csv", "label": "y", "attributes": ["sex"]}
 COLUMN = {"assign": "column", "column": "eps"}
